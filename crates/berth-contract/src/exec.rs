@@ -1,0 +1,258 @@
+//! Exec requests and results. Exit status is never fabricated: a transport failure is an error,
+//! not exit code 127, and merged streams are `stderr: None`, not an empty stderr.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Default cap on captured bytes per stream in buffered exec (16 MiB). Output beyond it is
+/// counted, drained and dropped, and the result says it was truncated.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// An argument vector, run without a shell.
+    Argv(Vec<String>),
+    /// A shell command line, run with `sh -c`.
+    Shell(String),
+}
+
+/// One command to run in a sandbox.
+///
+/// `env` values may be secrets: they are passed to the process environment only, and `Debug`
+/// prints names, never values.
+#[derive(Clone)]
+pub struct ExecRequest {
+    /// The command.
+    pub command: Command,
+    /// Working directory inside the sandbox; the provider's default when `None`.
+    pub cwd: Option<String>,
+    /// Extra environment for this command.
+    pub env: BTreeMap<String, String>,
+    /// Client deadline; on expiry the provider kills the command's whole process tree.
+    pub timeout: Option<Duration>,
+    /// Cap on captured bytes per stream (buffered exec).
+    pub max_output_bytes: usize,
+}
+
+impl ExecRequest {
+    /// A request for `command` with defaults.
+    pub fn new(command: Command) -> Self {
+        ExecRequest {
+            command,
+            cwd: None,
+            env: BTreeMap::new(),
+            timeout: None,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+        }
+    }
+
+    /// A shell command line.
+    pub fn shell(line: impl Into<String>) -> Self {
+        Self::new(Command::Shell(line.into()))
+    }
+
+    /// An argument vector.
+    pub fn argv<I, S>(args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::new(Command::Argv(args.into_iter().map(Into::into).collect()))
+    }
+
+    /// Sets the deadline.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the working directory.
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn with_env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+}
+
+impl fmt::Debug for ExecRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecRequest")
+            .field("command", &self.command)
+            .field("cwd", &self.cwd)
+            .field("env_names", &self.env.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("max_output_bytes", &self.max_output_bytes)
+            .finish()
+    }
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ExitStatus {
+    /// The command exited with this code.
+    Exited {
+        /// The exit code.
+        code: i32,
+    },
+    /// The command was killed by this signal (not by Berth's timeout).
+    Signalled {
+        /// The signal number.
+        signal: i32,
+    },
+    /// Berth's deadline passed; the whole process tree was killed.
+    TimedOut,
+    /// The provider could not tell. The reason says why.
+    Unknown {
+        /// Why the status is unknown.
+        reason: String,
+    },
+}
+
+impl ExitStatus {
+    /// `true` only for `Exited { code: 0 }`.
+    pub fn success(&self) -> bool {
+        matches!(self, ExitStatus::Exited { code: 0 })
+    }
+
+    /// The process exit code a CLI should use to mirror this status: the code itself, 124 for a
+    /// timeout (as `timeout(1)`), 128 + signal, and 125 when unknown.
+    pub fn shell_code(&self) -> i32 {
+        match self {
+            ExitStatus::Exited { code } => *code,
+            ExitStatus::Signalled { signal } => 128 + signal,
+            ExitStatus::TimedOut => 124,
+            ExitStatus::Unknown { .. } => 125,
+        }
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Exited { code } => write!(f, "exited with code {code}"),
+            ExitStatus::Signalled { signal } => write!(f, "killed by signal {signal}"),
+            ExitStatus::TimedOut => f.write_str("timed out (process tree killed)"),
+            ExitStatus::Unknown { reason } => write!(f, "unknown ({reason})"),
+        }
+    }
+}
+
+/// The result of a buffered exec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecOutput {
+    /// How the command ended.
+    pub status: ExitStatus,
+    /// Captured stdout, at most `max_output_bytes`.
+    pub stdout: Vec<u8>,
+    /// Captured stderr; `None` when the provider merges it into stdout.
+    pub stderr: Option<Vec<u8>>,
+    /// Total stdout bytes the command wrote (may exceed what was captured).
+    pub stdout_total: u64,
+    /// Total stderr bytes, `None` when merged.
+    pub stderr_total: Option<u64>,
+    /// Wall time from spawn to exit.
+    pub duration: Duration,
+}
+
+impl ExecOutput {
+    /// Whether captured stdout is shorter than what the command wrote.
+    pub fn stdout_truncated(&self) -> bool {
+        (self.stdout.len() as u64) < self.stdout_total
+    }
+
+    /// Whether captured stderr is shorter than what the command wrote.
+    pub fn stderr_truncated(&self) -> bool {
+        match (&self.stderr, self.stderr_total) {
+            (Some(bytes), Some(total)) => (bytes.len() as u64) < total,
+            _ => false,
+        }
+    }
+}
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// Receives output while a streaming exec runs.
+pub trait OutputSink: Send {
+    /// Called for every chunk, in order per stream.
+    fn chunk(&mut self, stream: Stream, bytes: &[u8]);
+}
+
+/// The result of a streaming exec: the output went to the sink, the totals are here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSummary {
+    /// How the command ended.
+    pub status: ExitStatus,
+    /// Bytes delivered on stdout.
+    pub stdout_total: u64,
+    /// Bytes delivered on stderr; `None` when merged.
+    pub stderr_total: Option<u64>,
+    /// Wall time from spawn to exit.
+    pub duration: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_prints_env_values() {
+        let req = ExecRequest::shell("env").with_env("API_TOKEN", "canary-s3cr3t-value");
+        let shown = format!("{req:?}");
+        assert!(shown.contains("API_TOKEN"));
+        assert!(!shown.contains("canary-s3cr3t-value"), "{shown}");
+    }
+
+    #[test]
+    fn shell_codes_follow_conventions() {
+        assert_eq!(ExitStatus::Exited { code: 7 }.shell_code(), 7);
+        assert_eq!(ExitStatus::Signalled { signal: 9 }.shell_code(), 137);
+        assert_eq!(ExitStatus::TimedOut.shell_code(), 124);
+        let unknown = ExitStatus::Unknown {
+            reason: "stream lost".into(),
+        };
+        assert_eq!(unknown.shell_code(), 125);
+        assert!(!unknown.success());
+        assert!(ExitStatus::Exited { code: 0 }.success());
+    }
+
+    #[test]
+    fn exit_status_json_shape_is_tagged() {
+        let json = serde_json::to_value(ExitStatus::Exited { code: 7 }).unwrap();
+        assert_eq!(json, serde_json::json!({"status": "exited", "code": 7}));
+        let json = serde_json::to_value(ExitStatus::TimedOut).unwrap();
+        assert_eq!(json, serde_json::json!({"status": "timed_out"}));
+    }
+
+    #[test]
+    fn truncation_is_derived_from_totals() {
+        let out = ExecOutput {
+            status: ExitStatus::Exited { code: 0 },
+            stdout: vec![b'x'; 4],
+            stderr: None,
+            stdout_total: 10,
+            stderr_total: None,
+            duration: Duration::from_millis(1),
+        };
+        assert!(out.stdout_truncated());
+        assert!(!out.stderr_truncated());
+    }
+}

@@ -1,0 +1,38 @@
+//! The Berth provider contract.
+//!
+//! Every sandbox provider (host, docker, bwrap, cloud adapters) implements [`Provider`]. This crate
+//! owns the trait, the capability model, canonical lifecycle states, exec results and the error
+//! taxonomy. It owns no I/O and no persistence, and depends on no adapter or vendor crate — CI
+//! checks that with `cargo tree`.
+//!
+//! Module map:
+//! - [`capability`] — the [`Capability`] enum, tri-state [`Support`], [`CapabilitySet`].
+//! - [`state`] — [`CanonicalState`], [`Observation`], [`DestroyOutcome`], [`Transition`].
+//! - [`exec`] — [`ExecRequest`], [`ExitStatus`], [`ExecOutput`], [`OutputSink`].
+//! - [`error`] — [`ErrorKind`] (retryable or not, fallback or not) and [`ProviderError`].
+//! - [`labels`] — the labels every created resource carries ([`Labels`]).
+//! - [`spec`] — [`CreateRequest`], [`Created`], ids.
+//! - [`provider`] — the [`Provider`] trait, its optional capability groups and [`ProviderExt`].
+
+pub mod capability;
+pub mod error;
+pub mod exec;
+pub mod labels;
+pub mod provider;
+pub mod spec;
+pub mod state;
+
+pub use capability::{Capability, CapabilitySet, Support};
+pub use error::{ErrorKind, ProviderError, Result};
+pub use exec::{
+    Command, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink, Stream,
+    DEFAULT_MAX_OUTPUT_BYTES,
+};
+pub use labels::{LabelFilter, Labels};
+pub use provider::{
+    implemented_capabilities, Access, AccessInfo, DetachedExec, FileEntry, FileKind, Files, Fork,
+    Listed, Listing, MemorySnapshots, ProcessHandle, ProcessStatus, Provider, ProviderExt,
+    SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec, SuspendResume, Ttl,
+};
+pub use spec::{CreateRequest, Created, NativeId, NetworkMode, Resources, SandboxName};
+pub use state::{CanonicalState, DestroyOutcome, Observation, Transition};

@@ -1,0 +1,385 @@
+//! The [`Provider`] trait: a small required core plus optional capability groups.
+//!
+//! An optional group is reachable only through its accessor (`files()`, `snapshots()`, …),
+//! which returns `None` when the adapter does not implement it. There are no throwing stubs:
+//! [`ProviderExt`] turns a `None` into a typed [`ProviderError::Unsupported`] naming the
+//! capability, and [`implemented_capabilities`] derives what an adapter implements from the
+//! same accessors, so the two can never disagree.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Capability, CapabilitySet, CreateRequest, Created, DestroyOutcome, ExecOutput, ExecRequest,
+    ExecSummary, ExitStatus, LabelFilter, NativeId, Observation, OutputSink, ProviderError, Result,
+    Transition,
+};
+
+/// A sandbox provider.
+///
+/// # Contract
+///
+/// - **create** makes exactly one sandbox named from `req.name`, carrying every label in
+///   `req.labels`, and returns once it is ready for exec (or fails). A failed create leaves
+///   nothing behind, or leaves something `observe` and `destroy` can find by the same name.
+/// - **observe** never guesses: `Absent` only when the provider positively says so; an
+///   unmapped state is [`CanonicalState::Unknown`](crate::CanonicalState::Unknown) with the raw
+///   state kept. Labels are reported when the provider can report them.
+/// - **exec** runs one command and returns its [`ExitStatus`] with stdout and stderr kept
+///   separate where the provider separates them. On timeout the provider kills the command's
+///   whole process tree inside the sandbox before returning [`ExitStatus::TimedOut`]. A
+///   transport failure is an error, never a fabricated exit code.
+/// - **destroy** is idempotent: destroying an absent sandbox is `VerifiedGone { already_absent:
+///   true }`. It either converges (kills what runs, removes the resource, observes it absent)
+///   and returns `VerifiedGone`, or returns `Accepted` so the ledger keeps checking.
+/// - Errors are classified ([`ErrorKind`](crate::ErrorKind)) in one place per adapter; secret
+///   values never appear in messages.
+#[async_trait]
+pub trait Provider: Send + Sync + Debug {
+    /// The provider id (`host`, `docker`, …), equal to its manifest id.
+    fn id(&self) -> &str;
+
+    /// Creates a sandbox. See the trait contract.
+    async fn create(&self, req: &CreateRequest) -> Result<Created>;
+
+    /// Observes a sandbox. See the trait contract.
+    async fn observe(&self, id: &NativeId) -> Result<Observation>;
+
+    /// Runs a command to completion with buffered output. See the trait contract.
+    async fn exec(&self, id: &NativeId, req: &ExecRequest) -> Result<ExecOutput>;
+
+    /// Destroys a sandbox, idempotently. See the trait contract.
+    async fn destroy(&self, id: &NativeId) -> Result<DestroyOutcome>;
+
+    /// Streaming exec, when implemented.
+    fn streaming(&self) -> Option<&dyn StreamingExec> {
+        None
+    }
+    /// Detached exec and kill, when implemented.
+    fn detached(&self) -> Option<&dyn DetachedExec> {
+        None
+    }
+    /// File operations, when implemented.
+    fn files(&self) -> Option<&dyn Files> {
+        None
+    }
+    /// Cold stop/start, when implemented.
+    fn stop_start(&self) -> Option<&dyn StopStart> {
+        None
+    }
+    /// Suspend/resume with memory, when implemented.
+    fn suspend_resume(&self) -> Option<&dyn SuspendResume> {
+        None
+    }
+    /// Filesystem snapshots, when implemented.
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        None
+    }
+    /// Memory snapshots, when implemented.
+    fn memory_snapshots(&self) -> Option<&dyn MemorySnapshots> {
+        None
+    }
+    /// Fork, when implemented.
+    fn fork(&self) -> Option<&dyn Fork> {
+        None
+    }
+    /// Listing by label, when implemented.
+    fn listing(&self) -> Option<&dyn Listing> {
+        None
+    }
+    /// SSH / port access, when implemented.
+    fn access(&self) -> Option<&dyn Access> {
+        None
+    }
+    /// Provider-enforced TTL, when implemented.
+    fn ttl(&self) -> Option<&dyn Ttl> {
+        None
+    }
+}
+
+/// The capabilities an adapter implements, derived from its accessors.
+pub fn implemented_capabilities(provider: &dyn Provider) -> CapabilitySet {
+    Capability::ALL
+        .into_iter()
+        .filter(|capability| match capability {
+            Capability::ExecStreaming => provider.streaming().is_some(),
+            Capability::ExecDetached => provider.detached().is_some(),
+            Capability::Files => provider.files().is_some(),
+            Capability::StopStart => provider.stop_start().is_some(),
+            Capability::SuspendResume => provider.suspend_resume().is_some(),
+            Capability::FilesystemSnapshot => provider.snapshots().is_some(),
+            Capability::MemorySnapshot => provider.memory_snapshots().is_some(),
+            Capability::Fork => provider.fork().is_some(),
+            Capability::Listing => provider.listing().is_some(),
+            Capability::Access => provider.access().is_some(),
+            Capability::Ttl => provider.ttl().is_some(),
+        })
+        .collect()
+}
+
+/// Streaming exec.
+///
+/// # Contract
+/// Chunks reach the sink while the command runs, per stream in order. Same timeout and
+/// exit-status rules as [`Provider::exec`].
+#[async_trait]
+pub trait StreamingExec: Send + Sync {
+    /// Runs a command, delivering output to `sink` as it arrives.
+    async fn exec_streaming(
+        &self,
+        id: &NativeId,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+    ) -> Result<ExecSummary>;
+}
+
+/// A detached process started in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessHandle(pub String);
+
+/// The state of a detached process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "process", rename_all = "snake_case")]
+pub enum ProcessStatus {
+    /// Still running.
+    Running,
+    /// Finished.
+    Finished {
+        /// How it ended.
+        status: ExitStatus,
+    },
+}
+
+/// Detached exec and kill.
+///
+/// # Contract
+/// `spawn` returns once the process runs; it outlives the call. `kill` kills its whole process
+/// group and is idempotent.
+#[async_trait]
+pub trait DetachedExec: Send + Sync {
+    /// Starts a process.
+    async fn spawn(&self, id: &NativeId, req: &ExecRequest) -> Result<ProcessHandle>;
+    /// Polls a process.
+    async fn status(&self, id: &NativeId, process: &ProcessHandle) -> Result<ProcessStatus>;
+    /// Kills a process's group.
+    async fn kill(&self, id: &NativeId, process: &ProcessHandle) -> Result<()>;
+}
+
+/// Kind of a file entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Anything else.
+    Other,
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// The entry's name within the directory.
+    pub name: String,
+    /// Its kind.
+    pub kind: FileKind,
+    /// Size in bytes (files only).
+    pub size: u64,
+}
+
+/// File operations.
+///
+/// # Contract
+/// Binary-safe. Paths are interpreted by the provider's documented rule and confined to the
+/// sandbox: `..` escapes, absolute paths outside the sandbox and symlinks leading out are
+/// rejected with [`ErrorKind::InvalidRequest`](crate::ErrorKind::InvalidRequest).
+#[async_trait]
+pub trait Files: Send + Sync {
+    /// Reads a whole file.
+    async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>>;
+    /// Writes a whole file, creating parent directories.
+    async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()>;
+    /// Lists a directory, sorted by name.
+    async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>>;
+}
+
+/// Cold stop/start.
+///
+/// # Contract
+/// `stop`: processes gone, filesystem kept. `start`: ready for exec again. Each returns
+/// `Settled` only when the target state was observed.
+#[async_trait]
+pub trait StopStart: Send + Sync {
+    /// Stops.
+    async fn stop(&self, id: &NativeId) -> Result<Transition>;
+    /// Starts.
+    async fn start(&self, id: &NativeId) -> Result<Transition>;
+}
+
+/// Suspend/resume with memory kept.
+///
+/// # Contract
+/// `resume` returns processes to where they were. Same settle rule as [`StopStart`].
+#[async_trait]
+pub trait SuspendResume: Send + Sync {
+    /// Suspends.
+    async fn suspend(&self, id: &NativeId) -> Result<Transition>;
+    /// Resumes.
+    async fn resume(&self, id: &NativeId) -> Result<Transition>;
+}
+
+/// How a snapshot is identified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotHandleKind {
+    /// A name the caller chose.
+    Named,
+    /// An id the provider chose.
+    Opaque,
+    /// A content digest.
+    Digest,
+}
+
+/// A snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRef {
+    /// The handle, e.g. `sha256:…`.
+    pub handle: String,
+    /// What kind of handle it is.
+    pub kind: SnapshotHandleKind,
+    /// Size in bytes, when known.
+    pub size_bytes: Option<u64>,
+}
+
+/// Filesystem snapshots.
+///
+/// # Contract
+/// `snapshot` captures the filesystem without destroying the sandbox; `restore` creates a new
+/// sandbox from it (same rules as `create`); `delete` is idempotent.
+#[async_trait]
+pub trait Snapshots: Send + Sync {
+    /// Captures a snapshot.
+    async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef>;
+    /// Creates a new sandbox from a snapshot.
+    async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created>;
+    /// Deletes a snapshot.
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()>;
+}
+
+/// Memory snapshots (processes included).
+#[async_trait]
+pub trait MemorySnapshots: Send + Sync {
+    /// Captures memory and filesystem.
+    async fn snapshot_memory(&self, id: &NativeId) -> Result<SnapshotRef>;
+    /// Creates a running sandbox from it.
+    async fn restore_memory(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created>;
+}
+
+/// Fork.
+///
+/// # Contract
+/// Creates a new sandbox whose filesystem equals the source's at the time of the call; the
+/// source keeps running unchanged.
+#[async_trait]
+pub trait Fork: Send + Sync {
+    /// Forks `id` into a new sandbox described by `req`.
+    async fn fork(&self, id: &NativeId, req: &CreateRequest) -> Result<Created>;
+}
+
+/// One listed sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listed {
+    /// Native id.
+    pub native_id: NativeId,
+    /// What observe would say.
+    pub observation: Observation,
+}
+
+/// Listing.
+///
+/// # Contract
+/// Complete (all pages), filtered by label, soft-deleted rows excluded.
+#[async_trait]
+pub trait Listing: Send + Sync {
+    /// Lists sandboxes passing `filter`.
+    async fn list(&self, filter: &LabelFilter) -> Result<Vec<Listed>>;
+}
+
+/// Access descriptors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessInfo {
+    /// SSH destination, when available.
+    pub ssh: Option<String>,
+    /// Port → URL.
+    pub ports: BTreeMap<u16, String>,
+}
+
+/// SSH / port access.
+#[async_trait]
+pub trait Access: Send + Sync {
+    /// Describes how to reach the sandbox.
+    async fn access(&self, id: &NativeId) -> Result<AccessInfo>;
+}
+
+/// Provider-enforced TTL.
+///
+/// # Contract
+/// After `expires_at_unix` the provider destroys the sandbox by itself, but never during an
+/// active exec.
+#[async_trait]
+pub trait Ttl: Send + Sync {
+    /// Sets the expiry.
+    async fn set_ttl(&self, id: &NativeId, expires_at_unix: i64) -> Result<()>;
+}
+
+/// Shorthands that turn a missing capability into a typed `Unsupported` error.
+pub trait ProviderExt: Provider {
+    /// Streaming exec or `Unsupported`.
+    fn require_streaming(&self) -> Result<&dyn StreamingExec> {
+        self.streaming()
+            .ok_or_else(|| ProviderError::unsupported(Capability::ExecStreaming, self.id()))
+    }
+    /// Files or `Unsupported`.
+    fn require_files(&self) -> Result<&dyn Files> {
+        self.files()
+            .ok_or_else(|| ProviderError::unsupported(Capability::Files, self.id()))
+    }
+    /// Filesystem snapshots or `Unsupported`.
+    fn require_snapshots(&self) -> Result<&dyn Snapshots> {
+        self.snapshots()
+            .ok_or_else(|| ProviderError::unsupported(Capability::FilesystemSnapshot, self.id()))
+    }
+    /// Fork or `Unsupported`.
+    fn require_fork(&self) -> Result<&dyn Fork> {
+        self.fork()
+            .ok_or_else(|| ProviderError::unsupported(Capability::Fork, self.id()))
+    }
+    /// Listing or `Unsupported`.
+    fn require_listing(&self) -> Result<&dyn Listing> {
+        self.listing()
+            .ok_or_else(|| ProviderError::unsupported(Capability::Listing, self.id()))
+    }
+    /// Stop/start or `Unsupported`.
+    fn require_stop_start(&self) -> Result<&dyn StopStart> {
+        self.stop_start()
+            .ok_or_else(|| ProviderError::unsupported(Capability::StopStart, self.id()))
+    }
+    /// Suspend/resume or `Unsupported`.
+    fn require_suspend_resume(&self) -> Result<&dyn SuspendResume> {
+        self.suspend_resume()
+            .ok_or_else(|| ProviderError::unsupported(Capability::SuspendResume, self.id()))
+    }
+    /// Detached exec or `Unsupported`.
+    fn require_detached(&self) -> Result<&dyn DetachedExec> {
+        self.detached()
+            .ok_or_else(|| ProviderError::unsupported(Capability::ExecDetached, self.id()))
+    }
+}
+
+impl<P: Provider + ?Sized> ProviderExt for P {}
