@@ -1,0 +1,297 @@
+//! Process-group exec: one new process group per command, scrubbed environment, separate
+//! stdout/stderr, a deadline that kills the whole group, and no leftovers after exit.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use berth_contract::{
+    Command, ErrorKind, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink,
+    ProviderError, Result, Stream,
+};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+
+use crate::classify::io_error;
+use crate::PROVIDER_ID;
+
+/// The environment variable that marks every process of a sandbox, so destroy can find
+/// processes that left the process group.
+pub(crate) const MARKER: &str = "BERTH_SANDBOX";
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Where output goes.
+pub(crate) enum Sink<'a> {
+    /// Keep at most this many bytes per stream.
+    Capture(usize),
+    /// Hand every chunk to the caller.
+    Stream(&'a mut dyn OutputSink),
+}
+
+pub(crate) struct Spec<'a> {
+    pub(crate) sandbox: &'a str,
+    pub(crate) workspace: &'a Path,
+    pub(crate) cwd: &'a Path,
+    pub(crate) req: &'a ExecRequest,
+    pub(crate) kill_grace: Duration,
+}
+
+pub(crate) struct Finished {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_total: u64,
+    stderr_total: u64,
+    duration: Duration,
+}
+
+impl Finished {
+    pub(crate) fn into_output(self) -> ExecOutput {
+        ExecOutput {
+            status: self.status,
+            stdout: self.stdout,
+            stderr: Some(self.stderr),
+            stdout_total: self.stdout_total,
+            stderr_total: Some(self.stderr_total),
+            duration: self.duration,
+        }
+    }
+
+    pub(crate) fn into_summary(self) -> ExecSummary {
+        ExecSummary {
+            status: self.status,
+            stdout_total: self.stdout_total,
+            stderr_total: Some(self.stderr_total),
+            duration: self.duration,
+        }
+    }
+}
+
+/// Kills the process group if the exec future is dropped (caller cancelled, Ctrl-C).
+struct GroupGuard {
+    pgid: Pid,
+    armed: bool,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+struct Collector<'a> {
+    sink: Sink<'a>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_total: u64,
+    stderr_total: u64,
+}
+
+impl Collector<'_> {
+    fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        let (kept, total) = match stream {
+            Stream::Stdout => (&mut self.stdout, &mut self.stdout_total),
+            Stream::Stderr => (&mut self.stderr, &mut self.stderr_total),
+        };
+        *total += bytes.len() as u64;
+        match &mut self.sink {
+            Sink::Capture(max) => {
+                let room = max.saturating_sub(kept.len());
+                kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            Sink::Stream(sink) => sink.chunk(stream, bytes),
+        }
+    }
+}
+
+fn invalid(message: String) -> ProviderError {
+    ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, message)
+}
+
+fn build(spec: &Spec<'_>) -> Result<tokio::process::Command> {
+    let mut cmd = match &spec.req.command {
+        Command::Argv(argv) => {
+            let (program, args) = argv
+                .split_first()
+                .ok_or_else(|| invalid("empty argv: nothing to run".into()))?;
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.args(args);
+            cmd
+        }
+        Command::Shell(line) => {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.arg("-c").arg(line);
+            cmd
+        }
+    };
+    cmd.env_clear()
+        .env("PATH", DEFAULT_PATH)
+        .env("HOME", spec.workspace)
+        .env("LANG", "C.UTF-8");
+    for (name, value) in &spec.req.env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(invalid(format!("`{name}` is not a valid variable name")));
+        }
+        if name == MARKER {
+            return Err(invalid(format!("`{MARKER}` is reserved by berth")));
+        }
+        if value.contains('\0') {
+            // Name only: the value may be a secret.
+            return Err(invalid(format!(
+                "the value of `{name}` contains a NUL byte"
+            )));
+        }
+        cmd.env(name, value);
+    }
+    cmd.env(MARKER, spec.sandbox)
+        .current_dir(spec.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    Ok(cmd)
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs one command to completion.
+pub(crate) async fn run(spec: Spec<'_>, sink: Sink<'_>) -> Result<Finished> {
+    let mut cmd = build(&spec)?;
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|err| {
+        let what = match &spec.req.command {
+            Command::Argv(argv) => format!("start `{}`", argv[0]),
+            Command::Shell(_) => "start /bin/sh".to_owned(),
+        };
+        io_error(&what, err)
+    })?;
+    let pid = child.id().ok_or_else(|| {
+        ProviderError::new(
+            ErrorKind::Unknown,
+            PROVIDER_ID,
+            "spawned process has no pid",
+        )
+    })?;
+    let pgid = Pid::from_raw(pid as i32);
+    let mut guard = GroupGuard { pgid, armed: true };
+    let mut stdout = child.stdout.take().expect("stdout piped");
+    let mut stderr = child.stderr.take().expect("stderr piped");
+    let mut collector = Collector {
+        sink,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        stdout_total: 0,
+        stderr_total: 0,
+    };
+    let deadline = spec.req.timeout.map(|t| started + t);
+    let mut kill_at: Option<Instant> = None;
+    let mut timed_out = false;
+    let mut exit: Option<std::process::ExitStatus> = None;
+    let mut exited_at = started;
+    let (mut stdout_open, mut stderr_open) = (true, true);
+    let mut out_buf = vec![0u8; 64 * 1024];
+    let mut err_buf = vec![0u8; 64 * 1024];
+
+    while stdout_open || stderr_open || exit.is_none() {
+        tokio::select! {
+            read = stdout.read(&mut out_buf), if stdout_open => match read {
+                Ok(0) | Err(_) => stdout_open = false,
+                Ok(n) => collector.push(Stream::Stdout, &out_buf[..n]),
+            },
+            read = stderr.read(&mut err_buf), if stderr_open => match read {
+                Ok(0) | Err(_) => stderr_open = false,
+                Ok(n) => collector.push(Stream::Stderr, &err_buf[..n]),
+            },
+            waited = child.wait(), if exit.is_none() => {
+                let status = waited.map_err(|e| io_error("wait for process", e))?;
+                exit = Some(status);
+                exited_at = Instant::now();
+                // The leader is gone; whatever is left in its group would hold the pipes open
+                // and outlive the exec. Processes do not outlive an exec on this provider.
+                let _ = killpg(pgid, Signal::SIGKILL);
+            },
+            _ = sleep_until(deadline), if !timed_out && exit.is_none() => {
+                timed_out = true;
+                let _ = killpg(pgid, Signal::SIGTERM);
+                kill_at = Some(Instant::now() + spec.kill_grace);
+            },
+            _ = sleep_until(kill_at), if kill_at.is_some() && exit.is_none() => {
+                let _ = killpg(pgid, Signal::SIGKILL);
+                kill_at = None;
+            },
+        }
+    }
+    guard.armed = false;
+    let exit = exit.expect("loop ends only after exit");
+    let status = if timed_out {
+        ExitStatus::TimedOut
+    } else if let Some(code) = exit.code() {
+        ExitStatus::Exited { code }
+    } else if let Some(signal) = exit.signal() {
+        ExitStatus::Signalled { signal }
+    } else {
+        ExitStatus::Unknown {
+            reason: format!("wait returned {exit:?}"),
+        }
+    };
+    Ok(Finished {
+        status,
+        stdout: collector.stdout,
+        stderr: collector.stderr,
+        stdout_total: collector.stdout_total,
+        stderr_total: collector.stderr_total,
+        duration: exited_at - started,
+    })
+}
+
+/// Kills every process still marked with this sandbox or running inside its workspace
+/// (processes that left the process group with `setsid`, for example).
+pub(crate) fn kill_leftovers(sandbox: &str, workspace: &Path) {
+    let marker = format!("{MARKER}={sandbox}");
+    let workspace = workspace
+        .canonicalize()
+        .unwrap_or_else(|_| workspace.to_owned());
+    let me = std::process::id();
+    for _round in 0..20 {
+        let mut killed = 0;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            let dir = entry.path();
+            let marked = std::fs::read(dir.join("environ"))
+                .map(|env| env.split(|b| *b == 0).any(|var| var == marker.as_bytes()))
+                .unwrap_or(false);
+            let inside = std::fs::read_link(dir.join("cwd"))
+                .map(|cwd| cwd.starts_with(&workspace))
+                .unwrap_or(false);
+            if (marked || inside) && kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+        if killed == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
