@@ -1,1 +1,365 @@
-//! placeholder
+//! Berth's provider factory: a registry of manifests and the adapters compiled into this build.
+//!
+//! Construction is the one place where a manifest meets an adapter:
+//! 1. the manifest must exist (`UnknownProvider`) and an adapter must be compiled in
+//!    (`NoAdapter` — catalog-only providers are listed but not constructible);
+//! 2. every required credential variable must be set — the error names the variable, never a
+//!    value;
+//! 3. the adapter is built and its implemented capabilities are reconciled with the declared
+//!    ones: `supported` must be implemented, `unsupported` must not be, `unknown` may be either.
+//!
+//! [`Registry::with_fallback`] runs an operation over an ordered list of providers and moves
+//! on only for errors whose kind allows fallback (capacity, quota, unavailable) — never for
+//! `Unsupported` — recording every step.
+//!
+//! This crate owns no provisioning policy and reads no environment itself: callers pass an
+//! [`Environment`] snapshot.
+
+mod env;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use berth_contract::{
+    implemented_capabilities, Capability, ErrorKind, Provider, ProviderError, Support,
+};
+use berth_manifest::{ManifestError, ProviderManifest};
+
+pub use env::Environment;
+
+/// What an adapter constructor receives.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    /// Berth's state directory; each provider gets `state_dir/<id>`.
+    pub state_dir: PathBuf,
+    /// The environment snapshot (credentials are read from here by name).
+    pub env: Environment,
+}
+
+/// Builds an adapter.
+pub type Constructor =
+    fn(&ProviderManifest, &ProviderConfig) -> Result<Arc<dyn Provider>, ProviderError>;
+
+/// Why a provider could not be constructed or selected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FactoryError {
+    /// No manifest has this id.
+    #[error("unknown provider `{id}` (known: {known})")]
+    UnknownProvider {
+        /// The id asked for.
+        id: String,
+        /// Known ids, comma-separated.
+        known: String,
+    },
+    /// The manifest exists but no adapter for it is compiled into this build.
+    #[error("provider `{id}` is in the catalog but this build has no adapter for it")]
+    NoAdapter {
+        /// The id.
+        id: String,
+    },
+    /// A required credential variable is not set.
+    #[error(
+        "provider `{provider}` needs environment variable `{variable}` ({purpose}); it is not set"
+    )]
+    MissingCredential {
+        /// The provider.
+        provider: String,
+        /// The variable's name.
+        variable: String,
+        /// What it is for.
+        purpose: String,
+    },
+    /// The manifest and the adapter disagree about a capability.
+    #[error("provider `{provider}`: manifest declares `{capability}` {declared:?} but the adapter {}", if *.implemented { "implements it" } else { "does not implement it" })]
+    CapabilityMismatch {
+        /// The provider.
+        provider: String,
+        /// The capability.
+        capability: Capability,
+        /// What the manifest says.
+        declared: Support,
+        /// Whether the adapter implements it.
+        implemented: bool,
+    },
+    /// The adapter reports a different id than its manifest.
+    #[error("adapter for manifest `{manifest}` reports id `{adapter}`")]
+    IdMismatch {
+        /// Manifest id.
+        manifest: String,
+        /// Adapter id.
+        adapter: String,
+    },
+    /// A manifest is invalid.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The adapter's constructor failed.
+    #[error("cannot construct provider `{provider}`")]
+    Construct {
+        /// The provider.
+        provider: String,
+        /// Why.
+        #[source]
+        source: ProviderError,
+    },
+    /// The fallback list was empty.
+    #[error("no provider to try: the fallback list is empty")]
+    EmptyFallback,
+}
+
+/// One step of a fallback run.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FallbackStep {
+    /// The provider tried.
+    pub provider: String,
+    /// The error kind that made Berth move on.
+    pub kind: ErrorKind,
+    /// The error message.
+    pub message: String,
+}
+
+/// The result of a fallback run: which provider answered, what it returned, and why earlier
+/// providers were passed over.
+#[derive(Debug)]
+pub struct Fallback<T> {
+    /// The provider that succeeded.
+    pub provider: Arc<dyn Provider>,
+    /// Its result.
+    pub value: T,
+    /// Providers passed over, in order, with the reason.
+    pub skipped: Vec<FallbackStep>,
+}
+
+/// A fallback run that did not succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FallbackError {
+    /// A provider could not be constructed (configuration errors never trigger fallback).
+    #[error(transparent)]
+    Factory(#[from] FactoryError),
+    /// A provider failed with an error that does not allow fallback.
+    #[error("provider `{provider}` failed (not a fallback reason: {})", .source.kind())]
+    Stopped {
+        /// The provider.
+        provider: String,
+        /// Its error.
+        #[source]
+        source: ProviderError,
+        /// Providers passed over before it.
+        skipped: Vec<FallbackStep>,
+    },
+    /// Every provider failed with a fallback-eligible error.
+    #[error("every provider failed: {}", describe(.skipped))]
+    Exhausted {
+        /// Each provider's failure.
+        skipped: Vec<FallbackStep>,
+    },
+}
+
+fn describe(steps: &[FallbackStep]) -> String {
+    steps
+        .iter()
+        .map(|s| format!("{} ({}: {})", s.provider, s.kind, s.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Manifests plus the adapters compiled into this build.
+pub struct Registry {
+    manifests: BTreeMap<String, ProviderManifest>,
+    constructors: BTreeMap<String, Constructor>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("manifests", &self.manifests.keys().collect::<Vec<_>>())
+            .field("adapters", &self.constructors.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// The embedded manifests and the adapters enabled by this crate's features.
+    pub fn builtin() -> Result<Self, FactoryError> {
+        let mut manifests = Vec::new();
+        for (origin, text) in berth_manifest::embedded() {
+            manifests.push(berth_manifest::parse(origin, text)?);
+        }
+        let mut registry = Registry::with_manifests(manifests);
+        #[cfg(feature = "host")]
+        registry.register("host", construct_host);
+        Ok(registry)
+    }
+
+    /// A registry of these manifests and no adapters.
+    pub fn with_manifests(manifests: impl IntoIterator<Item = ProviderManifest>) -> Self {
+        Registry {
+            manifests: manifests.into_iter().map(|m| (m.id.clone(), m)).collect(),
+            constructors: BTreeMap::new(),
+        }
+    }
+
+    /// Registers an adapter constructor for a manifest id.
+    pub fn register(&mut self, id: &str, constructor: Constructor) {
+        self.constructors.insert(id.to_owned(), constructor);
+    }
+
+    /// Every manifest, by id.
+    pub fn manifests(&self) -> impl Iterator<Item = &ProviderManifest> {
+        self.manifests.values()
+    }
+
+    /// One manifest.
+    pub fn manifest(&self, id: &str) -> Result<&ProviderManifest, FactoryError> {
+        self.manifests
+            .get(id)
+            .ok_or_else(|| FactoryError::UnknownProvider {
+                id: id.to_owned(),
+                known: self
+                    .manifests
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// Whether this build has an adapter for `id`.
+    pub fn has_adapter(&self, id: &str) -> bool {
+        self.constructors.contains_key(id)
+    }
+
+    /// The credential variables `id` needs that `env` lacks.
+    pub fn missing_credentials(&self, id: &str, env: &Environment) -> Vec<String> {
+        self.manifests
+            .get(id)
+            .map(|m| {
+                m.required_env()
+                    .filter(|name| !env.is_set(name))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Constructs provider `id`: manifest, credentials, adapter, reconciliation.
+    pub fn construct(
+        &self,
+        id: &str,
+        config: &ProviderConfig,
+    ) -> Result<Arc<dyn Provider>, FactoryError> {
+        let manifest = self.manifest(id)?;
+        let constructor = self
+            .constructors
+            .get(id)
+            .ok_or_else(|| FactoryError::NoAdapter { id: id.to_owned() })?;
+        if let Some(credential) = manifest
+            .credentials
+            .iter()
+            .find(|c| c.required && !config.env.is_set(&c.name))
+        {
+            return Err(FactoryError::MissingCredential {
+                provider: id.to_owned(),
+                variable: credential.name.clone(),
+                purpose: credential.purpose.clone(),
+            });
+        }
+        let provider = constructor(manifest, config).map_err(|source| FactoryError::Construct {
+            provider: id.to_owned(),
+            source,
+        })?;
+        reconcile(manifest, provider.as_ref())?;
+        Ok(provider)
+    }
+
+    /// Runs `operation` on each provider of `order` until one succeeds. Moves on only when the
+    /// error's kind allows fallback; every skip is recorded with its reason.
+    pub async fn with_fallback<T, F, Fut>(
+        &self,
+        order: &[String],
+        config: &ProviderConfig,
+        mut operation: F,
+    ) -> Result<Fallback<T>, FallbackError>
+    where
+        F: FnMut(Arc<dyn Provider>) -> Fut,
+        Fut: Future<Output = Result<T, ProviderError>>,
+    {
+        if order.is_empty() {
+            return Err(FactoryError::EmptyFallback.into());
+        }
+        let mut skipped = Vec::new();
+        for id in order {
+            let provider = self.construct(id, config)?;
+            match operation(provider.clone()).await {
+                Ok(value) => {
+                    return Ok(Fallback {
+                        provider,
+                        value,
+                        skipped,
+                    })
+                }
+                Err(err) if err.kind().allows_fallback() => {
+                    tracing::warn!(provider = %id, kind = %err.kind(), "falling back: {err}");
+                    skipped.push(FallbackStep {
+                        provider: id.clone(),
+                        kind: err.kind(),
+                        message: err.to_string(),
+                    });
+                }
+                Err(source) => {
+                    return Err(FallbackError::Stopped {
+                        provider: id.clone(),
+                        source,
+                        skipped,
+                    })
+                }
+            }
+        }
+        Err(FallbackError::Exhausted { skipped })
+    }
+}
+
+/// Checks declared capabilities against what the adapter implements.
+pub fn reconcile(manifest: &ProviderManifest, provider: &dyn Provider) -> Result<(), FactoryError> {
+    if provider.id() != manifest.id {
+        return Err(FactoryError::IdMismatch {
+            manifest: manifest.id.clone(),
+            adapter: provider.id().to_owned(),
+        });
+    }
+    let implemented = implemented_capabilities(provider);
+    for capability in Capability::ALL {
+        let declared = manifest.support(capability);
+        let has = implemented.contains(capability);
+        let agrees = match declared {
+            Support::Supported => has,
+            Support::Unsupported => !has,
+            Support::Unknown => true,
+        };
+        if !agrees {
+            return Err(FactoryError::CapabilityMismatch {
+                provider: manifest.id.clone(),
+                capability,
+                declared,
+                implemented: has,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "host")]
+fn construct_host(
+    _manifest: &ProviderManifest,
+    config: &ProviderConfig,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let provider = berth_provider_host::HostProvider::new(
+        config.state_dir.join("host"),
+        berth_provider_host::HostConfig::default(),
+    )?;
+    Ok(Arc::new(provider))
+}

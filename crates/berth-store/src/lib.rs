@@ -1,1 +1,126 @@
-//! placeholder
+//! Berth's durable state. SQLite is the embedded default: WAL journal, `synchronous=FULL`
+//! (a committed row survives power loss), schema managed by versioned migrations in
+//! `migrations/`. This crate stores and fetches; the rules about what a row may become live in
+//! the families that own them (the ledger crate for ledger rows).
+//!
+//! - [`Store`] — opening, migrating, schema version.
+//! - [`ledger`] — ledger rows ([`LedgerRow`], [`LedgerState`], [`NewLedgerRow`]).
+
+pub mod ledger;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::SqlitePool;
+
+pub use ledger::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow};
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database could not be opened or created.
+    #[error("cannot open store {path}")]
+    Open {
+        /// The database file.
+        path: String,
+        /// Why.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A migration failed (or the database is newer than this Berth).
+    #[error("cannot migrate store {path} to this berth's schema")]
+    Migrate {
+        /// The database file.
+        path: String,
+        /// Why.
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+    /// A query failed.
+    #[error("store query failed: {what}")]
+    Query {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A row holds a value this Berth cannot read.
+    #[error("store row is corrupt: {0}")]
+    Corrupt(String),
+    /// No such row.
+    #[error("no ledger entry `{0}`")]
+    NotFound(String),
+}
+
+/// The durable store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
+
+impl Store {
+    /// Opens (creating if missing) the SQLite database at `path` and migrates it.
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        let shown = path.display().to_string();
+        let options = SqliteConnectOptions::from_str("sqlite://")
+            .map_err(|source| StoreError::Open {
+                path: shown.clone(),
+                source,
+            })?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(|source| StoreError::Open {
+                path: shown.clone(),
+                source,
+            })?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|source| StoreError::Migrate {
+                path: shown,
+                source,
+            })?;
+        Ok(Store { pool })
+    }
+
+    /// The schema version: the newest applied migration.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success = 1",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|source| StoreError::Query {
+            what: "read schema version",
+            source,
+        })
+    }
+
+    /// The newest schema version this build knows.
+    pub fn latest_schema_version() -> i64 {
+        MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// Closes the pool, flushing the WAL.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}

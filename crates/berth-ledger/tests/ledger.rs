@@ -1,0 +1,283 @@
+//! Ledger tests against the real host provider and a real SQLite store.
+
+use std::sync::Arc;
+
+use berth_contract::{
+    CreateRequest, ErrorKind, Labels, NativeId, Observation, Provider, ProviderError, SandboxName,
+};
+use berth_factory::{Environment, ProviderConfig, Registry};
+use berth_ledger::{Ledger, LedgerError, SweepAction, SweepScope};
+use berth_store::{LedgerState, NewLedgerRow, Store};
+
+struct World {
+    _dir: tempfile::TempDir,
+    config: ProviderConfig,
+    registry: Registry,
+    host: Arc<dyn Provider>,
+    db: std::path::PathBuf,
+}
+
+async fn world() -> World {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-ledger-")
+        .tempdir()
+        .unwrap();
+    let config = ProviderConfig {
+        state_dir: dir.path().join("state"),
+        env: Environment::empty(),
+    };
+    let registry = Registry::builtin().unwrap();
+    let host = registry.construct("host", &config).unwrap();
+    let db = dir.path().join("berth.db");
+    World {
+        _dir: dir,
+        config,
+        registry,
+        host,
+        db,
+    }
+}
+
+async fn ledger(world: &World, owner: &str, run: &str) -> Ledger {
+    Ledger::new(Store::open(&world.db).await.unwrap(), owner, run)
+}
+
+async fn create(ledger: &Ledger, host: &Arc<dyn Provider>) -> String {
+    let provider = host.clone();
+    ledger
+        .create_tracked(
+            host.as_ref(),
+            "create",
+            None,
+            |_| {},
+            |req| async move { provider.create(&req).await },
+        )
+        .await
+        .unwrap()
+        .berth_id
+}
+
+async fn present(host: &Arc<dyn Provider>, id: &str) -> bool {
+    matches!(
+        host.observe(&NativeId(id.into())).await.unwrap(),
+        Observation::Present { .. }
+    )
+}
+
+#[tokio::test]
+async fn create_records_intent_then_result_and_destroy_verifies() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let id = create(&alice, &w.host).await;
+    let row = alice.row(&id).await.unwrap();
+    assert_eq!(row.state, LedgerState::Created);
+    assert_eq!(row.native_id.as_deref(), Some(id.as_str()));
+    assert_eq!(row.labels.get("berth.owner").unwrap(), "alice");
+    assert_eq!(row.labels.get("berth.run").unwrap(), "run-a");
+    assert_eq!(row.labels.get("berth.ledger").unwrap(), &row.ledger_token);
+    alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
+    let row = alice.row(&id).await.unwrap();
+    assert_eq!(row.state, LedgerState::VerifiedGone);
+    assert!(row.destroy_requested_at.is_some() && row.verified_gone_at.is_some());
+    assert!(!present(&w.host, &id).await);
+}
+
+#[tokio::test]
+async fn failed_create_is_recorded_and_its_leftover_destroyed() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let provider = w.host.clone();
+    let made = std::sync::Mutex::new(None);
+    let err = alice
+        .create_tracked(
+            w.host.as_ref(),
+            "create",
+            None,
+            |_| {},
+            |req| {
+                *made.lock().unwrap() = Some(req.name.0.clone());
+                async move {
+                    // The sandbox exists, then the composite operation fails.
+                    provider.create(&req).await?;
+                    Err(ProviderError::new(
+                        ErrorKind::Capacity,
+                        "host",
+                        "no room for the rest",
+                    ))
+                }
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LedgerError::Provider { .. }), "{err}");
+    let id = made.lock().unwrap().clone().unwrap();
+    assert!(
+        !present(&w.host, &id).await,
+        "must-fire: leftover destroyed"
+    );
+    let row = alice.row(&id).await.unwrap();
+    assert_eq!(row.state, LedgerState::VerifiedGone);
+    assert_eq!(row.last_error_kind.as_deref(), Some("capacity"));
+}
+
+#[tokio::test]
+async fn sweep_destroys_everything_of_this_owner_and_nothing_else() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let bob = ledger(&w, "bob", "run-b").await;
+    let a1 = create(&alice, &w.host).await;
+    let a2 = create(&alice, &w.host).await;
+    let b1 = create(&bob, &w.host).await;
+    let report = alice
+        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+    assert!(report.complete());
+    let mut swept: Vec<_> = report.entries.iter().map(|e| e.berth_id.clone()).collect();
+    swept.sort();
+    let mut expected = vec![a1.clone(), a2.clone()];
+    expected.sort();
+    assert_eq!(swept, expected);
+    assert!(report
+        .entries
+        .iter()
+        .all(|e| e.action == SweepAction::Destroyed));
+    assert!(!present(&w.host, &a1).await && !present(&w.host, &a2).await);
+    assert!(
+        present(&w.host, &b1).await,
+        "must-not-fire: bob's sandbox survives"
+    );
+    let again = alice
+        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+    assert!(again.entries.is_empty(), "verified-gone rows are closed");
+    bob.sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_forged_row_pointing_at_a_foreign_resource_is_refused() {
+    let w = world().await;
+    let bob = ledger(&w, "bob", "run-b").await;
+    let victim = create(&bob, &w.host).await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    // A row that claims bob's sandbox for alice (a corrupted or hand-edited ledger).
+    alice
+        .store()
+        .ledger_insert_intent(&NewLedgerRow {
+            berth_id: "bx-forged".into(),
+            provider: "host".into(),
+            owner: "alice".into(),
+            run_id: "run-a".into(),
+            ledger_token: "forged-token".into(),
+            labels: Default::default(),
+            origin: "create".into(),
+            expires_at: None,
+        })
+        .await
+        .unwrap();
+    alice
+        .store()
+        .ledger_mark_created("bx-forged", &victim)
+        .await
+        .unwrap();
+    let report = alice
+        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+    assert_eq!(report.entries.len(), 1);
+    match &report.entries[0].action {
+        SweepAction::SkippedForeign { reason } => {
+            assert!(reason.contains("labelled for owner `bob`"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(present(&w.host, &victim).await, "must-not-fire");
+    let err = alice.row(&victim).await.unwrap_err();
+    assert!(err.to_string().contains("belongs to owner `bob`"), "{err}");
+    bob.sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn sandboxes_without_berth_labels_survive_discovery() {
+    let w = world().await;
+    // Created outside the ledger, labelled for someone else.
+    w.host
+        .create(&CreateRequest::new(
+            SandboxName("bx-outsider".into()),
+            Labels {
+                owner: "someone-else".into(),
+                run_id: "x".into(),
+                ledger_token: "x".into(),
+                expires_at_unix: None,
+            },
+        ))
+        .await
+        .unwrap();
+    let alice = ledger(&w, "alice", "run-a").await;
+    let report = alice
+        .sweep(
+            &w.registry,
+            &w.config,
+            &SweepScope {
+                discover: vec!["host".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(report.entries.is_empty(), "{report:?}");
+    assert!(present(&w.host, "bx-outsider").await);
+}
+
+#[tokio::test]
+async fn discovery_recovers_sandboxes_the_ledger_lost() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let lost = create(&alice, &w.host).await;
+    // A fresh database: the ledger lost its rows, the sandbox still carries alice's labels.
+    let fresh = Ledger::new(
+        Store::open(&w.db.with_file_name("fresh.db")).await.unwrap(),
+        "alice",
+        "run-z",
+    );
+    let plain = fresh
+        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+    assert!(plain.entries.is_empty());
+    let report = fresh
+        .sweep(
+            &w.registry,
+            &w.config,
+            &SweepScope {
+                discover: vec!["host".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.entries.len(), 1);
+    assert_eq!(report.entries[0].berth_id, lost);
+    assert_eq!(report.entries[0].action, SweepAction::Destroyed);
+    assert_eq!(fresh.row(&lost).await.unwrap().origin, "discovered");
+    assert!(!present(&w.host, &lost).await);
+}
+
+#[tokio::test]
+async fn cleanup_run_touches_only_this_run() {
+    let w = world().await;
+    let first = ledger(&w, "alice", "run-1").await;
+    let second = ledger(&w, "alice", "run-2").await;
+    let keep = create(&first, &w.host).await;
+    let drop = create(&second, &w.host).await;
+    let report = second.cleanup_run(&w.registry, &w.config).await.unwrap();
+    assert_eq!(report.entries.len(), 1);
+    assert!(!present(&w.host, &drop).await);
+    assert!(present(&w.host, &keep).await);
+    first.cleanup_run(&w.registry, &w.config).await.unwrap();
+}

@@ -1,0 +1,494 @@
+//! Ledger rows.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::{Store, StoreError};
+
+/// Where a ledger row stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerState {
+    /// Recorded before the provider was asked to create.
+    Intent,
+    /// The provider returned from create.
+    Created,
+    /// Create failed; something may still exist.
+    CreateFailed,
+    /// Destroy was asked for and has not answered yet.
+    DestroyRequested,
+    /// The provider accepted destroy; gone-ness not yet verified.
+    DestroyAccepted,
+    /// Destroy failed.
+    DestroyFailed,
+    /// Observe confirmed the resource gone. Terminal.
+    VerifiedGone,
+}
+
+impl LedgerState {
+    /// Every state.
+    pub const ALL: [LedgerState; 7] = [
+        LedgerState::Intent,
+        LedgerState::Created,
+        LedgerState::CreateFailed,
+        LedgerState::DestroyRequested,
+        LedgerState::DestroyAccepted,
+        LedgerState::DestroyFailed,
+        LedgerState::VerifiedGone,
+    ];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LedgerState::Intent => "intent",
+            LedgerState::Created => "created",
+            LedgerState::CreateFailed => "create_failed",
+            LedgerState::DestroyRequested => "destroy_requested",
+            LedgerState::DestroyAccepted => "destroy_accepted",
+            LedgerState::DestroyFailed => "destroy_failed",
+            LedgerState::VerifiedGone => "verified_gone",
+        }
+    }
+}
+
+impl fmt::Display for LedgerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LedgerState {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        LedgerState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| StoreError::Corrupt(format!("unknown ledger state `{s}`")))
+    }
+}
+
+/// A row to insert before calling create.
+#[derive(Debug, Clone)]
+pub struct NewLedgerRow {
+    /// Berth's id for the sandbox.
+    pub berth_id: String,
+    /// Provider id.
+    pub provider: String,
+    /// Owner label.
+    pub owner: String,
+    /// Run label.
+    pub run_id: String,
+    /// Ledger token label.
+    pub ledger_token: String,
+    /// Every label the resource will carry.
+    pub labels: BTreeMap<String, String>,
+    /// How it is made: `create`, `fork:<id>`, `restore:<handle>`.
+    pub origin: String,
+    /// Expiry.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// A stored ledger row.
+#[derive(Debug, Clone, Serialize)]
+pub struct LedgerRow {
+    /// Berth's id for the sandbox.
+    pub berth_id: String,
+    /// Provider id.
+    pub provider: String,
+    /// Provider's id, once create returned.
+    pub native_id: Option<String>,
+    /// Owner label.
+    pub owner: String,
+    /// Run label.
+    pub run_id: String,
+    /// Ledger token label.
+    pub ledger_token: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// How it was made.
+    pub origin: String,
+    /// Expiry.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Current state.
+    pub state: LedgerState,
+    /// When the intent was recorded.
+    pub created_at: DateTime<Utc>,
+    /// When create returned.
+    pub create_returned_at: Option<DateTime<Utc>>,
+    /// When destroy was first requested.
+    pub destroy_requested_at: Option<DateTime<Utc>>,
+    /// When gone-ness was verified.
+    pub verified_gone_at: Option<DateTime<Utc>>,
+    /// Kind of the last error.
+    pub last_error_kind: Option<String>,
+    /// The last error's message (never a secret value).
+    pub last_error: Option<String>,
+}
+
+fn ts(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn parse_ts(field: &str, text: Option<String>) -> Result<Option<DateTime<Utc>>, StoreError> {
+    text.map(|t| {
+        DateTime::parse_from_rfc3339(&t)
+            .map(|d| d.with_timezone(&Utc))
+            .map_err(|_| StoreError::Corrupt(format!("{field} `{t}` is not RFC 3339")))
+    })
+    .transpose()
+}
+
+fn query_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+fn row_to_ledger(row: sqlx::sqlite::SqliteRow) -> Result<LedgerRow, StoreError> {
+    let get = |name: &str| -> Result<String, StoreError> {
+        row.try_get::<String, _>(name)
+            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
+    };
+    let opt = |name: &str| -> Result<Option<String>, StoreError> {
+        row.try_get::<Option<String>, _>(name)
+            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
+    };
+    let labels: BTreeMap<String, String> = serde_json::from_str(&get("labels_json")?)
+        .map_err(|e| StoreError::Corrupt(format!("labels_json: {e}")))?;
+    Ok(LedgerRow {
+        berth_id: get("berth_id")?,
+        provider: get("provider")?,
+        native_id: opt("native_id")?,
+        owner: get("owner")?,
+        run_id: get("run_id")?,
+        ledger_token: get("ledger_token")?,
+        labels,
+        origin: get("origin")?,
+        expires_at: parse_ts("expires_at", opt("expires_at")?)?,
+        state: get("state")?.parse()?,
+        created_at: parse_ts("created_at", Some(get("created_at")?))?.expect("some in, some out"),
+        create_returned_at: parse_ts("create_returned_at", opt("create_returned_at")?)?,
+        destroy_requested_at: parse_ts("destroy_requested_at", opt("destroy_requested_at")?)?,
+        verified_gone_at: parse_ts("verified_gone_at", opt("verified_gone_at")?)?,
+        last_error_kind: opt("last_error_kind")?,
+        last_error: opt("last_error")?,
+    })
+}
+
+/// Which rows to list.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerQuery {
+    /// Only this owner's rows.
+    pub owner: Option<String>,
+    /// Only this run's rows.
+    pub run_id: Option<String>,
+    /// Include verified-gone rows.
+    pub include_gone: bool,
+}
+
+impl Store {
+    /// Records the intent to create, before any provider call. Durable when this returns.
+    pub async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        sqlx::query(
+            "INSERT INTO ledger (berth_id, provider, owner, run_id, ledger_token, labels_json, \
+             origin, expires_at, state, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'intent', ?, ?)",
+        )
+        .bind(&row.berth_id)
+        .bind(&row.provider)
+        .bind(&row.owner)
+        .bind(&row.run_id)
+        .bind(&row.ledger_token)
+        .bind(serde_json::to_string(&row.labels).expect("labels serialize"))
+        .bind(&row.origin)
+        .bind(row.expires_at.map(ts))
+        .bind(&now)
+        .bind(&now)
+        .execute(self.pool())
+        .await
+        .map_err(query_err("record create intent"))?;
+        Ok(())
+    }
+
+    /// Records that create returned `native_id`.
+    pub async fn ledger_mark_created(
+        &self,
+        berth_id: &str,
+        native_id: &str,
+    ) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        self.update(
+            "record create result",
+            "UPDATE ledger SET state = 'created', native_id = ?, create_returned_at = ?, \
+             updated_at = ? WHERE berth_id = ?",
+            &[Some(native_id), Some(&now), Some(&now), Some(berth_id)],
+        )
+        .await
+    }
+
+    /// Records a failed create (the resource may still exist; a sweep will check).
+    pub async fn ledger_mark_create_failed(
+        &self,
+        berth_id: &str,
+        kind: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        self.update(
+            "record create failure",
+            "UPDATE ledger SET state = 'create_failed', create_returned_at = ?, \
+             last_error_kind = ?, last_error = ?, updated_at = ? WHERE berth_id = ?",
+            &[
+                Some(&now),
+                Some(kind),
+                Some(message),
+                Some(&now),
+                Some(berth_id),
+            ],
+        )
+        .await
+    }
+
+    /// Records that destroy is about to be called (first request time kept).
+    pub async fn ledger_mark_destroy_requested(&self, berth_id: &str) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        self.update(
+            "record destroy request",
+            "UPDATE ledger SET state = CASE WHEN state = 'verified_gone' THEN state \
+             ELSE 'destroy_requested' END, \
+             destroy_requested_at = COALESCE(destroy_requested_at, ?), updated_at = ? \
+             WHERE berth_id = ?",
+            &[Some(&now), Some(&now), Some(berth_id)],
+        )
+        .await
+    }
+
+    /// Records a destroy outcome.
+    pub async fn ledger_mark_destroy_result(
+        &self,
+        berth_id: &str,
+        state: LedgerState,
+        error: Option<(&str, &str)>,
+    ) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        let gone_at = (state == LedgerState::VerifiedGone).then(|| now.clone());
+        self.update(
+            "record destroy result",
+            // A success keeps the last error (e.g. why create failed) for the record.
+            "UPDATE ledger SET state = ?, verified_gone_at = COALESCE(verified_gone_at, ?), \
+             last_error_kind = COALESCE(?, last_error_kind), \
+             last_error = COALESCE(?, last_error), updated_at = ? WHERE berth_id = ?",
+            &[
+                Some(state.as_str()),
+                gone_at.as_deref(),
+                error.map(|e| e.0),
+                error.map(|e| e.1),
+                Some(&now),
+                Some(berth_id),
+            ],
+        )
+        .await
+    }
+
+    async fn update(
+        &self,
+        what: &'static str,
+        sql: &str,
+        binds: &[Option<&str>],
+    ) -> Result<(), StoreError> {
+        let mut query = sqlx::query(sql);
+        for bind in binds {
+            query = query.bind(*bind);
+        }
+        let done = query.execute(self.pool()).await.map_err(query_err(what))?;
+        if done.rows_affected() == 0 {
+            let id = binds.last().copied().flatten().unwrap_or_default();
+            return Err(StoreError::NotFound(id.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// One row.
+    pub async fn ledger_get(&self, berth_id: &str) -> Result<LedgerRow, StoreError> {
+        let row = sqlx::query("SELECT * FROM ledger WHERE berth_id = ?")
+            .bind(berth_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(query_err("read ledger entry"))?
+            .ok_or_else(|| StoreError::NotFound(berth_id.to_owned()))?;
+        row_to_ledger(row)
+    }
+
+    /// Rows matching `query`, oldest first.
+    pub async fn ledger_list(&self, query: &LedgerQuery) -> Result<Vec<LedgerRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM ledger WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR run_id = ?2) \
+             AND (?3 OR state != 'verified_gone') ORDER BY created_at, berth_id",
+        )
+        .bind(&query.owner)
+        .bind(&query.run_id)
+        .bind(query.include_gone)
+        .fetch_all(self.pool())
+        .await
+        .map_err(query_err("list ledger"))?;
+        rows.into_iter().map(row_to_ledger).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("berth.db")).await.unwrap();
+        (dir, store)
+    }
+
+    fn new_row(id: &str, owner: &str) -> NewLedgerRow {
+        NewLedgerRow {
+            berth_id: id.into(),
+            provider: "host".into(),
+            owner: owner.into(),
+            run_id: "run-1".into(),
+            ledger_token: format!("tok-{id}"),
+            labels: BTreeMap::from([("berth.owner".into(), owner.into())]),
+            origin: "create".into(),
+            expires_at: Some(Utc::now()),
+        }
+    }
+
+    #[tokio::test]
+    async fn row_walks_through_its_states() {
+        let (_dir, store) = store().await;
+        assert_eq!(
+            store.schema_version().await.unwrap(),
+            Store::latest_schema_version()
+        );
+        store
+            .ledger_insert_intent(&new_row("bx-1", "alice"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.ledger_get("bx-1").await.unwrap().state,
+            LedgerState::Intent
+        );
+        store.ledger_mark_created("bx-1", "native-1").await.unwrap();
+        let row = store.ledger_get("bx-1").await.unwrap();
+        assert_eq!(row.state, LedgerState::Created);
+        assert_eq!(row.native_id.as_deref(), Some("native-1"));
+        store.ledger_mark_destroy_requested("bx-1").await.unwrap();
+        let first_request = store.ledger_get("bx-1").await.unwrap().destroy_requested_at;
+        store.ledger_mark_destroy_requested("bx-1").await.unwrap();
+        assert_eq!(
+            store.ledger_get("bx-1").await.unwrap().destroy_requested_at,
+            first_request,
+            "first request time is kept"
+        );
+        store
+            .ledger_mark_destroy_result("bx-1", LedgerState::VerifiedGone, None)
+            .await
+            .unwrap();
+        let row = store.ledger_get("bx-1").await.unwrap();
+        assert_eq!(row.state, LedgerState::VerifiedGone);
+        assert!(row.verified_gone_at.is_some());
+        assert_eq!(row.labels.get("berth.owner").unwrap(), "alice");
+    }
+
+    #[tokio::test]
+    async fn list_filters_by_owner_and_hides_gone_rows() {
+        let (_dir, store) = store().await;
+        store
+            .ledger_insert_intent(&new_row("bx-a", "alice"))
+            .await
+            .unwrap();
+        store
+            .ledger_insert_intent(&new_row("bx-b", "bob"))
+            .await
+            .unwrap();
+        store
+            .ledger_insert_intent(&new_row("bx-c", "alice"))
+            .await
+            .unwrap();
+        store
+            .ledger_mark_destroy_result("bx-c", LedgerState::VerifiedGone, None)
+            .await
+            .unwrap();
+        let alice = LedgerQuery {
+            owner: Some("alice".into()),
+            ..Default::default()
+        };
+        let ids: Vec<_> = store
+            .ledger_list(&alice)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.berth_id)
+            .collect();
+        assert_eq!(ids, vec!["bx-a"]);
+        let all = LedgerQuery {
+            include_gone: true,
+            ..Default::default()
+        };
+        assert_eq!(store.ledger_list(&all).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn duplicate_ids_and_missing_rows_are_errors() {
+        let (_dir, store) = store().await;
+        store
+            .ledger_insert_intent(&new_row("bx-a", "alice"))
+            .await
+            .unwrap();
+        assert!(store
+            .ledger_insert_intent(&new_row("bx-a", "alice"))
+            .await
+            .is_err());
+        let err = store
+            .ledger_mark_created("bx-missing", "n")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotFound(ref id) if id == "bx-missing"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn rows_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let store = Store::open(&path).await.unwrap();
+        store
+            .ledger_insert_intent(&new_row("bx-a", "alice"))
+            .await
+            .unwrap();
+        store.close().await;
+        let reopened = Store::open(&path).await.unwrap();
+        assert_eq!(
+            reopened.ledger_get("bx-a").await.unwrap().state,
+            LedgerState::Intent
+        );
+    }
+
+    #[tokio::test]
+    async fn a_newer_database_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let store = Store::open(&path).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (9999, 'from the future', 1, x'00', 0)",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        store.close().await;
+        let err = Store::open(&path).await.unwrap_err();
+        assert!(matches!(err, StoreError::Migrate { .. }), "{err}");
+    }
+}
