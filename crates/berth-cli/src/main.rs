@@ -1,1 +1,156 @@
-fn main() {}
+//! `berth`: the command line. Thin: parsing, output and exit codes live here; every rule lives
+//! in the library crates.
+//!
+//! - `cli` — the grammar (clap).
+//! - `config` — the one module that reads environment variables.
+//! - `app` — opening the store, the registry and the ledger for one invocation.
+//! - `commands` — one module per verb family.
+//! - `errors` — error → kind, exit code and hint.
+//! - `output` — the versioned JSON envelope.
+//! - `duration` — `500ms` / `30s` / `5m` / `2h` / `1d`.
+
+mod app;
+mod cli;
+mod commands;
+mod config;
+mod duration;
+mod errors;
+mod output;
+
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::app::App;
+use crate::cli::{Cli, Command};
+use crate::errors::code;
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime starts");
+    let exit = runtime.block_on(run(cli));
+    // Do not wait for lingering blocking tasks: everything that must finish has finished.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    std::process::exit(exit);
+}
+
+enum Ending {
+    Done(i32),
+    Failed(anyhow::Error),
+    Panicked(String),
+    Signalled(i32, &'static str),
+}
+
+async fn run(cli: Cli) -> i32 {
+    let json = cli.json;
+    let name = cli.command.name();
+    let config = match config::Config::from_process() {
+        Ok(config) => config,
+        Err(err) => return output::failure(json, name, &err),
+    };
+    // Commands that touch no state.
+    match &cli.command {
+        Command::Schema { which } => return commands::schema(json, which),
+        Command::Providers => return finish(json, name, commands::providers(&config, json)),
+        _ => {}
+    }
+    let app = match App::open(config, json).await {
+        Ok(app) => Arc::new(app),
+        Err(err) => return output::failure(json, name, &err),
+    };
+    let (mut interrupt, mut terminate) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(i), Ok(t)) => (i, t),
+        _ => {
+            return output::failure(
+                json,
+                name,
+                &anyhow::anyhow!("cannot install signal handlers"),
+            )
+        }
+    };
+    let mut task = tokio::spawn(commands::dispatch(app.clone(), cli.command));
+    let ending = tokio::select! {
+        joined = &mut task => match joined {
+            Ok(Ok(code)) => Ending::Done(code),
+            Ok(Err(err)) => Ending::Failed(err),
+            Err(join) => Ending::Panicked(join.to_string()),
+        },
+        _ = interrupt.recv() => Ending::Signalled(130, "interrupted"),
+        _ = terminate.recv() => Ending::Signalled(143, "terminated"),
+    };
+    if let Ending::Signalled(..) = ending {
+        // Dropping the command's future kills any process group it was running.
+        task.abort();
+        let _ = task.await;
+    }
+    match ending {
+        Ending::Done(code) => code,
+        Ending::Failed(err) => {
+            app.cleanup_after_failure().await;
+            let code = output::failure(json, name, &err);
+            // exec and run pass the command's exit code through; berth's own failure must not
+            // look like one of the command's codes.
+            if matches!(name, "exec" | "run") {
+                code::EXEC_FAILED
+            } else {
+                code
+            }
+        }
+        Ending::Panicked(message) => {
+            app.cleanup_after_failure().await;
+            output::failure(
+                json,
+                name,
+                &anyhow::anyhow!("berth panicked ({message}); this is a bug"),
+            )
+            .max(code::INTERNAL)
+        }
+        Ending::Signalled(code, what) => {
+            app.cleanup_after_failure().await;
+            eprintln!("berth: {what}; this run's sandboxes were cleaned up");
+            code
+        }
+    }
+}
+
+fn finish(json: bool, name: &str, result: anyhow::Result<i32>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(err) => output::failure(json, name, &err),
+    }
+}
+
+impl Command {
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Providers => "providers",
+            Command::Create(_) => "create",
+            Command::List(_) => "list",
+            Command::Status { .. } => "status",
+            Command::Exec(_) => "exec",
+            Command::Cp { .. } => "cp",
+            Command::Snapshot { .. } => "snapshot",
+            Command::Fork { .. } => "fork",
+            Command::Restore { .. } => "restore",
+            Command::Stop { .. } => "stop",
+            Command::Start { .. } => "start",
+            Command::Suspend { .. } => "suspend",
+            Command::Resume { .. } => "resume",
+            Command::Destroy { .. } => "destroy",
+            Command::Run(_) => "run",
+            Command::Ledger(cli::LedgerCommand::List { .. }) => "ledger list",
+            Command::Ledger(cli::LedgerCommand::Sweep { .. }) => "ledger sweep",
+            Command::Demo => "demo",
+            Command::Bench(_) => "bench",
+            Command::Schema { .. } => "schema",
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! One invocation's context: configuration, registry, store and ledger.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use berth_contract::{NativeId, Provider};
+use berth_factory::{ProviderConfig, Registry};
+use berth_ledger::{new_run_id, Ledger};
+use berth_store::{LedgerRow, LedgerState, Store};
+
+use crate::config::Config;
+use crate::errors::CliError;
+
+/// The context of one `berth` invocation.
+#[derive(Debug)]
+pub struct App {
+    pub config: Config,
+    pub registry: Registry,
+    pub provider_config: ProviderConfig,
+    pub ledger: Ledger,
+    pub json: bool,
+}
+
+impl App {
+    /// Creates the state directory if needed and opens the store.
+    pub async fn open(config: Config, json: bool) -> Result<App> {
+        std::fs::create_dir_all(&config.home)
+            .with_context(|| format!("cannot create BERTH_HOME {}", config.home.display()))?;
+        let store = Store::open(&config.database()).await?;
+        let registry = Registry::builtin()?;
+        let provider_config = ProviderConfig {
+            state_dir: config.state_dir(),
+            env: config.env.clone(),
+        };
+        let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
+        Ok(App {
+            config,
+            registry,
+            provider_config,
+            ledger,
+            json,
+        })
+    }
+
+    /// Constructs a provider.
+    pub fn provider(&self, id: &str) -> Result<Arc<dyn Provider>> {
+        Ok(self.registry.construct(id, &self.provider_config)?)
+    }
+
+    /// A sandbox of this owner that is not gone: its ledger row, provider and native id.
+    pub async fn sandbox(&self, id: &str) -> Result<(LedgerRow, Arc<dyn Provider>, NativeId)> {
+        let row = match self.ledger.row(id).await {
+            Ok(row) => row,
+            Err(berth_ledger::LedgerError::Store(berth_store::StoreError::NotFound(_))) => {
+                return Err(CliError::not_found(
+                    format!("no sandbox `{id}` in the ledger"),
+                    "`berth list` shows your sandboxes",
+                )
+                .into())
+            }
+            Err(err) => return Err(err.into()),
+        };
+        if row.state == LedgerState::VerifiedGone {
+            return Err(CliError::not_found(
+                format!("sandbox `{id}` was destroyed (verified gone)"),
+                "create a new one with `berth create`",
+            )
+            .into());
+        }
+        let provider = self.provider(&row.provider)?;
+        let native = NativeId(
+            row.native_id
+                .clone()
+                .unwrap_or_else(|| row.berth_id.clone()),
+        );
+        Ok((row, provider, native))
+    }
+
+    /// Must-fire: destroys whatever this invocation created and did not hand over. Reports,
+    /// never fails the exit path.
+    pub async fn cleanup_after_failure(&self) {
+        match self
+            .ledger
+            .cleanup_run(&self.registry, &self.provider_config)
+            .await
+        {
+            Ok(report) if !report.complete() => eprintln!(
+                "berth: warning: cleanup incomplete; run `berth ledger sweep` ({:?})",
+                report.entries
+            ),
+            Ok(report) if !report.entries.is_empty() => {
+                eprintln!("berth: cleaned up {} sandbox(es)", report.entries.len())
+            }
+            Ok(_) => {}
+            Err(err) => {
+                eprintln!("berth: warning: cleanup failed: {err}; run `berth ledger sweep`")
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Command-line grammar.
+
+use clap::{Args, Parser, Subcommand};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    success
+  1    internal error (cleanup still ran)
+  2    usage error
+  3    not found
+  4    unsupported: the provider does not support that capability
+  5    invalid input (path, manifest, request)
+  6    provider unavailable, at capacity, out of quota or rate-limited
+  7    credentials missing or rejected
+  8    conflict (state change in progress, name taken)
+  9    timed out waiting for the provider
+  10   cleanup incomplete: something is not verified gone
+  11   refused: the resource is not provably yours
+  130  interrupted (SIGINT), 143 terminated (SIGTERM), after cleanup
+  exec/run: the command's own exit code; 124 timed out; 128+N killed by
+  signal N; 125 berth could not run it or its status is unknown
+
+Environment:
+  BERTH_HOME   state directory (default $XDG_DATA_HOME/berth)
+  BERTH_OWNER  owner label on everything berth creates (default $USER@host)";
+
+/// One honest interface to sandbox providers.
+#[derive(Debug, Parser)]
+#[command(name = "berth", version, about, after_long_help = EXIT_CODES)]
+pub struct Cli {
+    /// Print machine-readable JSON (schema `berth.cli/v1`) instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List providers, their isolation and declared capabilities.
+    Providers,
+    /// Create a sandbox.
+    #[command(alias = "new")]
+    Create(CreateArgs),
+    /// List your sandboxes (from the ledger, with their observed state).
+    List(ListArgs),
+    /// Show one sandbox: ledger entry and observed state.
+    Status {
+        /// Sandbox id (`bx-…`).
+        id: String,
+    },
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec(ExecArgs),
+    /// Copy a file between the host and a sandbox: `berth cp ID:path local` or `berth cp local ID:path`.
+    Cp {
+        /// Source: `ID:path`, a local path, or `-` for stdin.
+        source: String,
+        /// Destination: `ID:path`, a local path, or `-` for stdout.
+        destination: String,
+    },
+    /// Snapshot a sandbox's filesystem; prints the snapshot handle.
+    Snapshot {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Fork a sandbox into a new one.
+    Fork {
+        /// Sandbox id.
+        id: String,
+        #[command(flatten)]
+        ttl: TtlArg,
+    },
+    /// Create a new sandbox from a snapshot handle.
+    Restore {
+        /// Snapshot handle (e.g. `sha256:…`).
+        handle: String,
+        /// Provider that holds the snapshot.
+        #[arg(long, default_value = "host")]
+        provider: String,
+        #[command(flatten)]
+        ttl: TtlArg,
+    },
+    /// Stop a sandbox cold (processes gone, filesystem kept), where the provider supports it.
+    Stop {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Start a stopped sandbox.
+    Start {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Suspend a sandbox with its memory, where the provider supports it.
+    Suspend {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Resume a suspended sandbox.
+    Resume {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Destroy sandboxes and verify they are gone.
+    Destroy {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Create a sandbox, run one command in it, destroy it.
+    Run(RunArgs),
+    /// The cleanup ledger.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
+    /// Walk through Berth's main job on the host provider: create, exec, copy, snapshot, fork,
+    /// destroy, ledger.
+    Demo,
+    /// Measure a provider against its raw substrate.
+    Bench(BenchArgs),
+    /// Print a published JSON Schema.
+    Schema {
+        /// Which schema.
+        #[arg(value_parser = ["manifest"])]
+        which: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TtlArg {
+    /// Expiry label for what is created (e.g. `30m`, `24h`, `7d`).
+    #[arg(long, default_value = "24h")]
+    pub ttl: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Provider to create on.
+    #[arg(long, short, default_value = "host")]
+    pub provider: String,
+    /// Providers to try next, in order, if the first is unavailable, at capacity or out of quota.
+    #[arg(long, value_delimiter = ',')]
+    pub fallback: Vec<String>,
+    /// Image or template, for providers that have them.
+    #[arg(long)]
+    pub image: Option<String>,
+    #[command(flatten)]
+    pub ttl: TtlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Include sandboxes already verified gone.
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CommandSpec {
+    /// Deadline (e.g. `500ms`, `30s`, `5m`); on expiry the whole process tree is killed.
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// Environment for the command: `NAME` passes your value without putting it in argv;
+    /// `NAME=VALUE` sets it (visible in your shell history and process list).
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Run this line with `sh -c` instead of an argument vector.
+    #[arg(long = "shell", short = 'c', conflicts_with = "argv")]
+    pub shell: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox id.
+    pub id: String,
+    #[command(flatten)]
+    pub spec: CommandSpec,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Provider to run on.
+    #[arg(long, short, default_value = "host")]
+    pub provider: String,
+    /// Keep the sandbox afterwards instead of destroying it.
+    #[arg(long)]
+    pub keep: bool,
+    #[command(flatten)]
+    pub spec: CommandSpec,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Show ledger entries (open ones unless `--all`).
+    List {
+        /// Include verified-gone entries.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Destroy and verify everything this owner created that is not verified gone.
+    Sweep {
+        /// Only this run's resources.
+        #[arg(long)]
+        run: Option<String>,
+        /// Only resources whose expiry has passed.
+        #[arg(long)]
+        expired: bool,
+        /// Do not list providers for labelled resources missing from the ledger.
+        #[arg(long)]
+        no_discover: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Provider to measure.
+    #[arg(value_parser = ["host"])]
+    pub provider: String,
+    /// Samples per measurement.
+    #[arg(long, default_value_t = 200)]
+    pub iterations: usize,
+}

@@ -1,0 +1,129 @@
+//! `berth ledger list|sweep`.
+
+use anyhow::Result;
+use berth_ledger::{SweepAction, SweepScope};
+use serde_json::json;
+
+use crate::app::App;
+use crate::errors::code;
+use crate::output::emit;
+
+/// `berth ledger list`.
+pub async fn list(app: &App, all: bool) -> Result<i32> {
+    let rows = app
+        .ledger
+        .store()
+        .ledger_list(&berth_store::LedgerQuery {
+            owner: Some(app.ledger.owner().to_owned()),
+            run_id: None,
+            include_gone: all,
+        })
+        .await?;
+    if app.json {
+        emit(
+            "ledger list",
+            json!({ "owner": app.ledger.owner(), "entries": rows }),
+        );
+        return Ok(code::OK);
+    }
+    if rows.is_empty() {
+        println!(
+            "ledger: nothing open for owner {}{}",
+            app.ledger.owner(),
+            if all {
+                ""
+            } else {
+                " (--all shows closed entries)"
+            }
+        );
+    }
+    for row in &rows {
+        let gone = row
+            .verified_gone_at
+            .map(|t| format!(" gone {}", t.format("%H:%M:%S%.3f")))
+            .unwrap_or_default();
+        let error = row
+            .last_error_kind
+            .as_deref()
+            .map(|k| format!(" last error: {k}"))
+            .unwrap_or_default();
+        println!(
+            "{:<16} {:<6} {:<18} {:<26} created {}{}{}",
+            row.berth_id,
+            row.provider,
+            row.state.as_str(),
+            shorten(&row.origin, 26),
+            row.created_at.format("%Y-%m-%d %H:%M:%S%.3f"),
+            gone,
+            error
+        );
+    }
+    Ok(code::OK)
+}
+
+/// `berth ledger sweep`.
+pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool) -> Result<i32> {
+    let discover = if discover {
+        app.registry
+            .manifests()
+            .map(|m| m.id.clone())
+            .filter(|id| {
+                app.registry.has_adapter(id)
+                    && app
+                        .registry
+                        .missing_credentials(id, &app.provider_config.env)
+                        .is_empty()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let report = app
+        .ledger
+        .sweep(
+            &app.registry,
+            &app.provider_config,
+            &SweepScope {
+                run_id: run,
+                expired_only: expired,
+                discover,
+            },
+        )
+        .await?;
+    if app.json {
+        emit(
+            "ledger sweep",
+            json!({ "owner": app.ledger.owner(), "complete": report.complete(), "entries": report.entries }),
+        );
+    } else {
+        if report.entries.is_empty() {
+            println!("sweep: nothing to do for owner {}", app.ledger.owner());
+        }
+        for entry in &report.entries {
+            let what = match &entry.action {
+                SweepAction::Destroyed => "destroyed, verified gone".to_owned(),
+                SweepAction::AlreadyGone => "already gone".to_owned(),
+                SweepAction::Accepted { raw_state } => {
+                    format!("destroy accepted, not verified (raw {raw_state})")
+                }
+                SweepAction::Failed { kind, message } => format!("FAILED ({kind}): {message}"),
+                SweepAction::SkippedForeign { reason } => format!("skipped, not ours: {reason}"),
+            };
+            println!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
+        }
+    }
+    Ok(if report.complete() {
+        code::OK
+    } else {
+        code::CLEANUP_INCOMPLETE
+    })
+}
+
+pub(super) fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_owned()
+    } else {
+        let kept: String = text.chars().take(max - 1).collect();
+        format!("{kept}…")
+    }
+}

@@ -1,0 +1,125 @@
+//! One module per verb family. Each command returns its exit code.
+
+mod bench;
+mod demo;
+mod exec;
+mod ledger;
+mod sandbox;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use berth_contract::{Capability, Support};
+use serde_json::json;
+
+use crate::app::App;
+use crate::cli::{Command, LedgerCommand};
+use crate::config::Config;
+use crate::errors::code;
+use crate::output::emit;
+
+/// Runs a stateful command.
+pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
+    match command {
+        Command::Create(args) => sandbox::create(&app, args).await,
+        Command::List(args) => sandbox::list(&app, args.all).await,
+        Command::Status { id } => sandbox::status(&app, &id).await,
+        Command::Snapshot { id } => sandbox::snapshot(&app, &id).await,
+        Command::Fork { id, ttl } => sandbox::fork(&app, &id, &ttl.ttl).await,
+        Command::Restore {
+            handle,
+            provider,
+            ttl,
+        } => sandbox::restore(&app, &handle, &provider, &ttl.ttl).await,
+        Command::Destroy { ids } => sandbox::destroy(&app, &ids).await,
+        Command::Stop { id } => sandbox::power(&app, &id, sandbox::Power::Stop).await,
+        Command::Start { id } => sandbox::power(&app, &id, sandbox::Power::Start).await,
+        Command::Suspend { id } => sandbox::power(&app, &id, sandbox::Power::Suspend).await,
+        Command::Resume { id } => sandbox::power(&app, &id, sandbox::Power::Resume).await,
+        Command::Exec(args) => exec::exec(&app, args).await,
+        Command::Run(args) => exec::run(&app, args).await,
+        Command::Cp {
+            source,
+            destination,
+        } => exec::cp(&app, &source, &destination).await,
+        Command::Ledger(LedgerCommand::List { all }) => ledger::list(&app, all).await,
+        Command::Ledger(LedgerCommand::Sweep {
+            run,
+            expired,
+            no_discover,
+        }) => ledger::sweep(&app, run, expired, !no_discover).await,
+        Command::Demo => demo::demo(&app).await,
+        Command::Bench(args) => bench::bench(&app, args).await,
+        Command::Providers | Command::Schema { .. } => unreachable!("handled without state"),
+    }
+}
+
+/// `berth schema manifest`.
+pub fn schema(_json: bool, which: &str) -> i32 {
+    debug_assert_eq!(which, "manifest");
+    print!("{}", berth_manifest::json_schema());
+    code::OK
+}
+
+fn support_str(support: Support) -> &'static str {
+    match support {
+        Support::Supported => "supported",
+        Support::Unsupported => "unsupported",
+        Support::Unknown => "unknown",
+    }
+}
+
+/// `berth providers`.
+pub fn providers(config: &Config, json: bool) -> Result<i32> {
+    let registry = berth_factory::Registry::builtin()?;
+    let mut rows = Vec::new();
+    for manifest in registry.manifests() {
+        let missing = registry.missing_credentials(&manifest.id, &config.env);
+        let capabilities: serde_json::Map<_, _> = Capability::ALL
+            .iter()
+            .map(|c| {
+                (
+                    c.as_str().to_owned(),
+                    json!(support_str(manifest.support(*c))),
+                )
+            })
+            .collect();
+        rows.push(json!({
+            "id": manifest.id,
+            "display_name": manifest.display_name,
+            "isolation": manifest.isolation.class,
+            "isolation_statement": manifest.isolation.statement,
+            "adapter_built_in": registry.has_adapter(&manifest.id),
+            "missing_credentials": missing,
+            "capabilities": capabilities,
+        }));
+    }
+    if json {
+        emit("providers", json!({ "providers": rows }));
+        return Ok(code::OK);
+    }
+    for manifest in registry.manifests() {
+        let adapter = if registry.has_adapter(&manifest.id) {
+            "adapter built in"
+        } else {
+            "catalog only"
+        };
+        println!(
+            "{} — {} ({adapter}; isolation: {:?})",
+            manifest.id, manifest.display_name, manifest.isolation.class
+        );
+        println!("  {}", manifest.isolation.statement.replace('\n', " "));
+        for capability in Capability::ALL {
+            println!(
+                "  {:<20} {}",
+                capability.as_str(),
+                support_str(manifest.support(capability))
+            );
+        }
+        let missing = registry.missing_credentials(&manifest.id, &config.env);
+        if !missing.is_empty() {
+            println!("  missing credentials: {}", missing.join(", "));
+        }
+    }
+    Ok(code::OK)
+}

@@ -1,0 +1,304 @@
+//! create / list / status / snapshot / fork / restore / destroy.
+
+use anyhow::Result;
+use berth_contract::{DestroyOutcome, Observation, Provider, ProviderExt, SnapshotRef};
+use berth_ledger::Tracked;
+use serde_json::json;
+
+use crate::app::App;
+use crate::cli::CreateArgs;
+use crate::duration;
+use crate::errors::code;
+use crate::output::emit;
+
+fn print_tracked(app: &App, command: &str, tracked: &Tracked, extra: serde_json::Value) {
+    if app.json {
+        let mut fields = json!({ "sandbox": tracked });
+        if let (Some(map), serde_json::Value::Object(extra)) = (fields.as_object_mut(), extra) {
+            map.extend(extra);
+        }
+        emit(command, fields);
+    } else {
+        println!("{}", tracked.berth_id);
+    }
+}
+
+/// `berth create`.
+pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
+    let ttl = duration::parse(&args.ttl.ttl)?;
+    let mut order = vec![args.provider.clone()];
+    order.extend(args.fallback.iter().cloned());
+    let image = args.image.clone();
+    let fallback = app
+        .registry
+        .with_fallback(&order, &app.provider_config, |provider| {
+            let image = image.clone();
+            async move {
+                app.ledger
+                    .create_tracked(
+                        provider.as_ref(),
+                        "create",
+                        Some(ttl),
+                        |req| req.image = image,
+                        |req| {
+                            let provider = provider.clone();
+                            async move { provider.create(&req).await }
+                        },
+                    )
+                    .await
+                    .map_err(|err| into_provider_error(provider.id(), err))
+            }
+        })
+        .await?;
+    for step in &fallback.skipped {
+        eprintln!(
+            "berth: provider `{}` skipped ({}): {}",
+            step.provider, step.kind, step.message
+        );
+    }
+    print_tracked(
+        app,
+        "create",
+        &fallback.value,
+        json!({ "fallback": fallback.skipped }),
+    );
+    Ok(code::OK)
+}
+
+/// The fallback loop decides on provider error kinds; a ledger failure is not a fallback reason.
+fn into_provider_error(
+    provider: &str,
+    err: berth_ledger::LedgerError,
+) -> berth_contract::ProviderError {
+    match err {
+        berth_ledger::LedgerError::Provider { source, .. } => source,
+        other => berth_contract::ProviderError::new(
+            berth_contract::ErrorKind::Unknown,
+            provider,
+            format!("ledger: {other}"),
+        ),
+    }
+}
+
+fn observation_json(
+    observation: &Result<Observation, berth_contract::ProviderError>,
+) -> serde_json::Value {
+    match observation {
+        Ok(observation) => json!(observation),
+        Err(err) => json!({ "presence": "unknown", "reason": err.to_string() }),
+    }
+}
+
+fn observation_text(observation: &Result<Observation, berth_contract::ProviderError>) -> String {
+    match observation {
+        Ok(Observation::Absent) => "absent".into(),
+        Ok(Observation::Present { state, raw, .. }) => format!("{state} (raw: {raw})"),
+        Err(err) => format!("UNKNOWN({err})"),
+    }
+}
+
+/// `berth list`.
+pub async fn list(app: &App, all: bool) -> Result<i32> {
+    let rows = app
+        .ledger
+        .store()
+        .ledger_list(&berth_store::LedgerQuery {
+            owner: Some(app.ledger.owner().to_owned()),
+            run_id: None,
+            include_gone: all,
+        })
+        .await?;
+    let mut items = Vec::new();
+    for row in rows {
+        let observation = match app.provider(&row.provider) {
+            Ok(provider) => {
+                let id = berth_contract::NativeId(
+                    row.native_id
+                        .clone()
+                        .unwrap_or_else(|| row.berth_id.clone()),
+                );
+                provider.observe(&id).await
+            }
+            Err(err) => Err(berth_contract::ProviderError::new(
+                berth_contract::ErrorKind::Unavailable,
+                &row.provider,
+                err.to_string(),
+            )),
+        };
+        items.push((row, observation));
+    }
+    if app.json {
+        let sandboxes: Vec<_> = items
+            .iter()
+            .map(|(row, obs)| json!({ "ledger": row, "observed": observation_json(obs) }))
+            .collect();
+        emit("list", json!({ "sandboxes": sandboxes }));
+    } else if items.is_empty() {
+        println!("no sandboxes (create one with `berth create`)");
+    } else {
+        println!("{:<16} {:<8} {:<18} OBSERVED", "ID", "PROVIDER", "LEDGER");
+        for (row, obs) in &items {
+            println!(
+                "{:<16} {:<8} {:<18} {}",
+                row.berth_id,
+                row.provider,
+                row.state.as_str(),
+                observation_text(obs)
+            );
+        }
+    }
+    Ok(code::OK)
+}
+
+/// `berth status`.
+pub async fn status(app: &App, id: &str) -> Result<i32> {
+    let (row, provider, native) = app.sandbox(id).await?;
+    let observation = provider.observe(&native).await;
+    if app.json {
+        emit(
+            "status",
+            json!({ "ledger": row, "observed": observation_json(&observation) }),
+        );
+    } else {
+        println!("id:        {}", row.berth_id);
+        println!("provider:  {}", row.provider);
+        println!("ledger:    {}", row.state);
+        println!("observed:  {}", observation_text(&observation));
+        println!("owner:     {}", row.owner);
+        println!("run:       {}", row.run_id);
+        if let Some(expires) = row.expires_at {
+            println!("expires:   {}", expires.to_rfc3339());
+        }
+    }
+    Ok(code::OK)
+}
+
+/// `berth snapshot`.
+pub async fn snapshot(app: &App, id: &str) -> Result<i32> {
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let snap = provider.require_snapshots()?.snapshot(&native).await?;
+    if app.json {
+        emit("snapshot", json!({ "sandbox": id, "snapshot": snap }));
+    } else {
+        println!("{}", snap.handle);
+    }
+    Ok(code::OK)
+}
+
+/// `berth fork`.
+pub async fn fork(app: &App, id: &str, ttl: &str) -> Result<i32> {
+    let ttl = duration::parse(ttl)?;
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let fork = provider.require_fork()?;
+    let tracked = app
+        .ledger
+        .create_tracked(
+            provider.as_ref(),
+            &format!("fork:{id}"),
+            Some(ttl),
+            |_| {},
+            |req| async move { fork.fork(&native, &req).await },
+        )
+        .await?;
+    print_tracked(app, "fork", &tracked, json!({ "source": id }));
+    Ok(code::OK)
+}
+
+/// `berth restore`.
+pub async fn restore(app: &App, handle: &str, provider_id: &str, ttl: &str) -> Result<i32> {
+    let ttl = duration::parse(ttl)?;
+    let provider = app.provider(provider_id)?;
+    let snapshots = provider.require_snapshots()?;
+    let snap = SnapshotRef {
+        handle: handle.to_owned(),
+        kind: berth_contract::SnapshotHandleKind::Digest,
+        size_bytes: None,
+    };
+    let tracked = app
+        .ledger
+        .create_tracked(
+            provider.as_ref(),
+            &format!("restore:{handle}"),
+            Some(ttl),
+            |_| {},
+            |req| async move { snapshots.restore(&snap, &req).await },
+        )
+        .await?;
+    print_tracked(app, "restore", &tracked, json!({ "snapshot": handle }));
+    Ok(code::OK)
+}
+
+/// `berth destroy`.
+pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
+    let mut results = Vec::new();
+    for id in ids {
+        let (row, provider, _native) = app.sandbox(id).await?;
+        let outcome = app.ledger.destroy_row(provider.as_ref(), &row).await?;
+        if !app.json {
+            match &outcome {
+                DestroyOutcome::VerifiedGone { .. } => println!("{id}: destroyed (verified gone)"),
+                DestroyOutcome::Accepted { raw_state } => println!(
+                    "{id}: destroy accepted, not yet verified (raw state {raw_state}); \
+                     `berth ledger sweep` will check again"
+                ),
+            }
+        }
+        results.push(json!({ "id": id, "result": outcome }));
+    }
+    if app.json {
+        emit("destroy", json!({ "destroyed": results }));
+    }
+    let all_gone = results
+        .iter()
+        .all(|r| r["result"]["outcome"] == "verified_gone");
+    Ok(if all_gone {
+        code::OK
+    } else {
+        code::CLEANUP_INCOMPLETE
+    })
+}
+
+/// Destroys a sandbox this invocation created (used by run/demo/bench).
+pub async fn destroy_tracked(
+    app: &App,
+    provider: &dyn Provider,
+    tracked: &Tracked,
+) -> Result<DestroyOutcome> {
+    let row = app.ledger.row(&tracked.berth_id).await?;
+    Ok(app.ledger.destroy_row(provider, &row).await?)
+}
+
+/// A power verb.
+#[derive(Debug, Clone, Copy)]
+pub enum Power {
+    Stop,
+    Start,
+    Suspend,
+    Resume,
+}
+
+/// `berth stop|start|suspend|resume`: answered by the provider's capability or `Unsupported`.
+pub async fn power(app: &App, id: &str, verb: Power) -> Result<i32> {
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let (name, transition) = match verb {
+        Power::Stop => ("stop", provider.require_stop_start()?.stop(&native).await?),
+        Power::Start => (
+            "start",
+            provider.require_stop_start()?.start(&native).await?,
+        ),
+        Power::Suspend => (
+            "suspend",
+            provider.require_suspend_resume()?.suspend(&native).await?,
+        ),
+        Power::Resume => (
+            "resume",
+            provider.require_suspend_resume()?.resume(&native).await?,
+        ),
+    };
+    if app.json {
+        emit(name, json!({ "sandbox": id, "transition": transition }));
+    } else {
+        println!("{id}: {transition:?}");
+    }
+    Ok(code::OK)
+}

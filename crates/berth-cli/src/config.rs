@@ -1,0 +1,69 @@
+//! The one module that reads Berth's environment variables.
+//!
+//! - `BERTH_HOME` — state directory (default `$XDG_DATA_HOME/berth`, else
+//!   `~/.local/share/berth`). Holds `berth.db` (SQLite) and `state/<provider>/`.
+//! - `BERTH_OWNER` — owner label on everything Berth creates (default `$USER@<hostname>`).
+//!
+//! Everything else in the environment is passed to the factory as an opaque snapshot, from
+//! which adapters read only the credential variables their manifest names.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use berth_factory::Environment;
+
+/// Resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// State directory.
+    pub home: PathBuf,
+    /// Owner label.
+    pub owner: String,
+    /// The environment snapshot.
+    pub env: Environment,
+}
+
+impl Config {
+    /// Reads the process environment once.
+    pub fn from_process() -> Result<Config> {
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, v)| k == name && !v.is_empty())
+                .map(|(_, v)| v.clone())
+        };
+        let home = match (get("BERTH_HOME"), get("XDG_DATA_HOME"), get("HOME")) {
+            (Some(home), _, _) => PathBuf::from(home),
+            (None, Some(data), _) => PathBuf::from(data).join("berth"),
+            (None, None, Some(user_home)) => PathBuf::from(user_home).join(".local/share/berth"),
+            (None, None, None) => bail!("cannot place berth's state: set BERTH_HOME or HOME"),
+        };
+        let owner = match get("BERTH_OWNER") {
+            Some(owner) => owner,
+            None => {
+                let user = get("USER")
+                    .or_else(|| get("LOGNAME"))
+                    .unwrap_or_else(|| "user".into());
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "localhost".into());
+                format!("{user}@{host}")
+            }
+        };
+        Ok(Config {
+            home,
+            owner,
+            env: Environment::from_vars(vars),
+        })
+    }
+
+    /// The SQLite database.
+    pub fn database(&self) -> PathBuf {
+        self.home.join("berth.db")
+    }
+
+    /// Providers' state root.
+    pub fn state_dir(&self) -> PathBuf {
+        self.home.join("state")
+    }
+}

@@ -1,0 +1,238 @@
+//! Turning errors into exit codes, kinds and "what to do next" hints.
+
+use berth_contract::{ErrorKind, ProviderError};
+use berth_factory::{FactoryError, FallbackError};
+use berth_ledger::LedgerError;
+use berth_manifest::ManifestError;
+use berth_store::StoreError;
+
+/// Documented exit codes (see README, "Exit codes").
+pub mod code {
+    /// Success.
+    pub const OK: i32 = 0;
+    /// Internal error (a bug or a panic; cleanup still ran).
+    pub const INTERNAL: i32 = 1;
+    // 2 is clap's usage error.
+    /// Not found.
+    pub const NOT_FOUND: i32 = 3;
+    /// The provider does not support the capability.
+    pub const UNSUPPORTED: i32 = 4;
+    /// Invalid input.
+    pub const INVALID: i32 = 5;
+    /// Unavailable, capacity, quota, rate-limited.
+    pub const UNAVAILABLE: i32 = 6;
+    /// Credentials missing or rejected.
+    pub const AUTH: i32 = 7;
+    /// Conflict.
+    pub const CONFLICT: i32 = 8;
+    /// Timed out waiting for the provider.
+    pub const TIMEOUT: i32 = 9;
+    /// Cleanup incomplete.
+    pub const CLEANUP_INCOMPLETE: i32 = 10;
+    /// Refused: not provably yours.
+    pub const REFUSED: i32 = 11;
+    /// exec/run: berth itself failed (the command's codes pass through otherwise).
+    pub const EXEC_FAILED: i32 = 125;
+}
+
+/// A user-facing error.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Failure {
+    /// Machine-readable kind.
+    pub kind: &'static str,
+    /// Exit code.
+    pub exit_code: i32,
+    /// The full cause chain, `: `-joined.
+    pub message: String,
+    /// What to do next.
+    pub hint: Option<String>,
+}
+
+/// An error raised by the CLI itself with a chosen classification.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    /// Kind.
+    pub kind: &'static str,
+    /// Exit code.
+    pub exit_code: i32,
+    /// Message.
+    pub message: String,
+    /// Hint.
+    pub hint: Option<String>,
+}
+
+impl CliError {
+    /// A not-found error with a hint.
+    pub fn not_found(message: impl Into<String>, hint: &str) -> Self {
+        CliError {
+            kind: "not_found",
+            exit_code: code::NOT_FOUND,
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
+    }
+
+    /// An invalid-input error with a hint.
+    pub fn invalid(message: impl Into<String>, hint: &str) -> Self {
+        CliError {
+            kind: "invalid_request",
+            exit_code: code::INVALID,
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
+    }
+}
+
+fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
+    match kind {
+        ErrorKind::Auth => (
+            kind.as_str(),
+            code::AUTH,
+            "check the provider's credential variables (`berth providers`)",
+        ),
+        ErrorKind::Quota
+        | ErrorKind::Capacity
+        | ErrorKind::Unavailable
+        | ErrorKind::RateLimited => (
+            kind.as_str(),
+            code::UNAVAILABLE,
+            "retry later, or name a fallback provider with `--fallback`",
+        ),
+        ErrorKind::InvalidRequest => (kind.as_str(), code::INVALID, "fix the request and retry"),
+        ErrorKind::NotFound => (
+            kind.as_str(),
+            code::NOT_FOUND,
+            "`berth list` shows your sandboxes",
+        ),
+        ErrorKind::Conflict => (
+            kind.as_str(),
+            code::CONFLICT,
+            "wait for the other change to settle, then retry",
+        ),
+        ErrorKind::Unsupported => (
+            kind.as_str(),
+            code::UNSUPPORTED,
+            "`berth providers` shows which provider supports it",
+        ),
+        ErrorKind::TimeoutClient | ErrorKind::TimeoutServer => (
+            kind.as_str(),
+            code::TIMEOUT,
+            "retry; the operation may still have happened, so check `berth status`",
+        ),
+        ErrorKind::Provider5xx => (kind.as_str(), code::UNAVAILABLE, "retry later"),
+        _ => (
+            kind.as_str(),
+            code::INTERNAL,
+            "see the message; report it if it looks like a bug",
+        ),
+    }
+}
+
+/// Classifies an error by the first typed cause in its chain.
+pub fn classify(err: &anyhow::Error) -> Failure {
+    let message = err
+        .chain()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ");
+    let (kind, exit_code, hint) = classify_chain(err);
+    Failure {
+        kind,
+        exit_code,
+        message,
+        hint,
+    }
+}
+
+type Classified = (&'static str, i32, Option<String>);
+
+fn classify_chain(err: &anyhow::Error) -> Classified {
+    err.chain()
+        .find_map(classify_one)
+        .unwrap_or(("internal", code::INTERNAL, None))
+}
+
+fn from_kind(kind: ErrorKind) -> Classified {
+    let (name, code, hint) = for_kind(kind);
+    (name, code, Some(hint.into()))
+}
+
+/// Classifies one error if its type is known. Wrappers marked `#[error(transparent)]` hide
+/// their inner error from the `source()` chain, so they are unwrapped here.
+fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified> {
+    if let Some(e) = cause.downcast_ref::<CliError>() {
+        return Some((e.kind, e.exit_code, e.hint.clone()));
+    }
+    if let Some(e) = cause.downcast_ref::<ProviderError>() {
+        return Some(from_kind(e.kind()));
+    }
+    if let Some(e) = cause.downcast_ref::<LedgerError>() {
+        return match e {
+            LedgerError::Foreign { .. } => Some((
+                "refused",
+                code::REFUSED,
+                Some("berth only touches resources labelled for this owner (BERTH_OWNER)".into()),
+            )),
+            LedgerError::Factory(inner) => classify_one(inner),
+            LedgerError::Store(inner) => classify_one(inner),
+            // Provider errors are the `source` of this one; the chain reaches them next.
+            _ => None,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<FallbackError>() {
+        return match e {
+            FallbackError::Exhausted { .. } => Some((
+                "unavailable",
+                code::UNAVAILABLE,
+                Some("every provider in the fallback list is unavailable; retry later".into()),
+            )),
+            FallbackError::Factory(inner) => classify_one(inner),
+            _ => None,
+        };
+    }
+    if let Some(e) = cause.downcast_ref::<FactoryError>() {
+        return Some(match e {
+            FactoryError::UnknownProvider { .. } | FactoryError::NoAdapter { .. } => (
+                "not_found",
+                code::NOT_FOUND,
+                Some("`berth providers` lists the providers this build can run".into()),
+            ),
+            FactoryError::MissingCredential { variable, .. } => (
+                "auth",
+                code::AUTH,
+                Some(format!(
+                    "export {variable} in the environment berth runs in"
+                )),
+            ),
+            FactoryError::Construct { source, .. } => from_kind(source.kind()),
+            FactoryError::Manifest(_) => (
+                "invalid_request",
+                code::INVALID,
+                Some(
+                    "fix the manifest; its format is schemas/provider-manifest.schema.json".into(),
+                ),
+            ),
+            _ => (
+                "invalid_request",
+                code::INVALID,
+                Some("the provider's manifest and adapter disagree; fix the manifest".into()),
+            ),
+        });
+    }
+    if cause.downcast_ref::<ManifestError>().is_some() {
+        return Some((
+            "invalid_request",
+            code::INVALID,
+            Some("fix the manifest; its format is schemas/provider-manifest.schema.json".into()),
+        ));
+    }
+    if let Some(StoreError::NotFound(_)) = cause.downcast_ref::<StoreError>() {
+        return Some((
+            "not_found",
+            code::NOT_FOUND,
+            Some("`berth list` shows your sandboxes".into()),
+        ));
+    }
+    None
+}

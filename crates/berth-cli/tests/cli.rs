@@ -1,0 +1,543 @@
+//! End-to-end tests of the `berth` binary on the host provider with a real SQLite ledger:
+//! the user path create → exec → cp → snapshot → fork → destroy → ledger, the JSON shapes, exit
+//! codes, hostile input, canary secrets, and must-fire / must-not-fire teardown under signals.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const CANARY: &str = "canary-9f2c1e-do-not-leak";
+
+struct Home {
+    dir: tempfile::TempDir,
+}
+
+impl Home {
+    fn new() -> Home {
+        Home {
+            dir: tempfile::Builder::new()
+                .prefix("berth-test-cli-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn command(&self, owner: &str, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(args)
+            .env("BERTH_HOME", self.path())
+            .env("BERTH_OWNER", owner)
+            .env("CANARY_TOKEN", CANARY)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn run_as(&self, owner: &str, args: &[&str]) -> Output {
+        self.command(owner, args).output().unwrap()
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_as("tester", args)
+    }
+
+    fn json_as(&self, owner: &str, args: &[&str]) -> (i32, Value) {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let out = self.run_as(owner, &full);
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: not JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert_eq!(doc["schema"], "berth.cli/v1", "{doc}");
+        (out.status.code().unwrap(), doc)
+    }
+
+    fn json(&self, args: &[&str]) -> (i32, Value) {
+        self.json_as("tester", args)
+    }
+
+    fn create(&self, owner: &str) -> String {
+        let (code, doc) = self.json_as(owner, &["create"]);
+        assert_eq!(code, 0, "{doc}");
+        doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.path().join("state/host/sandboxes").join(id)
+    }
+
+    fn ledger_state(&self, owner: &str, id: &str) -> String {
+        let (_, doc) = self.json_as(owner, &["ledger", "list", "--all"]);
+        doc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["berth_id"] == id)
+            .map(|e| e["state"].as_str().unwrap().to_owned())
+            .unwrap_or_else(|| panic!("{id} not in ledger: {doc}"))
+    }
+
+    /// Every byte Berth persisted: the database files and the provider state.
+    fn assert_no_canary_persisted(&self) {
+        for entry in walk(self.path()) {
+            let bytes = std::fs::read(&entry).unwrap_or_default();
+            let hit = bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes());
+            assert!(!hit, "canary secret persisted in {}", entry.display());
+        }
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        // Leave nothing running: sweep for every owner the tests use.
+        for owner in ["tester", "alice", "bob"] {
+            let _ = self.run_as(owner, &["ledger", "sweep"]);
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                out.extend(walk(&path));
+            } else if meta.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
+    let home = Home::new();
+    let id = home.create("tester");
+    assert!(id.starts_with("bx-"));
+    assert!(home.sandbox_dir(&id).is_dir());
+
+    // exec: streams separate, exit code passed through.
+    let out = home.run(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    let (code, doc) = home.json(&["exec", &id, "-c", "printf '%s' \"$HOME\" | wc -c"]);
+    assert_eq!(code, 0);
+    assert_eq!(doc["command"], "exec");
+    assert_eq!(doc["status"]["status"], "exited");
+    assert_eq!(doc["status"]["code"], 0);
+    assert_eq!(doc["stdout_truncated"], false);
+
+    // cp in and out, binary-safe.
+    let local = home.path().join("blob.bin");
+    let blob: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+    std::fs::write(&local, &blob).unwrap();
+    let (code, doc) = home.json(&[
+        "cp",
+        local.to_str().unwrap(),
+        &format!("{id}:data/blob.bin"),
+    ]);
+    assert_eq!((code, doc["bytes"].as_u64()), (0, Some(100_000)), "{doc}");
+    let back = home.path().join("back.bin");
+    let out = home.run(&["cp", &format!("{id}:data/blob.bin"), back.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(&back).unwrap(), blob);
+
+    // snapshot, then change, then fork and restore.
+    let (code, doc) = home.json(&["snapshot", &id]);
+    assert_eq!(code, 0, "{doc}");
+    let handle = doc["snapshot"]["handle"].as_str().unwrap().to_owned();
+    assert!(
+        handle.starts_with("sha256:") && handle.len() == 71,
+        "{handle}"
+    );
+    assert_eq!(doc["snapshot"]["kind"], "digest");
+    home.run(&["exec", &id, "-c", "echo after > data/marker"]);
+    let (code, doc) = home.json(&["fork", &id]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["source"], id.as_str());
+    let fork = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run(&[
+        "exec",
+        &fork,
+        "-c",
+        "cat data/marker && wc -c < data/blob.bin",
+    ]);
+    assert_eq!(text(&out.stdout), "after\n100000\n");
+    let (code, doc) = home.json(&["restore", &handle]);
+    assert_eq!(code, 0, "{doc}");
+    let restored = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run(&[
+        "exec",
+        &restored,
+        "-c",
+        "test ! -e data/marker && echo clean",
+    ]);
+    assert_eq!(text(&out.stdout), "clean\n");
+
+    // list and status show observed state beside the ledger.
+    let (_, doc) = home.json(&["list"]);
+    let listed = doc["sandboxes"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{doc}");
+    assert!(listed.iter().all(|s| s["observed"]["state"] == "running"));
+    let (_, doc) = home.json(&["status", &fork]);
+    assert_eq!(doc["ledger"]["origin"], format!("fork:{id}"));
+    assert_eq!(doc["observed"]["raw"], "ready");
+
+    // destroy verifies; the ledger shows it; destroyed ids are not found any more.
+    let (code, doc) = home.json(&["destroy", &id, &fork, &restored]);
+    assert_eq!(code, 0, "{doc}");
+    for entry in doc["destroyed"].as_array().unwrap() {
+        assert_eq!(entry["result"]["outcome"], "verified_gone");
+    }
+    for sandbox in [&id, &fork, &restored] {
+        assert!(!home.sandbox_dir(sandbox).exists());
+        assert_eq!(home.ledger_state("tester", sandbox), "verified_gone");
+    }
+    let (code, doc) = home.json(&["exec", &id, "--", "true"]);
+    assert_eq!(
+        code, 125,
+        "berth's own failure in exec is 125, not a command code"
+    );
+    assert_eq!(doc["error"]["kind"], "not_found");
+    let (_, doc) = home.json(&["ledger", "list"]);
+    assert!(doc["entries"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn exit_codes_timeouts_and_errors_are_documented_values() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let started = Instant::now();
+    let out = home.run(&[
+        "exec",
+        &id,
+        "--timeout",
+        "300ms",
+        "-c",
+        "trap '' TERM; sleep 30",
+    ]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(text(&out.stderr).contains("timed out"));
+    let (code, doc) = home.json(&["exec", &id, "--timeout", "200ms", "-c", "sleep 5"]);
+    assert_eq!(
+        (code, &doc["status"]["status"]),
+        (124, &Value::from("timed_out"))
+    );
+    let out = home.run(&["exec", &id, "--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(out.status.code(), Some(137));
+
+    // Unsupported verbs name the capability and exit 4.
+    for (verb, capability) in [("stop", "stop_start"), ("suspend", "suspend_resume")] {
+        let (code, doc) = home.json(&[verb, &id]);
+        assert_eq!(code, 4, "{doc}");
+        assert_eq!(doc["error"]["kind"], "unsupported");
+        let message = doc["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("does not support `{capability}`")),
+            "{message}"
+        );
+    }
+    // Hostile paths: invalid input, exit 5, nothing written outside.
+    for remote in ["../escape", "/etc/passwd", "a/../../b"] {
+        let (code, doc) = home.json(&["cp", &format!("{id}:{remote}"), "-"]);
+        assert_eq!(code, 5, "{remote}: {doc}");
+        assert_eq!(doc["error"]["kind"], "invalid_request");
+    }
+    home.run(&["exec", &id, "-c", "ln -s /etc etc-link"]);
+    let (code, doc) = home.json(&["cp", &format!("{id}:etc-link/hostname"), "-"]);
+    assert_eq!(code, 5, "{doc}");
+    assert!(doc["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("leads outside"));
+    // Unknown things: not found, with a hint.
+    let (code, doc) = home.json(&["status", "bx-nope"]);
+    assert_eq!(code, 3);
+    assert!(doc["error"]["hint"]
+        .as_str()
+        .unwrap()
+        .contains("berth list"));
+    let (code, doc) = home.json(&["create", "--provider", "teleport"]);
+    assert_eq!(code, 3, "{doc}");
+    assert!(doc["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown provider `teleport`"));
+    let (code, _) = home.json(&["create", "--ttl", "soon"]);
+    assert_eq!(code, 5);
+    let out = home.run(&["exec", &id]);
+    assert_eq!(out.status.code(), Some(125), "nothing to run");
+    assert!(text(&out.stderr).contains("nothing to run"));
+    let out = home.run(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2), "clap usage error");
+}
+
+#[test]
+fn huge_output_streams_through_and_json_reports_truncation_honestly() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let out = home.run(&["exec", &id, "-c", "head -c 30000000 /dev/zero"]);
+    assert!(out.status.success());
+    assert_eq!(
+        out.stdout.len(),
+        30_000_000,
+        "streamed exec passes everything through"
+    );
+    let (code, doc) = home.json(&["exec", &id, "-c", "head -c 20000000 /dev/zero | tr '\\0' x"]);
+    assert_eq!(code, 0);
+    assert_eq!(doc["stdout_bytes"], 20_000_000);
+    assert_eq!(doc["stdout_truncated"], true);
+    assert_eq!(doc["stdout"].as_str().unwrap().len(), 16 * 1024 * 1024);
+}
+
+#[test]
+fn canary_secret_passed_by_name_is_never_persisted_or_printed() {
+    let home = Home::new();
+    let id = home.create("tester");
+    // `--env NAME` takes the value from berth's environment: not in argv.
+    let out = home.run(&[
+        "exec",
+        &id,
+        "--env",
+        "CANARY_TOKEN",
+        "--",
+        "sh",
+        "-c",
+        "test \"$CANARY_TOKEN\" = canary-9f2c1e-do-not-leak && echo received",
+    ]);
+    assert_eq!(text(&out.stdout), "received\n", "{}", text(&out.stderr));
+    // Berth's own environment is scrubbed from commands that did not ask for it.
+    let out = home.run(&["exec", &id, "--", "env"]);
+    assert!(!text(&out.stdout).contains(CANARY));
+    // Errors that involve the variable name the variable, not the value.
+    let out = home.run(&["exec", &id, "--env", "NOT_SET_ANYWHERE", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out.stderr).contains("NOT_SET_ANYWHERE"));
+    for args in [
+        vec!["snapshot", id.as_str()],
+        vec!["fork", id.as_str()],
+        vec!["list"],
+        vec!["ledger", "list", "--all"],
+        vec!["--json", "status", id.as_str()],
+        vec!["demo"],
+    ] {
+        let out = home.run(&args);
+        assert!(!text(&out.stdout).contains(CANARY) && !text(&out.stderr).contains(CANARY));
+    }
+    home.assert_no_canary_persisted();
+}
+
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Starts `berth run -- sh -c 'echo $$ > pid; sleep 60'` and waits until the command runs.
+fn start_run(home: &Home) -> (Child, String, i32) {
+    let child = home
+        .command(
+            "tester",
+            &["run", "--", "sh", "-c", "echo $$ > pid; exec sleep 60"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sandboxes = home.path().join("state/host/sandboxes");
+    let mut found = None;
+    wait_for("the run's command to start", || {
+        let Ok(entries) = std::fs::read_dir(&sandboxes) else {
+            return false;
+        };
+        for entry in entries.flatten() {
+            if let Ok(pid) = std::fs::read_to_string(entry.path().join("workspace/pid")) {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    found = Some((entry.file_name().to_string_lossy().into_owned(), pid));
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    let (id, pid) = found.unwrap();
+    (child, id, pid)
+}
+
+fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+#[test]
+fn must_fire_sigterm_and_sigint_destroy_what_the_run_created() {
+    for (sig, code) in [
+        (nix::sys::signal::Signal::SIGTERM, 143),
+        (nix::sys::signal::Signal::SIGINT, 130),
+    ] {
+        let home = Home::new();
+        let (mut child, id, pid) = start_run(&home);
+        signal(&child, sig);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "{sig}");
+        assert!(
+            !home.sandbox_dir(&id).exists(),
+            "{sig}: sandbox left behind"
+        );
+        assert_eq!(home.ledger_state("tester", &id), "verified_gone");
+        wait_for("the command's process to die", || !process_alive(pid));
+    }
+}
+
+#[test]
+fn must_fire_sigkill_leaves_it_sweepable_and_sweep_verifies() {
+    let home = Home::new();
+    let (mut child, id, pid) = start_run(&home);
+    signal(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    assert_eq!(
+        home.ledger_state("tester", &id),
+        "created",
+        "recorded before it was used"
+    );
+    assert!(home.sandbox_dir(&id).exists());
+    let (code, doc) = home.json(&["ledger", "sweep"]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["complete"], true);
+    let entry = &doc["entries"][0];
+    assert_eq!(
+        (entry["berth_id"].as_str(), entry["action"].as_str()),
+        (Some(id.as_str()), Some("destroyed"))
+    );
+    assert!(!home.sandbox_dir(&id).exists());
+    assert_eq!(home.ledger_state("tester", &id), "verified_gone");
+    wait_for("the orphaned command to be killed by destroy", || {
+        !process_alive(pid)
+    });
+}
+
+#[test]
+fn must_not_fire_sweep_leaves_other_owners_alone() {
+    let home = Home::new();
+    let bobs = home.create("bob");
+    let alices = home.create("alice");
+    let (code, doc) = home.json_as("alice", &["ledger", "sweep"]);
+    assert_eq!(code, 0, "{doc}");
+    let swept: Vec<_> = doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["berth_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(swept, vec![alices.clone()]);
+    assert!(
+        home.sandbox_dir(&bobs).exists(),
+        "bob's sandbox was touched"
+    );
+    assert!(!home.sandbox_dir(&alices).exists());
+    // Alice cannot destroy or even address bob's sandbox.
+    let (code, doc) = home.json_as("alice", &["destroy", &bobs]);
+    assert_eq!(code, 11, "{doc}");
+    assert_eq!(doc["error"]["kind"], "refused");
+    assert!(home.sandbox_dir(&bobs).exists());
+}
+
+#[test]
+fn a_failing_run_destroys_its_sandbox() {
+    let home = Home::new();
+    let out = home.run(&["run", "--", "definitely-not-a-program-4711"]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let (_, doc) = home.json(&["ledger", "list", "--all"]);
+    let entries = doc["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["state"], "verified_gone");
+}
+
+#[test]
+fn demo_is_the_main_job_and_leaves_nothing() {
+    let home = Home::new();
+    let (code, doc) = home.json(&["demo"]);
+    assert_eq!(code, 0, "{doc}");
+    let steps: Vec<_> = doc["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["step"].as_str().unwrap().to_owned())
+        .collect();
+    for step in [
+        "create", "exec", "cp in", "cp out", "snapshot", "fork", "restore", "destroy",
+    ] {
+        assert!(
+            steps.iter().any(|s| s == step),
+            "missing step {step}: {steps:?}"
+        );
+    }
+    let ledger = doc["ledger"].as_array().unwrap();
+    assert_eq!(ledger.len(), 3);
+    assert!(ledger.iter().all(|r| r["state"] == "verified_gone"));
+    let leftover = std::fs::read_dir(home.path().join("state/host/sandboxes"))
+        .unwrap()
+        .count();
+    assert_eq!(leftover, 0);
+}
+
+#[test]
+fn providers_and_schema_are_machine_readable() {
+    let home = Home::new();
+    let (code, doc) = home.json(&["providers"]);
+    assert_eq!(code, 0);
+    let host = &doc["providers"][0];
+    assert_eq!(host["id"], "host");
+    assert_eq!(host["isolation"], "none");
+    assert_eq!(host["adapter_built_in"], true);
+    assert_eq!(host["capabilities"]["files"], "supported");
+    assert_eq!(host["capabilities"]["suspend_resume"], "unsupported");
+    let out = home.run(&["schema", "manifest"]);
+    let published = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas/provider-manifest.schema.json"),
+    )
+    .unwrap();
+    assert_eq!(text(&out.stdout), published);
+}
