@@ -3,6 +3,7 @@
 //! - `BERTH_HOME` — state directory (default `$XDG_DATA_HOME/berth`, else
 //!   `~/.local/share/berth`). Holds `berth.db` (SQLite) and `state/<provider>/`.
 //! - `BERTH_OWNER` — owner label on everything Berth creates (default `$USER@<hostname>`).
+//! - `BERTH_FAULT` — test hook: `panic-after-create` or `error-after-create`.
 //!
 //! Everything else in the environment is passed to the factory as an opaque snapshot, from
 //! which adapters read only the credential variables their manifest names.
@@ -21,6 +22,18 @@ pub struct Config {
     pub owner: String,
     /// The environment snapshot.
     pub env: Environment,
+    /// Test hook (`BERTH_FAULT`): inject a failure at a named point, to prove cleanup fires.
+    pub fault: Option<Fault>,
+}
+
+/// Injected failures (`BERTH_FAULT=panic-after-create|error-after-create`). Used by the test
+/// suite to prove that must-fire cleanup runs on panics and errors; never set in normal use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Panic right after a command's sandbox was created.
+    PanicAfterCreate,
+    /// Return an error right after a command's sandbox was created.
+    ErrorAfterCreate,
 }
 
 impl Config {
@@ -50,10 +63,19 @@ impl Config {
                 format!("{user}@{host}")
             }
         };
+        let fault = match get("BERTH_FAULT").as_deref() {
+            None => None,
+            Some("panic-after-create") => Some(Fault::PanicAfterCreate),
+            Some("error-after-create") => Some(Fault::ErrorAfterCreate),
+            Some(other) => bail!(
+                "BERTH_FAULT=`{other}` is not a fault point (panic-after-create, error-after-create)"
+            ),
+        };
         Ok(Config {
             home,
             owner,
             env: Environment::from_vars(vars),
+            fault,
         })
     }
 

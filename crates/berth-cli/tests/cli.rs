@@ -496,6 +496,41 @@ fn a_failing_run_destroys_its_sandbox() {
 }
 
 #[test]
+fn must_fire_on_panic_and_error_after_create() {
+    for (fault, code) in [("panic-after-create", 1), ("error-after-create", 125)] {
+        let home = Home::new();
+        let out = home
+            .command("tester", &["run", "--", "true"])
+            .env("BERTH_FAULT", fault)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{fault}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("cleaned up 1 sandbox"),
+            "{}",
+            text(&out.stderr)
+        );
+        let (_, doc) = home.json(&["ledger", "list", "--all"]);
+        let entries = doc["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{fault}");
+        assert_eq!(entries[0]["state"], "verified_gone", "{fault}");
+    }
+    let home = Home::new();
+    let out = home
+        .command("tester", &["list"])
+        .env("BERTH_FAULT", "sometimes")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("not a fault point"));
+}
+
+#[test]
 fn demo_is_the_main_job_and_leaves_nothing() {
     let home = Home::new();
     let (code, doc) = home.json(&["demo"]);

@@ -390,3 +390,48 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(join_error)?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(phase: SandboxPhase) -> SandboxMeta {
+        SandboxMeta {
+            schema_version: 1,
+            name: "bx-1".into(),
+            phase,
+            labels: [("berth.owner".to_owned(), "alice".to_owned())].into(),
+            extra_labels: Default::default(),
+        }
+    }
+
+    #[test]
+    fn phases_map_to_canonical_states_with_raw_kept() {
+        let cases = [
+            (SandboxPhase::Creating, CanonicalState::Creating, "creating"),
+            (SandboxPhase::Ready, CanonicalState::Running, "ready"),
+            // Half-destroyed is not gone and not running: unknown, raw kept.
+            (
+                SandboxPhase::Destroying,
+                CanonicalState::Unknown,
+                "destroying",
+            ),
+        ];
+        for (phase, canonical, raw_name) in cases {
+            match observation(&meta(phase)) {
+                Observation::Present {
+                    state,
+                    raw,
+                    soft_deleted,
+                    labels,
+                } => {
+                    assert_eq!(state, canonical);
+                    assert_eq!(raw, raw_name);
+                    assert!(!soft_deleted);
+                    assert_eq!(labels.get("berth.owner").unwrap(), "alice");
+                }
+                Observation::Absent => panic!("present sandbox observed absent"),
+            }
+        }
+    }
+}

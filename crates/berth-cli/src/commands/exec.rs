@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::app::App;
 use crate::cli::{CommandSpec, ExecArgs, RunArgs};
+use crate::config::Fault;
 use crate::duration;
 use crate::errors::{code, CliError};
 use crate::output::emit;
@@ -137,6 +138,11 @@ pub async fn run(app: &App, args: RunArgs) -> Result<i32> {
             "berth: running in {} ({})",
             tracked.berth_id, tracked.provider
         );
+    }
+    match app.config.fault {
+        Some(Fault::PanicAfterCreate) => panic!("injected fault: panic-after-create"),
+        Some(Fault::ErrorAfterCreate) => anyhow::bail!("injected fault: error-after-create"),
+        None => {}
     }
     let native = NativeId(tracked.native_id.clone());
     let status = run_request(
