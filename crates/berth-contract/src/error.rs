@@ -188,6 +188,27 @@ impl ProviderError {
         }
     }
 
+    /// The same error attributed to `provider` (for adapters built on shared machinery).
+    pub fn with_provider(self, provider: impl Into<String>) -> Self {
+        match self {
+            ProviderError::Unsupported { capability, .. } => ProviderError::Unsupported {
+                capability,
+                provider: provider.into(),
+            },
+            ProviderError::Failed {
+                kind,
+                message,
+                source,
+                ..
+            } => ProviderError::Failed {
+                kind,
+                provider: provider.into(),
+                message,
+                source,
+            },
+        }
+    }
+
     /// The classification a caller acts on.
     pub fn kind(&self) -> ErrorKind {
         match self {

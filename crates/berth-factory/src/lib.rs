@@ -357,7 +357,7 @@ fn construct_host(
     _manifest: &ProviderManifest,
     config: &ProviderConfig,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
-    let provider = berth_provider_host::HostProvider::new(
+    let provider = berth_provider_host::new(
         config.state_dir.join("host"),
         berth_provider_host::HostConfig::default(),
     )?;

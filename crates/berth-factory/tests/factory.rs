@@ -70,7 +70,7 @@ fn registry_with_host(manifest: ProviderManifest) -> Registry {
     // The real host adapter under a test manifest.
     let mut registry = Registry::with_manifests([manifest]);
     registry.register("host", |_, config| {
-        Ok(Arc::new(berth_provider_host::HostProvider::new(
+        Ok(Arc::new(berth_provider_host::new(
             config.state_dir.join("host"),
             Default::default(),
         )?))

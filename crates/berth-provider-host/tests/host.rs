@@ -21,7 +21,7 @@ fn fixture() -> Fixture {
         .prefix("berth-test-host-")
         .tempdir()
         .unwrap();
-    let host = HostProvider::new(
+    let host = berth_provider_host::new(
         state.path(),
         HostConfig {
             kill_grace: Duration::from_millis(300),

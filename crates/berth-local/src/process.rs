@@ -33,16 +33,22 @@ pub(crate) enum Sink<'a> {
 
 pub(crate) struct Spec<'a> {
     pub(crate) sandbox: &'a str,
-    pub(crate) workspace: &'a Path,
+    /// `HOME` for the command: the workspace as the command sees it.
+    pub(crate) home: &'a str,
+    /// Host-side working directory of the spawned process.
     pub(crate) cwd: &'a Path,
     pub(crate) req: &'a ExecRequest,
     pub(crate) kill_grace: Duration,
 }
 
-pub(crate) struct Finished {
-    status: ExitStatus,
+/// A finished process, before it becomes an exec result.
+#[derive(Debug)]
+pub struct Finished {
+    /// How it ended.
+    pub status: ExitStatus,
     stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    /// Captured stderr (empty when streamed).
+    pub stderr: Vec<u8>,
     stdout_total: u64,
     stderr_total: u64,
     duration: Duration,
@@ -113,8 +119,9 @@ fn invalid(message: String) -> ProviderError {
     ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, message)
 }
 
-fn build(spec: &Spec<'_>) -> Result<tokio::process::Command> {
-    let mut cmd = match &spec.req.command {
+/// Builds the program part of a direct (host) command.
+pub(crate) fn direct(command: &Command) -> Result<tokio::process::Command> {
+    Ok(match command {
         Command::Argv(argv) => {
             let (program, args) = argv
                 .split_first()
@@ -128,10 +135,15 @@ fn build(spec: &Spec<'_>) -> Result<tokio::process::Command> {
             cmd.arg("-c").arg(line);
             cmd
         }
-    };
+    })
+}
+
+/// Scrubs the environment and wires stdio and the process group. `home` is the workspace as
+/// the command sees it.
+fn prepare(cmd: &mut tokio::process::Command, spec: &Spec<'_>) -> Result<()> {
     cmd.env_clear()
         .env("PATH", DEFAULT_PATH)
-        .env("HOME", spec.workspace)
+        .env("HOME", spec.home)
         .env("LANG", "C.UTF-8");
     for (name, value) in &spec.req.env {
         if name.is_empty() || name.contains('=') || name.contains('\0') {
@@ -154,7 +166,7 @@ fn build(spec: &Spec<'_>) -> Result<tokio::process::Command> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    Ok(cmd)
+    Ok(())
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -165,15 +177,16 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Runs one command to completion.
-pub(crate) async fn run(spec: Spec<'_>, sink: Sink<'_>) -> Result<Finished> {
-    let mut cmd = build(&spec)?;
+pub(crate) async fn run(
+    mut cmd: tokio::process::Command,
+    spec: Spec<'_>,
+    sink: Sink<'_>,
+) -> Result<Finished> {
+    prepare(&mut cmd, &spec)?;
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|err| {
-        let what = match &spec.req.command {
-            Command::Argv(argv) => format!("start `{}`", argv[0]),
-            Command::Shell(_) => "start /bin/sh".to_owned(),
-        };
-        io_error(&what, err)
+        let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+        io_error(&format!("start `{program}`"), err)
     })?;
     let pid = child.id().ok_or_else(|| {
         ProviderError::new(

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use berth_contract::{ErrorKind, ProviderError, Result};
+use berth_contract::{ErrorKind, NetworkMode, ProviderError, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::classify::io_error;
@@ -47,6 +47,8 @@ pub(crate) struct SandboxMeta {
     pub(crate) phase: SandboxPhase,
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) extra_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub(crate) network: NetworkMode,
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +110,7 @@ impl Layout {
         name: &str,
         labels: BTreeMap<String, String>,
         extra_labels: BTreeMap<String, String>,
+        network: NetworkMode,
     ) -> Result<()> {
         let dir = self.sandbox(name);
         match std::fs::create_dir(&dir) {
@@ -129,6 +132,7 @@ impl Layout {
             phase: SandboxPhase::Creating,
             labels,
             extra_labels,
+            network,
         })
     }
 

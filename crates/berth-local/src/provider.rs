@@ -1,0 +1,564 @@
+//! [`LocalProvider`]: the provider machinery shared by local adapters whose sandboxes are a
+//! workspace directory on this machine (`host`, `bwrap`). A [`Launcher`] decides how a command
+//! is started (directly, or inside bubblewrap); everything else — metadata, confined files,
+//! content-addressed snapshots, fork, listing, process-group exec, destroy — lives here once.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use berth_contract::{
+    CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
+    ExecRequest, ExecSummary, FileEntry, FileKind, Files, Fork, LabelFilter, Listed, Listing,
+    NativeId, NetworkMode, Observation, OutputSink, Provider, ProviderError, Result, SnapshotRef,
+    Snapshots, StreamingExec,
+};
+
+use crate::classify::io_error;
+use crate::layout::{self, Layout, SandboxMeta, SandboxPhase};
+use crate::{archive, confine, process, PROVIDER_ID};
+
+/// What a launcher needs to start one command.
+#[derive(Debug)]
+pub struct LaunchContext<'a> {
+    /// Berth's sandbox name.
+    pub sandbox: &'a str,
+    /// The workspace directory on the host.
+    pub workspace: &'a Path,
+    /// The working directory as the command sees it.
+    pub cwd_in_sandbox: &'a str,
+    /// What to run.
+    pub command: &'a Command,
+    /// The sandbox's network mode.
+    pub network: NetworkMode,
+}
+
+/// How a local adapter starts commands.
+pub trait Launcher: Send + Sync + fmt::Debug + 'static {
+    /// The provider id.
+    fn id(&self) -> &'static str;
+
+    /// Where the workspace appears inside the sandbox (`/workspace` for bwrap); `None` when
+    /// commands see the host path.
+    fn workspace_alias(&self) -> Option<&'static str>;
+
+    /// The program and arguments to spawn. The runner then clears the environment, sets the
+    /// documented variables, pipes stdout/stderr and puts the process in a new group.
+    fn command(&self, ctx: &LaunchContext<'_>) -> Result<tokio::process::Command>;
+
+    /// Turns a finished process into the command's result. Launchers that wrap the command
+    /// (bwrap) use it to tell their own start-up failures from the command's exit.
+    fn interpret(&self, finished: process::Finished) -> Result<process::Finished> {
+        Ok(finished)
+    }
+}
+
+/// Tunables of a local provider.
+#[derive(Debug, Clone)]
+pub struct LocalConfig {
+    /// How long a timed-out process group gets between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            kill_grace: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A local provider, rooted at a state directory.
+#[derive(Debug, Clone)]
+pub struct LocalProvider<L: Launcher> {
+    layout: Layout,
+    config: LocalConfig,
+    launcher: L,
+}
+
+impl<L: Launcher> LocalProvider<L> {
+    /// A provider keeping its sandboxes and snapshots under `state_dir`.
+    pub fn new(state_dir: impl Into<PathBuf>, config: LocalConfig, launcher: L) -> Result<Self> {
+        let layout = Layout::new(state_dir.into());
+        layout
+            .ensure()
+            .map_err(|e| io_error("create state dir", e).with_provider(launcher.id()))?;
+        Ok(LocalProvider {
+            layout,
+            config,
+            launcher,
+        })
+    }
+
+    /// The workspace directory of a sandbox on the host (for tests and diagnostics).
+    pub fn workspace_dir(&self, id: &NativeId) -> Result<PathBuf> {
+        Ok(self
+            .layout
+            .workspace(&layout::checked_name(&id.0).map_err(|e| self.own(e))?))
+    }
+
+    /// Errors from the shared machinery carry a placeholder id; name this provider instead.
+    fn own(&self, err: ProviderError) -> ProviderError {
+        err.with_provider(self.launcher.id())
+    }
+
+    /// Maps a path as the sandbox sees it to one relative to the workspace.
+    fn sandbox_path<'p>(&self, path: &'p str) -> &'p str {
+        match self.launcher.workspace_alias() {
+            Some(alias) => match path.strip_prefix(alias) {
+                Some("") => ".",
+                Some(rest) if rest.starts_with('/') => rest.trim_start_matches('/'),
+                _ => path,
+            },
+            None => path,
+        }
+    }
+
+    fn ready(&self, id: &NativeId) -> Result<SandboxMeta> {
+        let name = layout::checked_name(&id.0)?;
+        match self.layout.read_meta(&name)? {
+            Some(meta) if meta.phase == SandboxPhase::Ready => Ok(meta),
+            Some(meta) => Err(ProviderError::new(
+                ErrorKind::Conflict,
+                PROVIDER_ID,
+                format!("sandbox `{name}` is {}, not ready", meta.phase.as_str()),
+            )),
+            None => Err(not_found(&name)),
+        }
+    }
+
+    fn ready_workspace(&self, id: &NativeId) -> Result<PathBuf> {
+        let meta = self.ready(id)?;
+        Ok(self.layout.workspace(&meta.name))
+    }
+
+    async fn run(
+        &self,
+        id: &NativeId,
+        req: &ExecRequest,
+        sink: process::Sink<'_>,
+    ) -> Result<process::Finished> {
+        let meta = self.ready(id)?;
+        let workspace = self.layout.workspace(&meta.name);
+        let (cwd, relative) = match &req.cwd {
+            None => (workspace.clone(), String::new()),
+            Some(path) => {
+                let relative = self.sandbox_path(path);
+                let dir = confine::resolve(&workspace, relative, confine::Mode::Existing)?;
+                if !dir.is_dir() {
+                    return Err(invalid(format!("cwd `{path}` is not a directory")));
+                }
+                let root = workspace
+                    .canonicalize()
+                    .map_err(|e| io_error("resolve workspace", e))?;
+                let inside = dir.strip_prefix(&root).unwrap_or(Path::new(""));
+                (dir.clone(), inside.to_string_lossy().into_owned())
+            }
+        };
+        let home = match self.launcher.workspace_alias() {
+            Some(alias) => alias.to_owned(),
+            None => workspace.to_string_lossy().into_owned(),
+        };
+        let cwd_in_sandbox = match self.launcher.workspace_alias() {
+            Some(alias) if relative.is_empty() => alias.to_owned(),
+            Some(alias) => format!("{alias}/{relative}"),
+            None => cwd.to_string_lossy().into_owned(),
+        };
+        let command = self.launcher.command(&LaunchContext {
+            sandbox: &meta.name,
+            workspace: &workspace,
+            cwd_in_sandbox: &cwd_in_sandbox,
+            command: &req.command,
+            network: meta.network,
+        })?;
+        let finished = process::run(
+            command,
+            process::Spec {
+                sandbox: &meta.name,
+                home: &home,
+                cwd: &cwd,
+                req,
+                kill_grace: self.config.kill_grace,
+            },
+            sink,
+        )
+        .await?;
+        self.launcher.interpret(finished)
+    }
+
+    /// Creates the sandbox directory, optionally filled from an archive.
+    async fn create_from(&self, req: &CreateRequest, archive: Option<PathBuf>) -> Result<Created> {
+        let name = layout::checked_name(&req.name.0)?;
+        let layout = self.layout.clone();
+        let labels = req.labels.to_map(&name);
+        let extra = req.extra_labels.clone();
+        let network = req.network;
+        blocking(move || {
+            layout.create_sandbox(&name, labels, extra, network)?;
+            if let Some(archive) = archive {
+                let unpacked = archive::unpack(&archive, &layout.workspace(&name));
+                if let Err(err) = unpacked {
+                    // Leave nothing half-made behind: remove, then report the unpack error.
+                    let _ = layout.remove_sandbox(&name);
+                    return Err(err);
+                }
+            }
+            layout.set_phase(&name, SandboxPhase::Ready)
+        })
+        .await?;
+        Ok(Created {
+            native_id: NativeId(req.name.0.clone()),
+            raw_state: SandboxPhase::Ready.as_str().to_owned(),
+        })
+    }
+
+    async fn observe_inner(&self, id: &NativeId) -> Result<Observation> {
+        let name = layout::checked_name(&id.0)?;
+        if !self.layout.sandbox(&name).exists() {
+            return Ok(Observation::Absent);
+        }
+        Ok(match self.layout.read_meta(&name) {
+            Ok(Some(meta)) => observation(&meta),
+            // The directory exists but its metadata is missing or unreadable (a crash during
+            // create or destroy): present, state unknown, raw reason kept.
+            Ok(None) => Observation::Present {
+                state: CanonicalState::Unknown,
+                raw: "no-metadata".into(),
+                soft_deleted: false,
+                labels: Default::default(),
+            },
+            Err(err) => Observation::Present {
+                state: CanonicalState::Unknown,
+                raw: format!("metadata-unreadable: {err}"),
+                soft_deleted: false,
+                labels: Default::default(),
+            },
+        })
+    }
+
+    async fn destroy_inner(&self, id: &NativeId) -> Result<DestroyOutcome> {
+        let name = layout::checked_name(&id.0)?;
+        if !self.layout.sandbox(&name).exists() {
+            return Ok(DestroyOutcome::VerifiedGone {
+                already_absent: true,
+            });
+        }
+        let layout = self.layout.clone();
+        blocking(move || {
+            // Best effort: a sandbox without metadata is still destroyed.
+            let _ = layout.set_phase(&name, SandboxPhase::Destroying);
+            process::kill_leftovers(&name, &layout.workspace(&name));
+            layout.remove_sandbox(&name)
+        })
+        .await?;
+        match self.observe_inner(id).await? {
+            Observation::Absent => Ok(DestroyOutcome::VerifiedGone {
+                already_absent: false,
+            }),
+            Observation::Present { raw, .. } => Ok(DestroyOutcome::Accepted { raw_state: raw }),
+        }
+    }
+
+    async fn read_inner(&self, id: &NativeId, path: &str) -> Result<Vec<u8>> {
+        let workspace = self.ready_workspace(id)?;
+        let shown = path.to_owned();
+        let path = self.sandbox_path(path).to_owned();
+        blocking(move || {
+            let file = confine::resolve(&workspace, &path, confine::Mode::Existing)?;
+            if file.is_dir() {
+                return Err(invalid(format!("`{shown}` is a directory, not a file")));
+            }
+            std::fs::read(&file).map_err(|e| io_error(&format!("read `{shown}`"), e))
+        })
+        .await
+    }
+
+    async fn write_inner(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
+        let workspace = self.ready_workspace(id)?;
+        let shown = path.to_owned();
+        let path = self.sandbox_path(path).to_owned();
+        let bytes = bytes.to_vec();
+        blocking(move || {
+            let file = confine::resolve(&workspace, &path, confine::Mode::CreateParents)?;
+            if file.is_dir() {
+                return Err(invalid(format!("`{shown}` is a directory, not a file")));
+            }
+            std::fs::write(&file, &bytes).map_err(|e| io_error(&format!("write `{shown}`"), e))
+        })
+        .await
+    }
+
+    async fn list_inner(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
+        let workspace = self.ready_workspace(id)?;
+        let shown = path.to_owned();
+        let path = self.sandbox_path(path).to_owned();
+        blocking(move || {
+            let dir = confine::resolve(&workspace, &path, confine::Mode::Existing)?;
+            let listing_error = |e| io_error(&format!("list `{shown}`"), e);
+            let mut entries = Vec::new();
+            for entry in std::fs::read_dir(&dir).map_err(listing_error)? {
+                let entry = entry.map_err(listing_error)?;
+                let meta = entry.metadata().map_err(listing_error)?;
+                let kind = if meta.is_symlink() {
+                    FileKind::Symlink
+                } else if meta.is_dir() {
+                    FileKind::Dir
+                } else if meta.is_file() {
+                    FileKind::File
+                } else {
+                    FileKind::Other
+                };
+                entries.push(FileEntry {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    kind,
+                    size: if kind == FileKind::File {
+                        meta.len()
+                    } else {
+                        0
+                    },
+                });
+            }
+            entries.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(entries)
+        })
+        .await
+    }
+
+    async fn snapshot_inner(&self, id: &NativeId) -> Result<SnapshotRef> {
+        let workspace = self.ready_workspace(id)?;
+        let store = self.layout.snapshots();
+        blocking(move || archive::snapshot(&workspace, &store)).await
+    }
+
+    async fn restore_inner(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {
+        let store = self.layout.snapshots();
+        let handle = snapshot.handle.clone();
+        let path = blocking(move || archive::verified_path(&store, &handle)).await?;
+        self.create_from(req, Some(path)).await
+    }
+
+    async fn delete_snapshot_inner(&self, snapshot: &SnapshotRef) -> Result<()> {
+        let path = archive::path_for(&self.layout.snapshots(), &snapshot.handle)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(io_error("delete snapshot", err)),
+        }
+    }
+
+    async fn fork_inner(&self, id: &NativeId, req: &CreateRequest) -> Result<Created> {
+        let workspace = self.ready_workspace(id)?;
+        let scratch = self.layout.scratch();
+        // A private archive, not a stored snapshot: fork leaves no snapshot behind.
+        let temp = blocking(move || archive::to_temp_file(&workspace, &scratch)).await?;
+        self.create_from(req, Some(temp.path().to_owned())).await
+    }
+
+    async fn list_sandboxes(&self, filter: &LabelFilter) -> Result<Vec<Listed>> {
+        let layout = self.layout.clone();
+        let metas = blocking(move || layout.all_meta()).await?;
+        Ok(metas
+            .into_iter()
+            .filter(|meta| filter.matches(&meta.labels))
+            .map(|meta| Listed {
+                native_id: NativeId(meta.name.clone()),
+                observation: observation(&meta),
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl<L: Launcher> Provider for LocalProvider<L> {
+    fn id(&self) -> &str {
+        self.launcher.id()
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<Created> {
+        self.create_from(req, None).await.map_err(|e| self.own(e))
+    }
+
+    async fn observe(&self, id: &NativeId) -> Result<Observation> {
+        self.observe_inner(id).await.map_err(|e| self.own(e))
+    }
+
+    async fn exec(&self, id: &NativeId, req: &ExecRequest) -> Result<ExecOutput> {
+        let finished = self
+            .run(id, req, process::Sink::Capture(req.max_output_bytes))
+            .await
+            .map_err(|e| self.own(e))?;
+        Ok(finished.into_output())
+    }
+
+    async fn destroy(&self, id: &NativeId) -> Result<DestroyOutcome> {
+        self.destroy_inner(id).await.map_err(|e| self.own(e))
+    }
+
+    fn streaming(&self) -> Option<&dyn StreamingExec> {
+        Some(self)
+    }
+    fn files(&self) -> Option<&dyn Files> {
+        Some(self)
+    }
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
+    }
+    fn fork(&self) -> Option<&dyn Fork> {
+        Some(self)
+    }
+    fn listing(&self) -> Option<&dyn Listing> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl<L: Launcher> StreamingExec for LocalProvider<L> {
+    async fn exec_streaming(
+        &self,
+        id: &NativeId,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+    ) -> Result<ExecSummary> {
+        let finished = self
+            .run(id, req, process::Sink::Stream(sink))
+            .await
+            .map_err(|e| self.own(e))?;
+        Ok(finished.into_summary())
+    }
+}
+
+#[async_trait]
+impl<L: Launcher> Files for LocalProvider<L> {
+    async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>> {
+        self.read_inner(id, path).await.map_err(|e| self.own(e))
+    }
+
+    async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
+        self.write_inner(id, path, bytes)
+            .await
+            .map_err(|e| self.own(e))
+    }
+
+    async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
+        self.list_inner(id, path).await.map_err(|e| self.own(e))
+    }
+}
+
+#[async_trait]
+impl<L: Launcher> Snapshots for LocalProvider<L> {
+    async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {
+        self.snapshot_inner(id).await.map_err(|e| self.own(e))
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {
+        self.restore_inner(snapshot, req)
+            .await
+            .map_err(|e| self.own(e))
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.delete_snapshot_inner(snapshot)
+            .await
+            .map_err(|e| self.own(e))
+    }
+}
+
+#[async_trait]
+impl<L: Launcher> Fork for LocalProvider<L> {
+    async fn fork(&self, id: &NativeId, req: &CreateRequest) -> Result<Created> {
+        self.fork_inner(id, req).await.map_err(|e| self.own(e))
+    }
+}
+
+#[async_trait]
+impl<L: Launcher> Listing for LocalProvider<L> {
+    async fn list(&self, filter: &LabelFilter) -> Result<Vec<Listed>> {
+        self.list_sandboxes(filter).await.map_err(|e| self.own(e))
+    }
+}
+
+fn observation(meta: &SandboxMeta) -> Observation {
+    let state = match meta.phase {
+        SandboxPhase::Creating => CanonicalState::Creating,
+        SandboxPhase::Ready => CanonicalState::Running,
+        // Removal started but did not finish: not gone, and nothing canonical fits.
+        SandboxPhase::Destroying => CanonicalState::Unknown,
+    };
+    Observation::Present {
+        state,
+        raw: meta.phase.as_str().to_owned(),
+        soft_deleted: false,
+        labels: meta.labels.clone(),
+    }
+}
+
+fn not_found(name: &str) -> ProviderError {
+    ProviderError::new(
+        ErrorKind::NotFound,
+        PROVIDER_ID,
+        format!("no sandbox `{name}`"),
+    )
+}
+
+pub(crate) fn invalid(message: String) -> ProviderError {
+    ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, message)
+}
+
+fn join_error(err: tokio::task::JoinError) -> ProviderError {
+    ProviderError::new(ErrorKind::Unknown, PROVIDER_ID, "background task failed").with_source(err)
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(join_error)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(phase: SandboxPhase) -> SandboxMeta {
+        SandboxMeta {
+            schema_version: 1,
+            name: "bx-1".into(),
+            phase,
+            labels: [("berth.owner".to_owned(), "alice".to_owned())].into(),
+            extra_labels: Default::default(),
+            network: NetworkMode::None,
+        }
+    }
+
+    #[test]
+    fn phases_map_to_canonical_states_with_raw_kept() {
+        let cases = [
+            (SandboxPhase::Creating, CanonicalState::Creating, "creating"),
+            (SandboxPhase::Ready, CanonicalState::Running, "ready"),
+            // Half-destroyed is not gone and not running: unknown, raw kept.
+            (
+                SandboxPhase::Destroying,
+                CanonicalState::Unknown,
+                "destroying",
+            ),
+        ];
+        for (phase, canonical, raw_name) in cases {
+            match observation(&meta(phase)) {
+                Observation::Present {
+                    state,
+                    raw,
+                    soft_deleted,
+                    labels,
+                } => {
+                    assert_eq!(state, canonical);
+                    assert_eq!(raw, raw_name);
+                    assert!(!soft_deleted);
+                    assert_eq!(labels.get("berth.owner").unwrap(), "alice");
+                }
+                Observation::Absent => panic!("present sandbox observed absent"),
+            }
+        }
+    }
+}
