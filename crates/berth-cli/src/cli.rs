@@ -143,7 +143,26 @@ pub struct CreateArgs {
     #[arg(long)]
     pub image: Option<String>,
     #[command(flatten)]
+    pub network: NetworkArg,
+    #[command(flatten)]
     pub ttl: TtlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct NetworkArg {
+    /// Network access: `none` (default; loopback only where the provider can enforce it) or
+    /// `bridge` (outbound through the provider's default network).
+    #[arg(long, default_value = "none", value_parser = ["none", "bridge"])]
+    pub network: String,
+}
+
+impl NetworkArg {
+    pub fn mode(&self) -> berth_contract::NetworkMode {
+        match self.network.as_str() {
+            "bridge" => berth_contract::NetworkMode::Bridge,
+            _ => berth_contract::NetworkMode::None,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +208,11 @@ pub struct RunArgs {
     /// Keep the sandbox afterwards instead of destroying it.
     #[arg(long)]
     pub keep: bool,
+    /// Image or template, for providers that have them.
+    #[arg(long)]
+    pub image: Option<String>,
+    #[command(flatten)]
+    pub network: NetworkArg,
     #[command(flatten)]
     pub spec: CommandSpec,
 }
@@ -218,7 +242,7 @@ pub enum LedgerCommand {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Provider to measure.
-    #[arg(value_parser = ["host"])]
+    #[arg(value_parser = ["host", "bwrap"])]
     pub provider: String,
     /// Samples per measurement.
     #[arg(long, default_value_t = 200)]

@@ -563,7 +563,11 @@ fn providers_and_schema_are_machine_readable() {
     let home = Home::new();
     let (code, doc) = home.json(&["providers"]);
     assert_eq!(code, 0);
-    let host = &doc["providers"][0];
+    let providers = doc["providers"].as_array().unwrap();
+    let host = providers.iter().find(|p| p["id"] == "host").unwrap();
+    let bwrap = providers.iter().find(|p| p["id"] == "bwrap").unwrap();
+    assert_eq!(bwrap["isolation"], "namespace");
+    assert_eq!(bwrap["capabilities"]["exec_detached"], "unsupported");
     assert_eq!(host["id"], "host");
     assert_eq!(host["isolation"], "none");
     assert_eq!(host["adapter_built_in"], true);

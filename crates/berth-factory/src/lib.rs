@@ -192,6 +192,8 @@ impl Registry {
         let mut registry = Registry::with_manifests(manifests);
         #[cfg(feature = "host")]
         registry.register("host", construct_host);
+        #[cfg(feature = "bwrap")]
+        registry.register("bwrap", construct_bwrap);
         Ok(registry)
     }
 
@@ -360,6 +362,18 @@ fn construct_host(
     let provider = berth_provider_host::new(
         config.state_dir.join("host"),
         berth_provider_host::HostConfig::default(),
+    )?;
+    Ok(Arc::new(provider))
+}
+
+#[cfg(feature = "bwrap")]
+fn construct_bwrap(
+    _manifest: &ProviderManifest,
+    config: &ProviderConfig,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let provider = berth_provider_bwrap::new(
+        config.state_dir.join("bwrap"),
+        berth_provider_bwrap::BwrapConfig::default(),
     )?;
     Ok(Arc::new(provider))
 }

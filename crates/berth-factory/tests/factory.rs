@@ -58,7 +58,10 @@ fn unknown_and_catalog_only_providers_are_clear_errors() {
     let (_dir, config) = config();
     let registry = Registry::builtin().unwrap();
     let err = registry.construct("nope", &config).unwrap_err();
-    assert_eq!(err.to_string(), "unknown provider `nope` (known: host)");
+    assert_eq!(
+        err.to_string(),
+        "unknown provider `nope` (known: bwrap, host)"
+    );
 
     let catalog_only = host_manifest_with("id = \"host\"", "id = \"e2b\"");
     let registry = Registry::with_manifests([catalog_only]);

@@ -47,8 +47,10 @@ pub struct Finished {
     /// How it ended.
     pub status: ExitStatus,
     stdout: Vec<u8>,
-    /// Captured stderr (empty when streamed).
-    pub stderr: Vec<u8>,
+    stderr: Vec<u8>,
+    /// The first bytes of stderr, kept even when output is streamed, so a launcher can tell
+    /// its own start-up failure from the command's output.
+    pub stderr_head: Vec<u8>,
     stdout_total: u64,
     stderr_total: u64,
     duration: Duration,
@@ -90,16 +92,24 @@ impl Drop for GroupGuard {
     }
 }
 
+const STDERR_HEAD: usize = 512;
+
 struct Collector<'a> {
     sink: Sink<'a>,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
+    stderr_head: Vec<u8>,
     stdout_total: u64,
     stderr_total: u64,
 }
 
 impl Collector<'_> {
     fn push(&mut self, stream: Stream, bytes: &[u8]) {
+        if stream == Stream::Stderr && self.stderr_head.len() < STDERR_HEAD {
+            let room = STDERR_HEAD - self.stderr_head.len();
+            self.stderr_head
+                .extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
         let (kept, total) = match stream {
             Stream::Stdout => (&mut self.stdout, &mut self.stdout_total),
             Stream::Stderr => (&mut self.stderr, &mut self.stderr_total),
@@ -203,6 +213,7 @@ pub(crate) async fn run(
         sink,
         stdout: Vec::new(),
         stderr: Vec::new(),
+        stderr_head: Vec::new(),
         stdout_total: 0,
         stderr_total: 0,
     };
@@ -261,6 +272,7 @@ pub(crate) async fn run(
         status,
         stdout: collector.stdout,
         stderr: collector.stderr,
+        stderr_head: collector.stderr_head,
         stdout_total: collector.stdout_total,
         stderr_total: collector.stderr_total,
         duration: exited_at - started,

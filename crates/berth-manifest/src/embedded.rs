@@ -2,8 +2,14 @@
 
 /// `(origin, TOML text)` of every embedded manifest.
 pub fn embedded() -> &'static [(&'static str, &'static str)] {
-    &[(
-        "catalog/providers/host.toml",
-        include_str!("../../../catalog/providers/host.toml"),
-    )]
+    &[
+        (
+            "catalog/providers/bwrap.toml",
+            include_str!("../../../catalog/providers/bwrap.toml"),
+        ),
+        (
+            "catalog/providers/host.toml",
+            include_str!("../../../catalog/providers/host.toml"),
+        ),
+    ]
 }

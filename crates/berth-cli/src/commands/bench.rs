@@ -18,8 +18,13 @@ use crate::cli::BenchArgs;
 use crate::errors::code;
 use crate::output::emit;
 
-/// The exec-overhead target from the issue: at most 2 ms over a raw spawn (median).
-const TARGET_EXEC_OVERHEAD_MS: f64 = 2.0;
+/// Exec-overhead targets over the raw substrate (median): host 2 ms, bwrap 3 ms.
+fn target_overhead_ms(provider: &str) -> f64 {
+    match provider {
+        "bwrap" => 3.0,
+        _ => 2.0,
+    }
+}
 
 #[derive(Debug, Serialize)]
 struct Summary {
@@ -60,10 +65,47 @@ fn compare(berth: &mut [Duration], raw: &mut [Duration]) -> Comparison {
     }
 }
 
-/// The raw substrate for exec: spawn `true` with piped output and wait.
-fn raw_spawn(dir: &std::path::Path) -> Result<Duration> {
+/// The raw substrate for one exec of `true`, as the provider would start it.
+#[derive(Debug)]
+enum Raw {
+    /// `true` spawned directly.
+    Spawn,
+    /// `bwrap <the provider's exact arguments> -- true`.
+    Bwrap(berth_provider_bwrap::Bwrap),
+}
+
+impl Raw {
+    fn for_provider(id: &str) -> Result<Raw> {
+        Ok(match id {
+            "bwrap" => Raw::Bwrap(berth_provider_bwrap::Bwrap::locate()?),
+            _ => Raw::Spawn,
+        })
+    }
+
+    fn command(&self, dir: &std::path::Path) -> Command {
+        match self {
+            Raw::Spawn => Command::new("true"),
+            Raw::Bwrap(bwrap) => {
+                let ctx = berth_local::LaunchContext {
+                    sandbox: "raw",
+                    workspace: dir,
+                    cwd_in_sandbox: berth_provider_bwrap::WORKSPACE,
+                    command: &berth_contract::Command::Argv(vec!["true".into()]),
+                    network: berth_contract::NetworkMode::None,
+                };
+                let mut cmd = Command::new("/usr/bin/bwrap");
+                cmd.args(bwrap.arguments(&ctx)).args(["--", "true"]);
+                cmd
+            }
+        }
+    }
+}
+
+/// The raw substrate for exec: spawn it with piped output and wait.
+fn raw_spawn(raw: &Raw, dir: &std::path::Path) -> Result<Duration> {
     let started = Instant::now();
-    let out = Command::new("true")
+    let out = raw
+        .command(dir)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -77,11 +119,11 @@ fn raw_spawn(dir: &std::path::Path) -> Result<Duration> {
 }
 
 /// The raw substrate for a sandbox cycle: make a directory, spawn `true` in it, remove it.
-fn raw_cycle(root: &std::path::Path, n: usize) -> Result<Duration> {
+fn raw_cycle(raw: &Raw, root: &std::path::Path, n: usize) -> Result<Duration> {
     let started = Instant::now();
     let dir = root.join(format!("raw-{n}"));
     std::fs::create_dir(&dir)?;
-    raw_spawn(&dir)?;
+    raw_spawn(raw, &dir)?;
     std::fs::remove_dir_all(&dir)?;
     Ok(started.elapsed())
 }
@@ -100,6 +142,7 @@ async fn exec_true(provider: &dyn Provider, id: &NativeId) -> Result<Duration> {
 pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
     let iterations = args.iterations.max(5);
     let provider = app.provider(&args.provider)?;
+    let raw = Raw::for_provider(&args.provider)?;
     let scratch = tempfile::Builder::new()
         .prefix("berth-bench-raw-")
         .tempdir_in(&app.config.home)?;
@@ -121,11 +164,11 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
     let id = NativeId(tracked.native_id.clone());
     for _ in 0..5 {
         exec_true(provider.as_ref(), &id).await?;
-        raw_spawn(scratch.path())?;
+        raw_spawn(&raw, scratch.path())?;
     }
     let (mut berth_exec, mut raw_exec) = (Vec::new(), Vec::new());
     for _ in 0..iterations {
-        raw_exec.push(raw_spawn(scratch.path())?);
+        raw_exec.push(raw_spawn(&raw, scratch.path())?);
         berth_exec.push(exec_true(provider.as_ref(), &id).await?);
     }
     destroy_tracked(app, provider.as_ref(), &tracked).await?;
@@ -134,7 +177,7 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
     let cycles = (iterations / 4).max(5);
     let (mut berth_cycle, mut raw_cycles) = (Vec::new(), Vec::new());
     for n in 0..cycles {
-        raw_cycles.push(raw_cycle(scratch.path(), n)?);
+        raw_cycles.push(raw_cycle(&raw, scratch.path(), n)?);
         let started = Instant::now();
         let tracked = app
             .ledger
@@ -156,17 +199,18 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
 
     let exec = compare(&mut berth_exec, &mut raw_exec);
     let cycle = compare(&mut berth_cycle, &mut raw_cycles);
-    let meets = exec.overhead_median_ms <= TARGET_EXEC_OVERHEAD_MS;
+    let target = target_overhead_ms(&args.provider);
+    let meets = exec.overhead_median_ms <= target;
     if app.json {
         emit(
             "bench",
             json!({
                 "provider": args.provider,
                 "exec_round_trip": exec,
-                "exec_target_overhead_ms": TARGET_EXEC_OVERHEAD_MS,
+                "exec_target_overhead_ms": target,
                 "exec_meets_target": meets,
                 "create_exec_destroy_cycle": cycle,
-                "notes": "raw exec = spawn `true` with piped output and wait; raw cycle = mkdir + raw exec + rm. Berth's cycle includes its durable SQLite ledger writes (intent, created, destroy requested, verified gone).",
+                "notes": "raw exec = the provider's own launch of `true` (host: spawn; bwrap: bwrap with the provider's exact arguments) with piped output; raw cycle = mkdir + raw exec + rm. Berth's cycle includes its durable SQLite ledger writes (intent, created, destroy requested, verified gone).",
             }),
         );
     } else {
@@ -180,7 +224,7 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
         line("exec `true` round trip", &exec);
         line("create→exec→destroy cycle", &cycle);
         println!(
-            "target: exec overhead ≤ {TARGET_EXEC_OVERHEAD_MS} ms over raw spawn (median): {}",
+            "target: exec overhead ≤ {target} ms over the raw substrate (median): {}",
             if meets { "met" } else { "NOT met" }
         );
     }

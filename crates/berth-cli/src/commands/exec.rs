@@ -126,7 +126,10 @@ pub async fn run(app: &App, args: RunArgs) -> Result<i32> {
             provider.as_ref(),
             "run",
             Some(std::time::Duration::from_secs(24 * 3600)),
-            |_| {},
+            |create| {
+                create.image = args.image.clone();
+                create.network = args.network.mode();
+            },
             |create| {
                 let provider = provider.clone();
                 async move { provider.create(&create).await }

@@ -29,6 +29,7 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
     let mut order = vec![args.provider.clone()];
     order.extend(args.fallback.iter().cloned());
     let image = args.image.clone();
+    let network = args.network.mode();
     let fallback = app
         .registry
         .with_fallback(&order, &app.provider_config, |provider| {
@@ -39,7 +40,10 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
                         provider.as_ref(),
                         "create",
                         Some(ttl),
-                        |req| req.image = image,
+                        |req| {
+                            req.image = image;
+                            req.network = network;
+                        },
                         |req| {
                             let provider = provider.clone();
                             async move { provider.create(&req).await }

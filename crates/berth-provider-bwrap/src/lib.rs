@@ -1,0 +1,164 @@
+//! The `bwrap` provider: each exec is one bubblewrap invocation over the sandbox's workspace.
+//!
+//! The sandbox sees the host's `/usr` (and the few `/etc` files programs need) read-only, its
+//! workspace read-write at `/workspace`, and private `/tmp`, `/proc` and `/dev`. It runs in new
+//! user, pid, ipc, uts and cgroup namespaces, and a new network namespace (loopback only) unless
+//! the sandbox was created with network access. The environment is cleared. bwrap dies with
+//! Berth (`--die-with-parent`), and bwrap's own init is pid 1 of the new pid namespace and exits
+//! with the command, so the kernel kills every other process of the exec then: processes never
+//! outlive an exec, and the manifest says so (detached exec is unsupported).
+//!
+//! Environment values reach the command through bwrap's own (scrubbed) environment, never its
+//! argv, so they are not visible in `/proc/*/cmdline`.
+
+use std::path::{Path, PathBuf};
+
+use berth_contract::{Command, ErrorKind, NetworkMode, ProviderError, Result};
+use berth_local::{Finished, LaunchContext, Launcher, LocalProvider};
+
+pub use berth_local::LocalConfig as BwrapConfig;
+
+/// The provider id.
+pub const PROVIDER_ID: &str = "bwrap";
+
+/// Where the workspace appears inside the sandbox.
+pub const WORKSPACE: &str = "/workspace";
+
+/// Starts commands inside bubblewrap.
+#[derive(Debug, Clone)]
+pub struct Bwrap {
+    program: PathBuf,
+}
+
+/// `/etc` entries bound read-only when present: what dynamic linking, TLS and user lookup need.
+/// `/etc/shadow` and everything else stay out.
+const ETC_ALWAYS: &[&str] = &[
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+];
+/// Bound only when the sandbox has network access.
+const ETC_NETWORK: &[&str] = &["/etc/resolv.conf", "/etc/hosts"];
+
+impl Bwrap {
+    /// Finds `bwrap` in the usual places.
+    pub fn locate() -> Result<Bwrap> {
+        ["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .map(|program| Bwrap { program })
+            .ok_or_else(|| {
+                ProviderError::new(
+                    ErrorKind::Unavailable,
+                    PROVIDER_ID,
+                    "bubblewrap is not installed (no bwrap in /usr/bin, /usr/local/bin or /bin); \
+                     install the `bubblewrap` package",
+                )
+            })
+    }
+
+    /// The bwrap arguments up to (not including) the command.
+    pub fn arguments(&self, ctx: &LaunchContext<'_>) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
+        push(&["--ro-bind", "/usr", "/usr"]);
+        for dir in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+            if Path::new("/usr").join(dir).exists() {
+                push(&["--symlink", &format!("usr/{dir}"), &format!("/{dir}")]);
+            }
+        }
+        let network = ctx.network == NetworkMode::Bridge;
+        for etc in ETC_ALWAYS
+            .iter()
+            .chain(network.then_some(ETC_NETWORK).unwrap_or_default())
+        {
+            push(&["--ro-bind-try", etc, etc]);
+        }
+        push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        let workspace = ctx.workspace.to_string_lossy();
+        push(&[
+            "--bind",
+            &workspace,
+            WORKSPACE,
+            "--chdir",
+            ctx.cwd_in_sandbox,
+        ]);
+        push(&[
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "berth",
+            "--die-with-parent",
+            "--new-session",
+        ]);
+        if !network {
+            push(&["--unshare-net"]);
+        }
+        args
+    }
+}
+
+impl Launcher for Bwrap {
+    fn id(&self) -> &'static str {
+        PROVIDER_ID
+    }
+
+    fn workspace_alias(&self) -> Option<&'static str> {
+        Some(WORKSPACE)
+    }
+
+    fn command(&self, ctx: &LaunchContext<'_>) -> Result<tokio::process::Command> {
+        let mut cmd = tokio::process::Command::new(&self.program);
+        cmd.args(self.arguments(ctx)).arg("--");
+        match ctx.command {
+            Command::Argv(argv) if argv.is_empty() => {
+                return Err(ProviderError::new(
+                    ErrorKind::InvalidRequest,
+                    PROVIDER_ID,
+                    "empty argv: nothing to run",
+                ))
+            }
+            Command::Argv(argv) => cmd.args(argv),
+            Command::Shell(line) => cmd.args(["/bin/sh", "-c", line]),
+        };
+        Ok(cmd)
+    }
+
+    /// bwrap reports its own failures (mount setup, exec of a missing program) on stderr with a
+    /// `bwrap: ` prefix and exit code 1. Those are errors, not the command's exit code.
+    fn interpret(&self, finished: Finished) -> Result<Finished> {
+        let from_bwrap = finished.stderr_head.starts_with(b"bwrap: ")
+            && finished.status == berth_contract::ExitStatus::Exited { code: 1 };
+        if !from_bwrap {
+            return Ok(finished);
+        }
+        let line = String::from_utf8_lossy(&finished.stderr_head);
+        let line = line.lines().next().unwrap_or_default().to_owned();
+        let kind = if line.contains("execvp") && line.contains("No such file") {
+            ErrorKind::NotFound
+        } else {
+            ErrorKind::Unknown
+        };
+        Err(ProviderError::new(
+            kind,
+            PROVIDER_ID,
+            format!("bubblewrap could not start the command: {line}"),
+        ))
+    }
+}
+
+/// The bwrap provider.
+pub type BwrapProvider = LocalProvider<Bwrap>;
+
+/// A bwrap provider keeping its sandboxes under `state_dir`.
+pub fn new(state_dir: impl Into<PathBuf>, config: BwrapConfig) -> Result<BwrapProvider> {
+    LocalProvider::new(state_dir, config, Bwrap::locate()?)
+}
