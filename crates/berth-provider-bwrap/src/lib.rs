@@ -75,7 +75,7 @@ impl Bwrap {
         let network = ctx.network == NetworkMode::Bridge;
         for etc in ETC_ALWAYS
             .iter()
-            .chain(network.then_some(ETC_NETWORK).unwrap_or_default())
+            .chain(if network { ETC_NETWORK } else { &[] })
         {
             push(&["--ro-bind-try", etc, etc]);
         }
