@@ -1,0 +1,150 @@
+//! The in-sandbox supervisor and its wire protocol.
+//!
+//! The supervisor runs inside a sandbox (as the container's main process, under an init that
+//! reaps orphans) and listens on a Unix socket in a directory bind-mounted from the host, so
+//! Berth reaches it without any network. Each connection carries one request; for `exec` the
+//! supervisor starts the command in a new process group, streams its stdout and stderr as
+//! frames, kills the whole group on timeout (SIGTERM, then SIGKILL after a grace period) and
+//! when the command exits (nothing outlives an exec), and ends with one exit frame. If the
+//! client goes away mid-exec, the group is killed.
+//!
+//! Wire format (version [`PROTOCOL_VERSION`]):
+//! - request: one JSON line ([`Request`]);
+//! - response: frames `[tag: u8][len: u32 big-endian][payload]` — [`TAG_STDOUT`] and
+//!   [`TAG_STDERR`] carry raw bytes, [`TAG_EXIT`] carries a JSON [`Exit`] and ends the reply.
+//!
+//! This crate has no tokio: the server is threads and blocking I/O, to stay small. Clients
+//! (the docker provider) speak the protocol with [`write_frame`]/[`read_frame`] semantics.
+
+pub mod server;
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version carried by every request.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Frame tag: stdout bytes.
+pub const TAG_STDOUT: u8 = 1;
+/// Frame tag: stderr bytes.
+pub const TAG_STDERR: u8 = 2;
+/// Frame tag: the final exit record (JSON).
+pub const TAG_EXIT: u8 = 3;
+/// Largest frame payload accepted.
+pub const MAX_FRAME: u32 = 1 << 20;
+
+/// One request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Liveness check; answered with an exit frame `{"status":"exited","code":0}`.
+    Ping {
+        /// Protocol version.
+        v: u32,
+    },
+    /// Run a command.
+    Exec {
+        /// Protocol version.
+        v: u32,
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Working directory.
+        cwd: String,
+        /// The complete environment.
+        env: BTreeMap<String, String>,
+        /// Deadline in milliseconds.
+        timeout_ms: Option<u64>,
+        /// SIGTERM → SIGKILL grace in milliseconds.
+        grace_ms: u64,
+    },
+}
+
+/// How a command ended, as the supervisor saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Exit {
+    /// Exited with a code.
+    Exited {
+        /// The code.
+        code: i32,
+    },
+    /// Killed by a signal (not the timeout).
+    Signalled {
+        /// The signal.
+        signal: i32,
+    },
+    /// The deadline passed and the group was killed.
+    TimedOut,
+    /// The command could not be started.
+    SpawnFailed {
+        /// `not_found`, `permission_denied` or `other`.
+        kind: String,
+        /// The OS error.
+        message: String,
+    },
+    /// The request was malformed.
+    BadRequest {
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// Writes one frame.
+pub fn write_frame(out: &mut impl Write, tag: u8, payload: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
+    let mut header = [0u8; 5];
+    header[0] = tag;
+    header[1..].copy_from_slice(&len.to_be_bytes());
+    out.write_all(&header)?;
+    out.write_all(payload)
+}
+
+/// Reads one frame; `None` at a clean end of stream.
+pub fn read_frame(input: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
+    let mut header = [0u8; 5];
+    match input.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(err) => return Err(err),
+    }
+    let len = u32::from_be_bytes(header[1..].try_into().expect("4 bytes"));
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds the limit"),
+        ));
+    }
+    let mut payload = vec![0u8; len as usize];
+    input.read_exact(&mut payload)?;
+    Ok(Some((header[0], payload)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, TAG_STDOUT, b"hello").unwrap();
+        write_frame(&mut buf, TAG_EXIT, b"{}").unwrap();
+        let mut input = &buf[..];
+        assert_eq!(
+            read_frame(&mut input).unwrap(),
+            Some((TAG_STDOUT, b"hello".to_vec()))
+        );
+        assert_eq!(
+            read_frame(&mut input).unwrap(),
+            Some((TAG_EXIT, b"{}".to_vec()))
+        );
+        assert_eq!(read_frame(&mut input).unwrap(), None);
+    }
+
+    #[test]
+    fn oversized_frames_are_refused() {
+        let mut buf = vec![TAG_STDOUT];
+        buf.extend_from_slice(&(MAX_FRAME + 1).to_be_bytes());
+        assert!(read_frame(&mut &buf[..]).is_err());
+    }
+}

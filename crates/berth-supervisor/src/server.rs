@@ -1,0 +1,214 @@
+//! The supervisor's server: one thread per connection, one request per connection.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader, Read};
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::{write_frame, Exit, Request, PROTOCOL_VERSION, TAG_EXIT, TAG_STDERR, TAG_STDOUT};
+
+/// Longest request line accepted.
+const MAX_REQUEST: u64 = 4 << 20;
+
+/// Binds `socket` (replacing a stale one) and serves forever.
+pub fn serve(socket: &Path) -> io::Result<()> {
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    }
+    for connection in listener.incoming() {
+        match connection {
+            Ok(stream) => {
+                std::thread::spawn(move || {
+                    if let Err(err) = handle(stream) {
+                        eprintln!("berth-supervisor: connection failed: {err}");
+                    }
+                });
+            }
+            Err(err) => eprintln!("berth-supervisor: accept failed: {err}"),
+        }
+    }
+    Ok(())
+}
+
+fn send_exit(stream: &Mutex<UnixStream>, exit: &Exit) -> io::Result<()> {
+    let payload = serde_json::to_vec(exit).expect("exit serializes");
+    let mut out = stream.lock().unwrap_or_else(|p| p.into_inner());
+    write_frame(&mut *out, TAG_EXIT, &payload)
+}
+
+fn handle(stream: UnixStream) -> io::Result<()> {
+    let mut line = String::new();
+    BufReader::new((&stream).take(MAX_REQUEST)).read_line(&mut line)?;
+    let out = Arc::new(Mutex::new(stream.try_clone()?));
+    let request = match serde_json::from_str::<Request>(&line) {
+        Ok(request) => request,
+        Err(err) => {
+            return send_exit(
+                &out,
+                &Exit::BadRequest {
+                    message: format!("malformed request: {err}"),
+                },
+            )
+        }
+    };
+    match request {
+        Request::Ping { v } | Request::Exec { v, .. } if v != PROTOCOL_VERSION => send_exit(
+            &out,
+            &Exit::BadRequest {
+                message: format!("protocol version {v}; this supervisor speaks {PROTOCOL_VERSION}"),
+            },
+        ),
+        Request::Ping { .. } => send_exit(&out, &Exit::Exited { code: 0 }),
+        Request::Exec {
+            argv,
+            cwd,
+            env,
+            timeout_ms,
+            grace_ms,
+            ..
+        } => {
+            let exit = exec(&stream, &out, &argv, &cwd, &env, timeout_ms, grace_ms);
+            let sent = send_exit(&out, &exit);
+            let _ = stream.shutdown(Shutdown::Both);
+            sent
+        }
+    }
+}
+
+fn exec(
+    stream: &UnixStream,
+    out: &Arc<Mutex<UnixStream>>,
+    argv: &[String],
+    cwd: &str,
+    env: &BTreeMap<String, String>,
+    timeout_ms: Option<u64>,
+    grace_ms: u64,
+) -> Exit {
+    let Some((program, args)) = argv.split_first() else {
+        return Exit::BadRequest {
+            message: "empty argv".into(),
+        };
+    };
+    let spawned = Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => {
+            let kind = match err.kind() {
+                io::ErrorKind::NotFound => "not_found",
+                io::ErrorKind::PermissionDenied => "permission_denied",
+                _ => "other",
+            };
+            return Exit::SpawnFailed {
+                kind: kind.into(),
+                message: format!("cannot start `{program}` in `{cwd}`: {err}"),
+            };
+        }
+    };
+    let pgid = Pid::from_raw(child.id() as i32);
+    let finished = Arc::new(AtomicBool::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+
+    // Pipe readers: every chunk becomes a frame. A failed write means the client is gone.
+    let mut readers = Vec::new();
+    let pipes: [(u8, Box<dyn Read + Send>); 2] = [
+        (TAG_STDOUT, Box::new(child.stdout.take().expect("piped"))),
+        (TAG_STDERR, Box::new(child.stderr.take().expect("piped"))),
+    ];
+    for (tag, mut pipe) in pipes {
+        let out = Arc::clone(out);
+        readers.push(std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+                        if write_frame(&mut *out, tag, &buf[..n]).is_err() {
+                            let _ = killpg(pgid, Signal::SIGKILL);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+
+    // Watchdog: the client sends nothing after its request, so a read returning means it hung
+    // up. A client that went away takes its command with it.
+    if let Ok(mut watch) = stream.try_clone() {
+        let finished = Arc::clone(&finished);
+        std::thread::spawn(move || {
+            let mut byte = [0u8; 1];
+            let _ = watch.read(&mut byte);
+            if !finished.load(Ordering::SeqCst) {
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+        });
+    }
+
+    // Deadline: SIGTERM to the group, SIGKILL after the grace period.
+    let (cancel, cancelled) = mpsc::channel::<()>();
+    let timer = timeout_ms.map(|ms| {
+        let timed_out = Arc::clone(&timed_out);
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) =
+                cancelled.recv_timeout(Duration::from_millis(ms))
+            {
+                timed_out.store(true, Ordering::SeqCst);
+                let _ = killpg(pgid, Signal::SIGTERM);
+                if let Err(mpsc::RecvTimeoutError::Timeout) =
+                    cancelled.recv_timeout(Duration::from_millis(grace_ms))
+                {
+                    let _ = killpg(pgid, Signal::SIGKILL);
+                }
+            }
+        })
+    });
+
+    let status = child.wait();
+    finished.store(true, Ordering::SeqCst);
+    // Nothing outlives an exec: whatever is left in the group would also hold the pipes open.
+    let _ = killpg(pgid, Signal::SIGKILL);
+    drop(cancel);
+    if let Some(timer) = timer {
+        let _ = timer.join();
+    }
+    for reader in readers {
+        let _ = reader.join();
+    }
+    match status {
+        _ if timed_out.load(Ordering::SeqCst) => Exit::TimedOut,
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => Exit::Exited { code },
+            (None, Some(signal)) => Exit::Signalled { signal },
+            (None, None) => Exit::SpawnFailed {
+                kind: "other".into(),
+                message: format!("wait returned {status:?}"),
+            },
+        },
+        Err(err) => Exit::SpawnFailed {
+            kind: "other".into(),
+            message: format!("wait failed: {err}"),
+        },
+    }
+}

@@ -1,0 +1,219 @@
+//! The real supervisor binary on a real Unix socket.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use berth_supervisor::{
+    read_frame, Exit, Request, PROTOCOL_VERSION, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
+};
+
+struct Server {
+    child: Child,
+    socket: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server() -> Server {
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-supervisor-")
+        .tempdir()
+        .unwrap();
+    let socket = dir.path().join("s.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_berth-supervisor"))
+        .args(["serve", "--socket"])
+        .arg(&socket)
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !socket.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Server { child, socket, dir }
+}
+
+struct Reply {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    exit: Exit,
+}
+
+fn send(socket: &Path, request: &Request) -> UnixStream {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    let mut line = serde_json::to_vec(request).unwrap();
+    line.push(b'\n');
+    stream.write_all(&line).unwrap();
+    stream
+}
+
+fn read_reply(mut stream: UnixStream) -> Reply {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        let (tag, payload) = read_frame(&mut stream)
+            .unwrap()
+            .expect("exit frame before EOF");
+        match tag {
+            TAG_STDOUT => stdout.extend(payload),
+            TAG_STDERR => stderr.extend(payload),
+            TAG_EXIT => {
+                return Reply {
+                    stdout,
+                    stderr,
+                    exit: serde_json::from_slice(&payload).unwrap(),
+                }
+            }
+            other => panic!("unknown tag {other}"),
+        }
+    }
+}
+
+fn exec(dir: &Path, line: &str, timeout_ms: Option<u64>) -> Request {
+    Request::Exec {
+        v: PROTOCOL_VERSION,
+        argv: vec!["/bin/sh".into(), "-c".into(), line.into()],
+        cwd: dir.to_string_lossy().into_owned(),
+        env: BTreeMap::from([
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("GIVEN".into(), "yes".into()),
+        ]),
+        timeout_ms,
+        grace_ms: 200,
+    }
+}
+
+fn gone(pid: i32) -> bool {
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z') =>
+            {
+                return true
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    false
+}
+
+#[test]
+fn ping_and_exec_with_separate_streams_and_exact_env() {
+    let s = server();
+    let reply = read_reply(send(
+        &s.socket,
+        &Request::Ping {
+            v: PROTOCOL_VERSION,
+        },
+    ));
+    assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    let reply = read_reply(send(
+        &s.socket,
+        &exec(
+            s.dir.path(),
+            "echo out; echo err >&2; env | sort; exit 7",
+            None,
+        ),
+    ));
+    assert_eq!(reply.exit, Exit::Exited { code: 7 });
+    assert_eq!(String::from_utf8_lossy(&reply.stderr), "err\n");
+    let stdout = String::from_utf8_lossy(&reply.stdout);
+    assert!(
+        stdout.starts_with("out\nGIVEN=yes\nPATH=/usr/bin:/bin\n"),
+        "{stdout}"
+    );
+    let signalled = read_reply(send(&s.socket, &exec(s.dir.path(), "kill -9 $$", None)));
+    assert_eq!(signalled.exit, Exit::Signalled { signal: 9 });
+}
+
+#[test]
+fn timeout_kills_the_group_even_when_sigterm_is_ignored() {
+    let s = server();
+    let started = Instant::now();
+    let line = "trap '' TERM; sleep 30 & echo $! > child.pid; sleep 30";
+    let reply = read_reply(send(&s.socket, &exec(s.dir.path(), line, Some(300))));
+    assert_eq!(reply.exit, Exit::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let pid: i32 = std::fs::read_to_string(s.dir.path().join("child.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(gone(pid), "child {pid} survived");
+}
+
+#[test]
+fn a_client_that_hangs_up_takes_its_command_with_it() {
+    let s = server();
+    let stream = send(
+        &s.socket,
+        &exec(s.dir.path(), "echo $$ > leader.pid; sleep 60", None),
+    );
+    let pidfile = s.dir.path().join("leader.pid");
+    let until = Instant::now() + Duration::from_secs(5);
+    while std::fs::read_to_string(&pidfile)
+        .map(|p| p.trim().is_empty())
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < until, "command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(stream);
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(gone(pid), "command {pid} outlived its client");
+}
+
+#[test]
+fn spawn_failures_and_bad_requests_are_reported_not_fabricated() {
+    let s = server();
+    let missing = Request::Exec {
+        v: PROTOCOL_VERSION,
+        argv: vec!["/no/such/program".into()],
+        cwd: "/".into(),
+        env: BTreeMap::new(),
+        timeout_ms: None,
+        grace_ms: 0,
+    };
+    match read_reply(send(&s.socket, &missing)).exit {
+        Exit::SpawnFailed { kind, .. } => assert_eq!(kind, "not_found"),
+        other => panic!("{other:?}"),
+    }
+    let mut stream = UnixStream::connect(&s.socket).unwrap();
+    stream.write_all(b"{not json\n").unwrap();
+    assert!(matches!(read_reply(stream).exit, Exit::BadRequest { .. }));
+    let future = Request::Ping { v: 99 };
+    assert!(matches!(
+        read_reply(send(&s.socket, &future)).exit,
+        Exit::BadRequest { .. }
+    ));
+}
+
+#[test]
+fn large_output_arrives_whole() {
+    let s = server();
+    let reply = read_reply(send(
+        &s.socket,
+        &exec(s.dir.path(), "head -c 5000000 /dev/zero", None),
+    ));
+    assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    assert_eq!(reply.stdout.len(), 5_000_000);
+}
