@@ -1,0 +1,324 @@
+//! A thin Docker Engine API client over the Unix socket: one HTTP/1.1 connection per request,
+//! the API version negotiated once, every failure classified in [`classify`].
+
+use std::path::{Path, PathBuf};
+
+use berth_contract::{ErrorKind, ProviderError, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+
+use crate::PROVIDER_ID;
+
+/// Newest API version this adapter speaks; older engines are used at their own version.
+const MAX_API: (u32, u32) = (1, 43);
+/// Oldest API version this adapter needs (Docker 19.03).
+const MIN_API: (u32, u32) = (1, 40);
+
+/// A connected engine.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    socket: PathBuf,
+    version: String,
+    server_version: String,
+}
+
+/// A raw response.
+#[derive(Debug)]
+pub struct Response {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Body bytes.
+    pub body: Bytes,
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// The socket named by `DOCKER_HOST` (only `unix://` is supported), or the default.
+pub fn socket_from_docker_host(docker_host: Option<&str>) -> Result<PathBuf> {
+    match docker_host {
+        None | Some("") => Ok(PathBuf::from("/var/run/docker.sock")),
+        Some(host) => match host.strip_prefix("unix://") {
+            Some(path) => Ok(PathBuf::from(path)),
+            None => Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                PROVIDER_ID,
+                format!(
+                    "DOCKER_HOST `{host}` is not a unix:// socket; this adapter speaks to local \
+                     engines over their Unix socket only"
+                ),
+            )),
+        },
+    }
+}
+
+impl Engine {
+    /// Connects and negotiates the API version: the engine's own version, capped at the newest
+    /// this adapter knows. An engine older than the minimum is refused.
+    pub async fn connect(socket: &Path) -> Result<Engine> {
+        let mut engine = Engine {
+            socket: socket.to_owned(),
+            version: String::new(),
+            server_version: String::new(),
+        };
+        #[derive(serde::Deserialize)]
+        struct Version {
+            #[serde(rename = "ApiVersion")]
+            api_version: String,
+            #[serde(rename = "Version")]
+            version: String,
+        }
+        let version: Version = engine.json(Method::GET, "/version", None).await?;
+        let server = parse_version(&version.api_version).ok_or_else(|| {
+            ProviderError::new(
+                ErrorKind::Unknown,
+                PROVIDER_ID,
+                format!("engine reported API version `{}`", version.api_version),
+            )
+        })?;
+        if server < MIN_API {
+            return Err(ProviderError::new(
+                ErrorKind::Unavailable,
+                PROVIDER_ID,
+                format!(
+                    "engine API {} is older than the {}.{} this adapter needs",
+                    version.api_version, MIN_API.0, MIN_API.1
+                ),
+            ));
+        }
+        let (major, minor) = server.min(MAX_API);
+        engine.version = format!("/v{major}.{minor}");
+        engine.server_version = version.version;
+        Ok(engine)
+    }
+
+    /// The negotiated API version, e.g. `1.41`.
+    pub fn api_version(&self) -> &str {
+        self.version.trim_start_matches("/v")
+    }
+
+    /// The engine's own version string.
+    pub fn server_version(&self) -> &str {
+        &self.server_version
+    }
+
+    /// Sends one request; `path` excludes the version prefix.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> Result<Response> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|err| unreachable(&self.socket, err))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| transport("handshake", e))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let uri = format!("{}{}", self.version, path);
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header("host", "docker");
+        let body = match body {
+            Some((content_type, bytes)) => {
+                builder = builder.header("content-type", content_type);
+                Full::new(Bytes::from(bytes))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        let request = builder.body(body).map_err(|e| {
+            ProviderError::new(
+                ErrorKind::InvalidRequest,
+                PROVIDER_ID,
+                format!("bad request `{uri}`"),
+            )
+            .with_source(e)
+        })?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| transport("send request", e))?;
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| transport("read response", e))?
+            .to_bytes();
+        Ok(Response { status, body })
+    }
+
+    /// Sends a request with an optional JSON body and decodes a JSON answer; non-2xx is a
+    /// classified error.
+    pub async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<T> {
+        let response = self
+            .request(
+                method,
+                path,
+                body.map(|b| ("application/json", serde_json::to_vec(&b).expect("json"))),
+            )
+            .await?;
+        let response = ok(path, response)?;
+        serde_json::from_slice(&response.body).map_err(|e| {
+            ProviderError::new(
+                ErrorKind::Unknown,
+                PROVIDER_ID,
+                format!("unexpected answer to `{path}`"),
+            )
+            .with_source(e)
+        })
+    }
+
+    /// Sends a request and requires a 2xx (or one of `also_ok`) status.
+    pub async fn expect(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+        also_ok: &[StatusCode],
+    ) -> Result<Response> {
+        let response = self.request(method, path, body).await?;
+        if also_ok.contains(&response.status) {
+            return Ok(response);
+        }
+        ok(path, response)
+    }
+}
+
+/// A 2xx response, or the classified error.
+pub fn ok(path: &str, response: Response) -> Result<Response> {
+    if response.status.is_success() {
+        Ok(response)
+    } else {
+        Err(classify(path, response.status, &response.body))
+    }
+}
+
+/// The one place Engine API failures become error kinds.
+pub fn classify(path: &str, status: StatusCode, body: &[u8]) -> ProviderError {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
+    let kind = match status.as_u16() {
+        400 => ErrorKind::InvalidRequest,
+        401 | 403 => ErrorKind::Auth,
+        404 => ErrorKind::NotFound,
+        409 => ErrorKind::Conflict,
+        // Some engines answer a missing image with 500.
+        500 if message.contains("No such image") => ErrorKind::NotFound,
+        503 => ErrorKind::Unavailable,
+        500..=599 => ErrorKind::Provider5xx,
+        _ => ErrorKind::Unknown,
+    };
+    let path = path.split('?').next().unwrap_or(path);
+    ProviderError::new(
+        kind,
+        PROVIDER_ID,
+        format!("engine answered {} to `{path}`: {message}", status.as_u16()),
+    )
+}
+
+fn unreachable(socket: &Path, err: std::io::Error) -> ProviderError {
+    let kind = match err.kind() {
+        std::io::ErrorKind::PermissionDenied => ErrorKind::Auth,
+        _ => ErrorKind::Unavailable,
+    };
+    ProviderError::new(
+        kind,
+        PROVIDER_ID,
+        format!(
+            "docker engine not reachable at {} (is dockerd running? is DOCKER_HOST right?)",
+            socket.display()
+        ),
+    )
+    .with_source(err)
+}
+
+fn transport(what: &str, err: hyper::Error) -> ProviderError {
+    ProviderError::new(
+        ErrorKind::Unavailable,
+        PROVIDER_ID,
+        format!("engine connection failed during {what}"),
+    )
+    .with_source(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified() {
+        let cases = [
+            (400, "{\"message\":\"bad\"}", ErrorKind::InvalidRequest),
+            (
+                404,
+                "{\"message\":\"No such container: x\"}",
+                ErrorKind::NotFound,
+            ),
+            (
+                409,
+                "{\"message\":\"removal in progress\"}",
+                ErrorKind::Conflict,
+            ),
+            (
+                500,
+                "{\"message\":\"No such image: y\"}",
+                ErrorKind::NotFound,
+            ),
+            (500, "{\"message\":\"boom\"}", ErrorKind::Provider5xx),
+            (503, "", ErrorKind::Unavailable),
+            (401, "", ErrorKind::Auth),
+            (418, "", ErrorKind::Unknown),
+        ];
+        for (status, body, kind) in cases {
+            let err = classify(
+                "/x?y=1",
+                StatusCode::from_u16(status).unwrap(),
+                body.as_bytes(),
+            );
+            assert_eq!(err.kind(), kind, "{status} {body}");
+            assert!(
+                !err.to_string().contains("y=1"),
+                "query strings stay out of errors"
+            );
+        }
+    }
+
+    #[test]
+    fn docker_host_is_honoured_for_unix_sockets_only() {
+        assert_eq!(
+            socket_from_docker_host(None).unwrap(),
+            PathBuf::from("/var/run/docker.sock")
+        );
+        assert_eq!(
+            socket_from_docker_host(Some("unix:///tmp/d.sock")).unwrap(),
+            PathBuf::from("/tmp/d.sock")
+        );
+        let err = socket_from_docker_host(Some("tcp://10.0.0.1:2375")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+    }
+
+    #[test]
+    fn versions_parse_and_order() {
+        assert_eq!(parse_version("1.41"), Some((1, 41)));
+        assert!(parse_version("1.41").unwrap() < MAX_API);
+        assert!(parse_version("1.45").unwrap().min(MAX_API) == MAX_API);
+        assert_eq!(parse_version("x"), None);
+    }
+}

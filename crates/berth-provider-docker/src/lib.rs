@@ -1,0 +1,1145 @@
+//! The `docker` provider: one container per sandbox, driven through the Docker Engine API over
+//! its Unix socket, with exec served by Berth's in-container supervisor.
+//!
+//! - Create: the image must already be present (Berth never pulls and never substitutes an
+//!   image); the container gets Berth's labels, resource limits, network `none` unless asked,
+//!   docker's init as PID 1 (it reaps orphans) and the supervisor as its main process, bound
+//!   read-only from the host, listening on a socket in a per-sandbox host directory mounted at
+//!   `/run/berth`. Ready = the supervisor answers.
+//! - Exec goes through the supervisor (a raw `docker exec` round trip costs ~85 ms here; the
+//!   supervisor answers in about a millisecond), which runs each command in its own process
+//!   group and kills the whole group on timeout — a timed-out `docker exec` would keep running.
+//! - Files go through the archive API (tar put/get), snapshots through commit (image digest),
+//!   stop/start are cold (processes gone, filesystem kept), suspend/resume are pause/unpause
+//!   (cgroup freezer, memory kept).
+//! - Destroy force-removes at once (no stop timeout) and verifies the container is gone.
+//!
+//! Engine failures are classified in one place (`engine::classify`).
+
+pub mod engine;
+mod supervise;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use berth_contract::{
+    CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
+    ExecRequest, ExecSummary, ExitStatus, FileEntry, FileKind, Files, Fork, LabelFilter, Listed,
+    Listing, NativeId, NetworkMode, Observation, OutputSink, Provider, ProviderError, Result,
+    SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec, SuspendResume,
+    Transition,
+};
+use berth_supervisor::{Exit, Request, PROTOCOL_VERSION};
+use hyper::{Method, StatusCode};
+use serde::Deserialize;
+
+pub use engine::Engine;
+
+/// The provider id.
+pub const PROVIDER_ID: &str = "docker";
+/// Where the workspace lives inside the container (the default working directory).
+pub const WORKSPACE: &str = "/workspace";
+/// Where the supervisor binary is mounted in the container.
+const SUPERVISOR_IN_CONTAINER: &str = "/usr/local/bin/berth-supervisor";
+/// The bind-mounted directory holding the supervisor's socket.
+const RUN_DIR_IN_CONTAINER: &str = "/run/berth";
+/// Label naming the committed image a fork was made from (removed with the fork).
+const FORK_IMAGE_LABEL: &str = "berth.fork-image";
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long a live supervisor may take to answer a ping.
+const PING_DEADLINE: Duration = Duration::from_secs(2);
+/// Unix socket paths are limited to 108 bytes.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Settings of the docker provider.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// Per-sandbox host directories (supervisor sockets) live here.
+    pub state_dir: PathBuf,
+    /// The engine's socket.
+    pub socket: PathBuf,
+    /// The supervisor binary on the host (bound into every container).
+    pub supervisor: PathBuf,
+    /// How long create waits for the supervisor to answer.
+    pub ready_timeout: Duration,
+    /// SIGTERM → SIGKILL grace for timed-out commands.
+    pub kill_grace: Duration,
+    /// Seconds `stop` gives processes before the engine kills them.
+    pub stop_timeout_secs: u32,
+}
+
+impl DockerConfig {
+    /// Defaults for everything but the paths.
+    pub fn new(state_dir: PathBuf, socket: PathBuf, supervisor: PathBuf) -> Self {
+        DockerConfig {
+            state_dir,
+            socket,
+            supervisor,
+            ready_timeout: Duration::from_secs(20),
+            kill_grace: Duration::from_millis(500),
+            stop_timeout_secs: 5,
+        }
+    }
+}
+
+/// The docker provider.
+#[derive(Debug, Clone)]
+pub struct DockerProvider {
+    engine: Engine,
+    config: DockerConfig,
+}
+
+fn err(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
+    ProviderError::new(kind, PROVIDER_ID, message)
+}
+
+fn io_err(what: &str, source: std::io::Error) -> ProviderError {
+    err(ErrorKind::Unknown, format!("cannot {what}")).with_source(source)
+}
+
+/// Finds `berth-supervisor` next to the running executable (or one directory up, where cargo
+/// puts binaries relative to test executables).
+pub fn locate_supervisor(explicit: Option<&str>) -> Result<PathBuf> {
+    if let Some(path) = explicit.filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(err(
+                ErrorKind::InvalidRequest,
+                format!("BERTH_SUPERVISOR `{}` is not a file", path.display()),
+            ))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| io_err("find the running executable", e))?;
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("berth-supervisor"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            err(
+                ErrorKind::Unavailable,
+                "berth-supervisor binary not found next to berth; build it with \
+                 `cargo build -p berth-supervisor` or set BERTH_SUPERVISOR",
+            )
+        })
+}
+
+#[derive(Debug, Deserialize)]
+struct Inspect {
+    #[serde(rename = "State")]
+    state: InspectState,
+    #[serde(rename = "Config")]
+    config: InspectConfig,
+}
+
+#[derive(Debug, Deserialize)]
+struct InspectState {
+    #[serde(rename = "Status")]
+    status: String,
+    #[serde(rename = "Paused", default)]
+    paused: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct InspectConfig {
+    #[serde(rename = "Labels", default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+/// Maps Docker's state to the canonical one; the raw state is kept beside it.
+pub fn canonical_state(status: &str, paused: bool) -> CanonicalState {
+    match (status, paused) {
+        (_, true) | ("paused", _) => CanonicalState::Suspended,
+        ("created", _) => CanonicalState::Creating,
+        ("running", _) => CanonicalState::Running,
+        ("restarting", _) => CanonicalState::Unknown,
+        ("removing", _) => CanonicalState::Stopping,
+        ("exited", _) => CanonicalState::Stopped,
+        ("dead", _) => CanonicalState::Failed,
+        _ => CanonicalState::Unknown,
+    }
+}
+
+fn raw_state(status: &str, paused: bool) -> String {
+    if paused && status != "paused" {
+        format!("{status}+paused")
+    } else {
+        status.to_owned()
+    }
+}
+
+/// Resolves a sandbox path: relative paths are under `/workspace`; `..` is refused.
+fn container_path(path: &str) -> Result<PathBuf> {
+    if path.contains('\0') {
+        return Err(err(
+            ErrorKind::InvalidRequest,
+            format!("path `{path}` contains a NUL byte"),
+        ));
+    }
+    let raw = Path::new(path);
+    if raw.components().any(|c| c == Component::ParentDir) {
+        return Err(err(
+            ErrorKind::InvalidRequest,
+            format!("path `{path}` contains `..`; docker sandbox paths are absolute or relative to {WORKSPACE}"),
+        ));
+    }
+    let full = if raw.is_absolute() {
+        raw.to_owned()
+    } else {
+        Path::new(WORKSPACE).join(raw)
+    };
+    Ok(full
+        .components()
+        .filter(|c| *c != Component::CurDir)
+        .collect())
+}
+
+fn query_escape(value: &str) -> String {
+    let mut out = String::new();
+    for byte in value.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+impl DockerProvider {
+    /// Connects to the engine and checks the supervisor binary exists.
+    pub async fn connect(config: DockerConfig) -> Result<DockerProvider> {
+        if !config.supervisor.is_file() {
+            return Err(err(
+                ErrorKind::Unavailable,
+                format!(
+                    "supervisor binary {} not found",
+                    config.supervisor.display()
+                ),
+            ));
+        }
+        std::fs::create_dir_all(&config.state_dir)
+            .map_err(|e| io_err("create the docker state dir", e))?;
+        let engine = Engine::connect(&config.socket).await?;
+        Ok(DockerProvider { engine, config })
+    }
+
+    /// The engine client (for benchmarks that measure the raw API).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn run_dir(&self, name: &str) -> Result<PathBuf> {
+        if name.is_empty()
+            || name.starts_with('.')
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!("`{name}` is not a valid docker sandbox id"),
+            ));
+        }
+        Ok(self.config.state_dir.join(name))
+    }
+
+    fn socket(&self, name: &str) -> Result<PathBuf> {
+        let socket = self.run_dir(name)?.join("run").join("s.sock");
+        if socket.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "supervisor socket path {} is longer than a Unix socket allows; use a \
+                     shorter BERTH_HOME",
+                    socket.display()
+                ),
+            ));
+        }
+        Ok(socket)
+    }
+
+    async fn inspect(&self, id: &str) -> Result<Option<Inspect>> {
+        let path = format!("/containers/{}/json", query_escape(id));
+        let response = self.engine.request(Method::GET, &path, None).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let response = engine::ok(&path, response)?;
+        serde_json::from_slice(&response.body)
+            .map(Some)
+            .map_err(|e| err(ErrorKind::Unknown, "unexpected inspect answer").with_source(e))
+    }
+
+    async fn image_present(&self, image: &str) -> Result<()> {
+        let path = format!("/images/{}/json", query_escape(image));
+        let response = self.engine.request(Method::GET, &path, None).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Err(err(
+                ErrorKind::NotFound,
+                format!(
+                    "image `{image}` is not present on the engine; berth never pulls or \
+                     substitutes images: build it (scripts/build-agent-image.sh) or pull it yourself"
+                ),
+            ));
+        }
+        engine::ok(&path, response).map(|_| ())
+    }
+
+    /// Waits until the supervisor answers, failing early (with the container's log tail) if
+    /// the container stops.
+    async fn wait_ready(&self, name: &str) -> Result<()> {
+        let socket = self.socket(name)?;
+        let started = Instant::now();
+        let mut checks = 0u32;
+        loop {
+            if supervise::ping(&socket).await.is_ok() {
+                return Ok(());
+            }
+            checks += 1;
+            if checks.is_multiple_of(25) {
+                match self.inspect(name).await? {
+                    Some(info) if info.state.status == "running" => {}
+                    Some(info) => {
+                        let logs = self.log_tail(name).await;
+                        return Err(err(
+                            ErrorKind::Unknown,
+                            format!(
+                                "container stopped before the supervisor was ready (state {}): {logs}",
+                                info.state.status
+                            ),
+                        ));
+                    }
+                    None => {
+                        return Err(err(
+                            ErrorKind::NotFound,
+                            format!("container `{name}` vanished during start"),
+                        ))
+                    }
+                }
+            }
+            if started.elapsed() > self.config.ready_timeout {
+                return Err(err(
+                    ErrorKind::TimeoutClient,
+                    format!(
+                        "supervisor in `{name}` did not answer within {:?}",
+                        self.config.ready_timeout
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn log_tail(&self, name: &str) -> String {
+        let path = format!(
+            "/containers/{}/logs?stdout=1&stderr=1&tail=20",
+            query_escape(name)
+        );
+        match self.engine.request(Method::GET, &path, None).await {
+            Ok(response) => String::from_utf8_lossy(&demux_logs(&response.body))
+                .trim()
+                .to_owned(),
+            Err(e) => format!("(logs unavailable: {e})"),
+        }
+    }
+
+    async fn create_container(
+        &self,
+        req: &CreateRequest,
+        image: &str,
+        extra_labels: BTreeMap<String, String>,
+    ) -> Result<Created> {
+        let name = req.name.0.as_str();
+        let run = self.run_dir(name)?.join("run");
+        let socket = self.socket(name)?;
+        std::fs::create_dir_all(&run).map_err(|e| io_err("create the supervisor directory", e))?;
+        let mut labels = req.labels.to_map(name);
+        labels.extend(req.extra_labels.clone());
+        labels.extend(extra_labels);
+        let mut host_config = serde_json::json!({
+            "Init": true,
+            "Binds": [
+                format!("{}:{SUPERVISOR_IN_CONTAINER}:ro", self.config.supervisor.display()),
+                format!("{}:{RUN_DIR_IN_CONTAINER}", run.display()),
+            ],
+            "NetworkMode": match req.network { NetworkMode::None => "none", NetworkMode::Bridge => "bridge" },
+        });
+        if let Some(cpus) = req.resources.cpus {
+            host_config["NanoCpus"] = serde_json::json!((cpus * 1e9) as i64);
+        }
+        if let Some(memory) = req.resources.memory_mib {
+            host_config["Memory"] = serde_json::json!(memory * 1024 * 1024);
+        }
+        if let Some(pids) = req.resources.pids {
+            host_config["PidsLimit"] = serde_json::json!(pids);
+        }
+        let socket_in_container = format!(
+            "{RUN_DIR_IN_CONTAINER}/{}",
+            socket
+                .file_name()
+                .expect("socket has a name")
+                .to_string_lossy()
+        );
+        let body = serde_json::json!({
+            "Image": image,
+            "Cmd": [SUPERVISOR_IN_CONTAINER, "serve", "--socket", socket_in_container],
+            "Entrypoint": serde_json::Value::Null,
+            "WorkingDir": WORKSPACE,
+            "Labels": labels,
+            "HostConfig": host_config,
+        });
+        let _created: serde_json::Value = self
+            .engine
+            .json(
+                Method::POST,
+                &format!("/containers/create?name={}", query_escape(name)),
+                Some(body),
+            )
+            .await?;
+        self.engine
+            .expect(
+                Method::POST,
+                &format!("/containers/{}/start", query_escape(name)),
+                None,
+                &[StatusCode::NOT_MODIFIED],
+            )
+            .await?;
+        self.wait_ready(name).await?;
+        Ok(Created {
+            native_id: NativeId(name.to_owned()),
+            raw_state: "running".into(),
+        })
+    }
+
+    async fn run(
+        &self,
+        id: &NativeId,
+        req: &ExecRequest,
+        mut on_chunk: impl FnMut(berth_contract::Stream, &[u8]),
+    ) -> Result<(ExitStatus, Duration)> {
+        let socket = self.socket(&id.0)?;
+        let argv = match &req.command {
+            Command::Argv(argv) if argv.is_empty() => {
+                return Err(err(ErrorKind::InvalidRequest, "empty argv: nothing to run"))
+            }
+            Command::Argv(argv) => argv.clone(),
+            Command::Shell(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+        };
+        let cwd = match &req.cwd {
+            None => WORKSPACE.to_owned(),
+            Some(cwd) => container_path(cwd)?.to_string_lossy().into_owned(),
+        };
+        let mut env = BTreeMap::from([
+            ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+            ("HOME".to_owned(), WORKSPACE.to_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ]);
+        for (name, value) in &req.env {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err(err(
+                    ErrorKind::InvalidRequest,
+                    format!("`{name}` is not a valid variable name"),
+                ));
+            }
+            env.insert(name.clone(), value.clone());
+        }
+        let request = Request::Exec {
+            v: PROTOCOL_VERSION,
+            argv,
+            cwd,
+            env,
+            timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
+            grace_ms: self.config.kill_grace.as_millis() as u64,
+        };
+        // A frozen (paused) container accepts connections but never answers: ping first, with
+        // a deadline, so a request is never queued to run later behind the caller's back.
+        match tokio::time::timeout(PING_DEADLINE, supervise::ping(&socket)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(connect)) => return Err(self.unreachable_supervisor(id, connect).await),
+            Err(_) => {
+                return Err(self
+                    .unreachable_supervisor(id, std::io::Error::other("ping timed out"))
+                    .await)
+            }
+        }
+        let started = Instant::now();
+        let outcome = match supervise::exec(&socket, &request, &mut on_chunk).await {
+            Ok(outcome) => outcome,
+            Err(connect) => return Err(self.unreachable_supervisor(id, connect).await),
+        };
+        let took = started.elapsed();
+        let status = match outcome {
+            supervise::Outcome::Exit(Exit::Exited { code }) => ExitStatus::Exited { code },
+            supervise::Outcome::Exit(Exit::Signalled { signal }) => {
+                ExitStatus::Signalled { signal }
+            }
+            supervise::Outcome::Exit(Exit::TimedOut) => ExitStatus::TimedOut,
+            supervise::Outcome::Exit(Exit::SpawnFailed { kind, message }) => {
+                let kind = match kind.as_str() {
+                    "not_found" => ErrorKind::NotFound,
+                    "permission_denied" => ErrorKind::InvalidRequest,
+                    _ => ErrorKind::Unknown,
+                };
+                return Err(err(kind, message));
+            }
+            supervise::Outcome::Exit(Exit::BadRequest { message }) => {
+                return Err(err(
+                    ErrorKind::InvalidRequest,
+                    format!("supervisor refused the request: {message}"),
+                ))
+            }
+            supervise::Outcome::Lost(reason) => ExitStatus::Unknown { reason },
+        };
+        Ok((status, took))
+    }
+
+    /// Explains why the supervisor cannot be reached, from the container's state.
+    async fn unreachable_supervisor(
+        &self,
+        id: &NativeId,
+        connect: std::io::Error,
+    ) -> ProviderError {
+        match self.inspect(&id.0).await {
+            Ok(None) => err(ErrorKind::NotFound, format!("no sandbox `{}`", id.0)),
+            Ok(Some(info)) if info.state.paused || info.state.status != "running" => err(
+                ErrorKind::Conflict,
+                format!(
+                    "sandbox `{}` is {}; start or resume it before exec",
+                    id.0,
+                    raw_state(&info.state.status, info.state.paused)
+                ),
+            ),
+            Ok(Some(_)) => err(
+                ErrorKind::Unavailable,
+                format!("the supervisor in `{}` does not answer", id.0),
+            )
+            .with_source(connect),
+            Err(e) => e,
+        }
+    }
+
+    async fn settle(&self, id: &NativeId, want: CanonicalState) -> Result<Transition> {
+        match self.inspect(&id.0).await? {
+            None => Err(err(ErrorKind::NotFound, format!("no sandbox `{}`", id.0))),
+            Some(info) => {
+                let state = canonical_state(&info.state.status, info.state.paused);
+                Ok(if state == want {
+                    Transition::Settled { state }
+                } else {
+                    Transition::Accepted {
+                        raw_state: raw_state(&info.state.status, info.state.paused),
+                    }
+                })
+            }
+        }
+    }
+
+    async fn commit(&self, id: &NativeId, tag: &str) -> Result<String> {
+        #[derive(Deserialize)]
+        struct Committed {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        let committed: Committed = self
+            .engine
+            .json(
+                Method::POST,
+                &format!(
+                    "/commit?container={}&repo=berth-snapshot&tag={}&pause=true",
+                    query_escape(&id.0),
+                    query_escape(tag)
+                ),
+                Some(serde_json::json!({})),
+            )
+            .await?;
+        Ok(committed.id)
+    }
+
+    async fn archive_get(&self, id: &NativeId, path: &Path) -> Result<Vec<u8>> {
+        let uri = format!(
+            "/containers/{}/archive?path={}",
+            query_escape(&id.0),
+            query_escape(&path.to_string_lossy())
+        );
+        let response = self.engine.request(Method::GET, &uri, None).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Err(err(
+                ErrorKind::NotFound,
+                format!("`{}` does not exist in sandbox `{}`", path.display(), id.0),
+            ));
+        }
+        Ok(engine::ok(&uri, response)?.body.to_vec())
+    }
+}
+
+/// Strips the 8-byte multiplexing headers of a non-TTY log stream.
+fn demux_logs(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while raw.len() >= 8 {
+        let len = u32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]) as usize;
+        let end = (8 + len).min(raw.len());
+        out.extend_from_slice(&raw[8..end]);
+        raw = &raw[end..];
+    }
+    out
+}
+
+#[async_trait]
+impl Provider for DockerProvider {
+    fn id(&self) -> &str {
+        PROVIDER_ID
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<Created> {
+        let image = req.image.as_deref().ok_or_else(|| {
+            err(
+                ErrorKind::InvalidRequest,
+                "a docker sandbox needs an image (e.g. --image berth/agent:bookworm); berth never \
+                 picks one for you",
+            )
+        })?;
+        self.image_present(image).await?;
+        self.create_container(req, image, BTreeMap::new()).await
+    }
+
+    async fn observe(&self, id: &NativeId) -> Result<Observation> {
+        Ok(match self.inspect(&id.0).await? {
+            None => Observation::Absent,
+            Some(info) => Observation::Present {
+                state: canonical_state(&info.state.status, info.state.paused),
+                raw: raw_state(&info.state.status, info.state.paused),
+                soft_deleted: false,
+                labels: info.config.labels.unwrap_or_default(),
+            },
+        })
+    }
+
+    async fn exec(&self, id: &NativeId, req: &ExecRequest) -> Result<ExecOutput> {
+        let cap = req.max_output_bytes;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let (mut stdout_total, mut stderr_total) = (0u64, 0u64);
+        let (status, duration) = self
+            .run(id, req, |stream, bytes| {
+                let (kept, total) = match stream {
+                    berth_contract::Stream::Stdout => (&mut stdout, &mut stdout_total),
+                    berth_contract::Stream::Stderr => (&mut stderr, &mut stderr_total),
+                };
+                *total += bytes.len() as u64;
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            })
+            .await?;
+        Ok(ExecOutput {
+            status,
+            stdout,
+            stderr: Some(stderr),
+            stdout_total,
+            stderr_total: Some(stderr_total),
+            duration,
+        })
+    }
+
+    async fn destroy(&self, id: &NativeId) -> Result<DestroyOutcome> {
+        let labels = match self.inspect(&id.0).await? {
+            None => {
+                let _ = std::fs::remove_dir_all(self.run_dir(&id.0)?);
+                return Ok(DestroyOutcome::VerifiedGone {
+                    already_absent: true,
+                });
+            }
+            Some(info) => info.config.labels.unwrap_or_default(),
+        };
+        self.engine
+            .expect(
+                Method::DELETE,
+                &format!("/containers/{}?force=true&v=true", query_escape(&id.0)),
+                None,
+                &[StatusCode::NOT_FOUND],
+            )
+            .await?;
+        if let Some(image) = labels.get(FORK_IMAGE_LABEL) {
+            // The fork's private image; another container may still use it (then 409: kept).
+            let _ = self
+                .engine
+                .request(
+                    Method::DELETE,
+                    &format!("/images/{}", query_escape(image)),
+                    None,
+                )
+                .await;
+        }
+        let _ = std::fs::remove_dir_all(self.run_dir(&id.0)?);
+        match self.inspect(&id.0).await? {
+            None => Ok(DestroyOutcome::VerifiedGone {
+                already_absent: false,
+            }),
+            Some(info) => Ok(DestroyOutcome::Accepted {
+                raw_state: raw_state(&info.state.status, info.state.paused),
+            }),
+        }
+    }
+
+    fn streaming(&self) -> Option<&dyn StreamingExec> {
+        Some(self)
+    }
+    fn files(&self) -> Option<&dyn Files> {
+        Some(self)
+    }
+    fn stop_start(&self) -> Option<&dyn StopStart> {
+        Some(self)
+    }
+    fn suspend_resume(&self) -> Option<&dyn SuspendResume> {
+        Some(self)
+    }
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
+    }
+    fn fork(&self) -> Option<&dyn Fork> {
+        Some(self)
+    }
+    fn listing(&self) -> Option<&dyn Listing> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl StreamingExec for DockerProvider {
+    async fn exec_streaming(
+        &self,
+        id: &NativeId,
+        req: &ExecRequest,
+        sink: &mut dyn OutputSink,
+    ) -> Result<ExecSummary> {
+        let (mut stdout_total, mut stderr_total) = (0u64, 0u64);
+        let (status, duration) = self
+            .run(id, req, |stream, bytes| {
+                match stream {
+                    berth_contract::Stream::Stdout => stdout_total += bytes.len() as u64,
+                    berth_contract::Stream::Stderr => stderr_total += bytes.len() as u64,
+                }
+                sink.chunk(stream, bytes);
+            })
+            .await?;
+        Ok(ExecSummary {
+            status,
+            stdout_total,
+            stderr_total: Some(stderr_total),
+            duration,
+        })
+    }
+}
+
+#[async_trait]
+impl Files for DockerProvider {
+    async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>> {
+        let mut full = container_path(path)?;
+        // Follow a final symlink a few times, inside the container's filesystem.
+        for _ in 0..8 {
+            let tar = self.archive_get(id, &full).await?;
+            let mut archive = tar::Archive::new(&tar[..]);
+            let mut entries = archive
+                .entries()
+                .map_err(|e| io_err("read the archive", e))?;
+            let mut entry = match entries.next() {
+                Some(entry) => entry.map_err(|e| io_err("read the archive", e))?,
+                None => {
+                    return Err(err(
+                        ErrorKind::Unknown,
+                        format!("empty archive for `{path}`"),
+                    ))
+                }
+            };
+            match entry.header().entry_type() {
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let mut bytes = Vec::new();
+                    entry
+                        .read_to_end(&mut bytes)
+                        .map_err(|e| io_err("read the archive", e))?;
+                    return Ok(bytes);
+                }
+                tar::EntryType::Directory => {
+                    return Err(err(
+                        ErrorKind::InvalidRequest,
+                        format!("`{path}` is a directory, not a file"),
+                    ))
+                }
+                tar::EntryType::Symlink => {
+                    let target = entry
+                        .link_name()
+                        .map_err(|e| io_err("read the archive", e))?
+                        .ok_or_else(|| err(ErrorKind::Unknown, "symlink without target"))?
+                        .into_owned();
+                    full = full.parent().unwrap_or(Path::new("/")).join(target);
+                    if full.components().any(|c| c == Component::ParentDir) {
+                        // Let the engine resolve `..` inside the container's root.
+                        full = full.components().collect();
+                    }
+                }
+                other => {
+                    return Err(err(
+                        ErrorKind::InvalidRequest,
+                        format!("`{path}` is not a regular file ({other:?})"),
+                    ))
+                }
+            }
+        }
+        Err(err(
+            ErrorKind::InvalidRequest,
+            format!("`{path}`: too many levels of symlinks"),
+        ))
+    }
+
+    async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
+        let full = container_path(path)?;
+        let (Some(parent), Some(name)) = (full.parent(), full.file_name()) else {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!("`{path}` names no file"),
+            ));
+        };
+        // Parents first, through the supervisor, so the archive never rewrites an existing
+        // directory's mode.
+        let mkdir = ExecRequest::argv(["mkdir", "-p", "--", &parent.to_string_lossy()]);
+        let made = self.exec(id, &mkdir).await?;
+        if !made.status.success() {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!(
+                    "cannot create `{}`: {}",
+                    parent.display(),
+                    String::from_utf8_lossy(made.stderr.as_deref().unwrap_or_default()).trim()
+                ),
+            ));
+        }
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        );
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, name, bytes)
+            .map_err(|e| io_err("build the archive", e))?;
+        let tar = builder
+            .into_inner()
+            .map_err(|e| io_err("build the archive", e))?;
+        self.engine
+            .expect(
+                Method::PUT,
+                &format!(
+                    "/containers/{}/archive?path={}",
+                    query_escape(&id.0),
+                    query_escape(&parent.to_string_lossy())
+                ),
+                Some(("application/x-tar", tar)),
+                &[],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
+        let full = container_path(path)?;
+        let tar = self.archive_get(id, &full).await?;
+        let mut archive = tar::Archive::new(&tar[..]);
+        let mut entries = Vec::new();
+        for entry in archive
+            .entries()
+            .map_err(|e| io_err("read the archive", e))?
+        {
+            let entry = entry.map_err(|e| io_err("read the archive", e))?;
+            let entry_path = entry
+                .path()
+                .map_err(|e| io_err("read the archive", e))?
+                .into_owned();
+            // Entries are `<dir name>/<child>…`; keep direct children only.
+            let parts: Vec<_> = entry_path.components().collect();
+            if parts.len() != 2 {
+                if parts.len() == 1 && entry.header().entry_type() != tar::EntryType::Directory {
+                    return Err(err(
+                        ErrorKind::InvalidRequest,
+                        format!("`{path}` is not a directory"),
+                    ));
+                }
+                continue;
+            }
+            let kind = match entry.header().entry_type() {
+                tar::EntryType::Regular | tar::EntryType::Continuous => FileKind::File,
+                tar::EntryType::Directory => FileKind::Dir,
+                tar::EntryType::Symlink => FileKind::Symlink,
+                _ => FileKind::Other,
+            };
+            entries.push(FileEntry {
+                name: parts[1].as_os_str().to_string_lossy().into_owned(),
+                kind,
+                size: if kind == FileKind::File {
+                    entry.header().size().unwrap_or(0)
+                } else {
+                    0
+                },
+            });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+}
+
+#[async_trait]
+impl StopStart for DockerProvider {
+    async fn stop(&self, id: &NativeId) -> Result<Transition> {
+        self.engine
+            .expect(
+                Method::POST,
+                &format!(
+                    "/containers/{}/stop?t={}",
+                    query_escape(&id.0),
+                    self.config.stop_timeout_secs
+                ),
+                None,
+                &[StatusCode::NOT_MODIFIED],
+            )
+            .await?;
+        self.settle(id, CanonicalState::Stopped).await
+    }
+
+    async fn start(&self, id: &NativeId) -> Result<Transition> {
+        self.engine
+            .expect(
+                Method::POST,
+                &format!("/containers/{}/start", query_escape(&id.0)),
+                None,
+                &[StatusCode::NOT_MODIFIED],
+            )
+            .await?;
+        self.wait_ready(&id.0).await?;
+        self.settle(id, CanonicalState::Running).await
+    }
+}
+
+#[async_trait]
+impl SuspendResume for DockerProvider {
+    async fn suspend(&self, id: &NativeId) -> Result<Transition> {
+        self.engine
+            .expect(
+                Method::POST,
+                &format!("/containers/{}/pause", query_escape(&id.0)),
+                None,
+                &[],
+            )
+            .await?;
+        self.settle(id, CanonicalState::Suspended).await
+    }
+
+    async fn resume(&self, id: &NativeId) -> Result<Transition> {
+        self.engine
+            .expect(
+                Method::POST,
+                &format!("/containers/{}/unpause", query_escape(&id.0)),
+                None,
+                &[],
+            )
+            .await?;
+        self.settle(id, CanonicalState::Running).await
+    }
+}
+
+fn snapshot_tag(id: &NativeId) -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    format!("{}-{millis}", id.0)
+}
+
+#[async_trait]
+impl Snapshots for DockerProvider {
+    async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {
+        let image = self.commit(id, &snapshot_tag(id)).await?;
+        #[derive(Deserialize)]
+        struct ImageInfo {
+            #[serde(rename = "Size")]
+            size: Option<u64>,
+        }
+        let size = self
+            .engine
+            .json::<ImageInfo>(
+                Method::GET,
+                &format!("/images/{}/json", query_escape(&image)),
+                None,
+            )
+            .await
+            .ok()
+            .and_then(|i| i.size);
+        Ok(SnapshotRef {
+            handle: image,
+            kind: SnapshotHandleKind::Digest,
+            size_bytes: size,
+        })
+    }
+
+    async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {
+        self.image_present(&snapshot.handle).await?;
+        self.create_container(req, &snapshot.handle, BTreeMap::new())
+            .await
+    }
+
+    async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()> {
+        self.engine
+            .expect(
+                Method::DELETE,
+                &format!("/images/{}", query_escape(&snapshot.handle)),
+                None,
+                &[StatusCode::NOT_FOUND],
+            )
+            .await
+            .map(|_| ())
+    }
+}
+
+#[async_trait]
+impl Fork for DockerProvider {
+    async fn fork(&self, id: &NativeId, req: &CreateRequest) -> Result<Created> {
+        let image = self
+            .commit(id, &format!("fork-{}", snapshot_tag(id)))
+            .await?;
+        let labels = BTreeMap::from([(FORK_IMAGE_LABEL.to_owned(), image.clone())]);
+        match self.create_container(req, &image, labels).await {
+            Ok(created) => Ok(created),
+            Err(e) => {
+                let _ = self
+                    .engine
+                    .request(
+                        Method::DELETE,
+                        &format!("/images/{}", query_escape(&image)),
+                        None,
+                    )
+                    .await;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Listing for DockerProvider {
+    async fn list(&self, filter: &LabelFilter) -> Result<Vec<Listed>> {
+        let mut labels = vec![berth_contract::labels::OWNER.to_owned()];
+        if let Some(owner) = &filter.owner {
+            labels[0] = format!("{}={owner}", berth_contract::labels::OWNER);
+        }
+        if let Some(run) = &filter.run_id {
+            labels.push(format!("{}={run}", berth_contract::labels::RUN));
+        }
+        let filters = serde_json::json!({ "label": labels }).to_string();
+        #[derive(Deserialize)]
+        struct Summary {
+            #[serde(rename = "Names", default)]
+            names: Vec<String>,
+            #[serde(rename = "State", default)]
+            state: String,
+            #[serde(rename = "Labels", default)]
+            labels: Option<BTreeMap<String, String>>,
+        }
+        let containers: Vec<Summary> = self
+            .engine
+            .json(
+                Method::GET,
+                &format!(
+                    "/containers/json?all=true&filters={}",
+                    query_escape(&filters)
+                ),
+                None,
+            )
+            .await?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let name = c.names.first()?.trim_start_matches('/').to_owned();
+                let labels = c.labels.unwrap_or_default();
+                filter.matches(&labels).then(|| Listed {
+                    native_id: NativeId(name),
+                    observation: Observation::Present {
+                        state: canonical_state(&c.state, false),
+                        raw: c.state.clone(),
+                        soft_deleted: false,
+                        labels,
+                    },
+                })
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_map_with_paused_first() {
+        assert_eq!(canonical_state("running", false), CanonicalState::Running);
+        assert_eq!(canonical_state("running", true), CanonicalState::Suspended);
+        assert_eq!(canonical_state("paused", false), CanonicalState::Suspended);
+        assert_eq!(canonical_state("exited", false), CanonicalState::Stopped);
+        assert_eq!(canonical_state("created", false), CanonicalState::Creating);
+        assert_eq!(canonical_state("dead", false), CanonicalState::Failed);
+        assert_eq!(canonical_state("removing", false), CanonicalState::Stopping);
+        assert_eq!(
+            canonical_state("zombie-ish", false),
+            CanonicalState::Unknown
+        );
+        assert_eq!(raw_state("running", true), "running+paused");
+    }
+
+    #[test]
+    fn container_paths_stay_rooted_and_refuse_dot_dot() {
+        assert_eq!(
+            container_path("a/b").unwrap(),
+            PathBuf::from("/workspace/a/b")
+        );
+        assert_eq!(
+            container_path("./a").unwrap(),
+            PathBuf::from("/workspace/a")
+        );
+        assert_eq!(
+            container_path("/etc/hosts").unwrap(),
+            PathBuf::from("/etc/hosts")
+        );
+        for bad in ["../x", "a/../../b", "/workspace/../etc/shadow", "a\0b"] {
+            assert_eq!(
+                container_path(bad).unwrap_err().kind(),
+                ErrorKind::InvalidRequest,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn query_values_are_escaped() {
+        assert_eq!(query_escape("/work space/a&b"), "/work%20space/a%26b");
+        assert_eq!(
+            query_escape("{\"label\":[\"a=b\"]}"),
+            "%7B%22label%22%3A%5B%22a%3Db%22%5D%7D"
+        );
+    }
+
+    #[test]
+    fn log_frames_are_demultiplexed() {
+        let mut raw = vec![1, 0, 0, 0, 0, 0, 0, 3];
+        raw.extend_from_slice(b"abc");
+        raw.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0, 2]);
+        raw.extend_from_slice(b"de");
+        assert_eq!(demux_logs(&raw), b"abcde");
+    }
+}

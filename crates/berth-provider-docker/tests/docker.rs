@@ -1,0 +1,506 @@
+//! Live tests of the docker provider against a real `dockerd` and the reference image
+//! (`scripts/build-agent-image.sh`, or `BERTH_TEST_IMAGE`). They fail when the engine is not
+//! reachable; set `BERTH_SKIP_DOCKER=1` to skip them explicitly.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use berth_contract::{
+    CanonicalState, CreateRequest, DestroyOutcome, ErrorKind, ExecOutput, ExecRequest, ExitStatus,
+    FileKind, LabelFilter, Labels, NativeId, Observation, Provider, ProviderExt, SandboxName,
+    Transition,
+};
+use berth_provider_docker::{DockerConfig, DockerProvider};
+
+fn image() -> String {
+    std::env::var("BERTH_TEST_IMAGE").unwrap_or_else(|_| "berth/agent:bookworm".into())
+}
+
+fn supervisor() -> PathBuf {
+    // Integration tests live in target/<profile>/deps; cargo builds workspace binaries into
+    // target/<profile> before running tests.
+    let exe = std::env::current_exe().unwrap();
+    let candidate = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("berth-supervisor");
+    if !candidate.is_file() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "berth-supervisor"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "cannot build berth-supervisor");
+    }
+    candidate
+}
+
+struct Fixture {
+    _state: tempfile::TempDir,
+    docker: DockerProvider,
+    run: String,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // Leave nothing running, whatever the test did.
+        let ids = std::process::Command::new("docker")
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=berth.run={}", self.run),
+            ])
+            .output();
+        if let Ok(ids) = ids {
+            let ids = String::from_utf8_lossy(&ids.stdout);
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let _ = std::process::Command::new("docker")
+                    .arg("rm")
+                    .arg("-f")
+                    .args(&ids)
+                    .output();
+            }
+        }
+    }
+}
+
+async fn fixture(test: &str) -> Option<Fixture> {
+    let state = tempfile::Builder::new()
+        .prefix("berth-test-docker-")
+        .tempdir()
+        .unwrap();
+    let config = DockerConfig {
+        kill_grace: Duration::from_millis(300),
+        ..DockerConfig::new(
+            state.path().to_owned(),
+            PathBuf::from("/var/run/docker.sock"),
+            supervisor(),
+        )
+    };
+    match DockerProvider::connect(config).await {
+        Ok(docker) => Some(Fixture {
+            _state: state,
+            docker,
+            run: format!("test-{test}-{}", std::process::id()),
+        }),
+        Err(err) if std::env::var_os("BERTH_SKIP_DOCKER").is_some() => {
+            eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): {err}");
+            None
+        }
+        Err(err) => panic!("{err}; these tests need a running dockerd (set BERTH_SKIP_DOCKER=1 to skip explicitly)"),
+    }
+}
+
+impl Fixture {
+    fn request(&self, name: &str) -> CreateRequest {
+        let mut req = CreateRequest::new(
+            SandboxName(format!("{name}-{}", std::process::id())),
+            Labels {
+                owner: "berth-test".into(),
+                run_id: self.run.clone(),
+                ledger_token: format!("tok-{name}"),
+                expires_at_unix: None,
+            },
+        );
+        req.image = Some(image());
+        req
+    }
+
+    async fn create(&self, name: &str) -> NativeId {
+        self.docker
+            .create(&self.request(name))
+            .await
+            .unwrap()
+            .native_id
+    }
+
+    async fn sh(&self, id: &NativeId, line: &str) -> ExecOutput {
+        self.docker
+            .exec(id, &ExecRequest::shell(line))
+            .await
+            .unwrap()
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn lifecycle_with_labels_no_network_and_verified_destroy() {
+    let Some(f) = fixture("life").await else {
+        return;
+    };
+    let id = f.create("bx-dk-life").await;
+    match f.docker.observe(&id).await.unwrap() {
+        Observation::Present {
+            state, raw, labels, ..
+        } => {
+            assert_eq!(state, CanonicalState::Running);
+            assert_eq!(raw, "running");
+            assert_eq!(labels.get("berth.owner").unwrap(), "berth-test");
+            assert_eq!(labels.get("berth.ledger").unwrap(), "tok-bx-dk-life");
+        }
+        other => panic!("{other:?}"),
+    }
+    let out = f
+        .sh(
+            &id,
+            "echo out; echo err >&2; pwd; echo $HOME; ls /sys/class/net; exit 7",
+        )
+        .await;
+    assert_eq!(out.status, ExitStatus::Exited { code: 7 });
+    assert_eq!(text(&out.stdout), "out\n/workspace\n/workspace\nlo\n");
+    assert_eq!(text(out.stderr.as_deref().unwrap()), "err\n");
+    let argv = f
+        .docker
+        .exec(&id, &ExecRequest::argv(["printf", "%s|", "a b", "$HOME"]))
+        .await
+        .unwrap();
+    assert_eq!(text(&argv.stdout), "a b|$HOME|");
+    let missing = f
+        .docker
+        .exec(&id, &ExecRequest::argv(["no-such-program-4711"]))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+    assert_eq!(
+        f.docker.destroy(&id).await.unwrap(),
+        DestroyOutcome::VerifiedGone {
+            already_absent: false
+        }
+    );
+    assert_eq!(f.docker.observe(&id).await.unwrap(), Observation::Absent);
+    assert_eq!(
+        f.docker.destroy(&id).await.unwrap(),
+        DestroyOutcome::VerifiedGone {
+            already_absent: true
+        }
+    );
+    let gone = f
+        .docker
+        .exec(&id, &ExecRequest::shell("true"))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
+}
+
+#[tokio::test]
+async fn timeout_kills_the_process_tree_inside_the_container() {
+    let Some(f) = fixture("timeout").await else {
+        return;
+    };
+    let id = f.create("bx-dk-timeout").await;
+    let started = Instant::now();
+    let out = f
+        .docker
+        .exec(
+            &id,
+            &ExecRequest::shell("trap '' TERM; sleep 60 & echo $! > /tmp/child; sleep 60")
+                .with_timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let check = f
+        .sh(
+            &id,
+            "sleep 0.2; pid=$(cat /tmp/child); test -d /proc/$pid && echo alive || echo gone",
+        )
+        .await;
+    assert_eq!(text(&check.stdout), "gone\n");
+    // A caller that gives up mid-exec takes the command with it.
+    let leader = ExecRequest::shell("echo $$ > /tmp/leader; sleep 60");
+    let slow = f.docker.exec(&id, &leader);
+    assert!(tokio::time::timeout(Duration::from_millis(700), slow)
+        .await
+        .is_err());
+    let check = f
+        .sh(
+            &id,
+            "sleep 0.3; pid=$(cat /tmp/leader); test -d /proc/$pid && echo alive || echo gone",
+        )
+        .await;
+    assert_eq!(text(&check.stdout), "gone\n");
+    f.docker.destroy(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn files_through_the_archive_api_are_binary_safe_and_confined() {
+    let Some(f) = fixture("files").await else {
+        return;
+    };
+    let id = f.create("bx-dk-files").await;
+    let files = f.docker.require_files().unwrap();
+    let blob: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    files.write(&id, "deep/dir/blob.bin", &blob).await.unwrap();
+    assert_eq!(
+        files
+            .read(&id, "/workspace/deep/dir/blob.bin")
+            .await
+            .unwrap(),
+        blob
+    );
+    let seen = f.sh(&id, "wc -c < deep/dir/blob.bin").await;
+    assert_eq!(text(&seen.stdout).trim(), "300000");
+    f.sh(&id, "ln -s deep/dir/blob.bin link").await;
+    assert_eq!(files.read(&id, "link").await.unwrap(), blob);
+    let listing = files.list(&id, ".").await.unwrap();
+    let names: Vec<_> = listing.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+    assert_eq!(
+        names,
+        vec![("deep", FileKind::Dir), ("link", FileKind::Symlink)]
+    );
+    assert!(files
+        .read(&id, "/etc/os-release")
+        .await
+        .unwrap()
+        .starts_with(b"PRETTY_NAME"));
+    for bad in ["../etc/passwd", "/workspace/../etc/shadow"] {
+        let e = files.read(&id, bad).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{bad}");
+        let e = files.write(&id, bad, b"x").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{bad}");
+    }
+    assert_eq!(
+        files.read(&id, "nope").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        files.read(&id, "deep").await.unwrap_err().kind(),
+        ErrorKind::InvalidRequest
+    );
+    f.docker.destroy(&id).await.unwrap();
+}
+
+async fn init_start_time(f: &Fixture, id: &NativeId) -> String {
+    text(&f.sh(id, "cut -d' ' -f22 /proc/1/stat").await.stdout)
+}
+
+#[tokio::test]
+async fn stop_start_is_cold_and_suspend_resume_keeps_processes() {
+    let Some(f) = fixture("power").await else {
+        return;
+    };
+    let id = f.create("bx-dk-power").await;
+    f.sh(&id, "echo kept > note").await;
+    let before = init_start_time(&f, &id).await;
+
+    let suspended = f
+        .docker
+        .require_suspend_resume()
+        .unwrap()
+        .suspend(&id)
+        .await
+        .unwrap();
+    assert_eq!(
+        suspended,
+        Transition::Settled {
+            state: CanonicalState::Suspended
+        }
+    );
+    let touch = ExecRequest::shell("touch ran-while-paused");
+    let blocked = tokio::time::timeout(Duration::from_secs(10), f.docker.exec(&id, &touch))
+        .await
+        .expect("exec on a paused sandbox answers promptly")
+        .unwrap_err();
+    assert_eq!(blocked.kind(), ErrorKind::Conflict, "{blocked}");
+    let resumed = f
+        .docker
+        .require_suspend_resume()
+        .unwrap()
+        .resume(&id)
+        .await
+        .unwrap();
+    assert_eq!(
+        resumed,
+        Transition::Settled {
+            state: CanonicalState::Running
+        }
+    );
+    assert_eq!(
+        init_start_time(&f, &id).await,
+        before,
+        "pause/unpause keeps processes"
+    );
+    let ran = f
+        .sh(
+            &id,
+            "sleep 0.3; test -e ran-while-paused && echo ran || echo never",
+        )
+        .await;
+    assert_eq!(
+        text(&ran.stdout),
+        "never\n",
+        "a refused exec must not run after resume"
+    );
+
+    let stopped = f
+        .docker
+        .require_stop_start()
+        .unwrap()
+        .stop(&id)
+        .await
+        .unwrap();
+    assert_eq!(
+        stopped,
+        Transition::Settled {
+            state: CanonicalState::Stopped
+        }
+    );
+    let refused = f
+        .docker
+        .exec(&id, &ExecRequest::shell("true"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Conflict, "{refused}");
+    let started = f
+        .docker
+        .require_stop_start()
+        .unwrap()
+        .start(&id)
+        .await
+        .unwrap();
+    assert_eq!(
+        started,
+        Transition::Settled {
+            state: CanonicalState::Running
+        }
+    );
+    assert_ne!(
+        init_start_time(&f, &id).await,
+        before,
+        "stop/start restarts processes"
+    );
+    assert_eq!(
+        text(&f.sh(&id, "cat note").await.stdout),
+        "kept\n",
+        "filesystem kept"
+    );
+    f.docker.destroy(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn snapshot_restore_and_fork_through_commit() {
+    let Some(f) = fixture("snap").await else {
+        return;
+    };
+    let id = f.create("bx-dk-src").await;
+    f.sh(&id, "echo v1 > state; git init -q repo && echo ok")
+        .await;
+    let snaps = f.docker.require_snapshots().unwrap();
+    let snap = snaps.snapshot(&id).await.unwrap();
+    assert!(snap.handle.starts_with("sha256:"), "{}", snap.handle);
+    f.sh(&id, "echo v2 > state").await;
+    let restored = snaps
+        .restore(&snap, &f.request("bx-dk-restored"))
+        .await
+        .unwrap()
+        .native_id;
+    assert_eq!(
+        text(
+            &f.sh(&restored, "cat state; test -d repo/.git && echo git")
+                .await
+                .stdout
+        ),
+        "v1\ngit\n"
+    );
+    let forked = f
+        .docker
+        .require_fork()
+        .unwrap()
+        .fork(&id, &f.request("bx-dk-fork"))
+        .await
+        .unwrap()
+        .native_id;
+    assert_eq!(text(&f.sh(&forked, "cat state").await.stdout), "v2\n");
+    f.sh(&forked, "echo mine > state").await;
+    assert_eq!(text(&f.sh(&id, "cat state").await.stdout), "v2\n");
+    for sandbox in [&id, &restored, &forked] {
+        f.docker.destroy(sandbox).await.unwrap();
+    }
+    snaps.delete_snapshot(&snap).await.unwrap();
+    snaps.delete_snapshot(&snap).await.unwrap();
+    let err = snaps
+        .restore(&snap, &f.request("bx-dk-never"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test]
+async fn listing_sees_only_labelled_containers_and_missing_images_are_never_pulled() {
+    let Some(f) = fixture("list").await else {
+        return;
+    };
+    let id = f.create("bx-dk-list").await;
+    let listed = f
+        .docker
+        .require_listing()
+        .unwrap()
+        .list(&LabelFilter {
+            owner: Some("berth-test".into()),
+            run_id: Some(f.run.clone()),
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].native_id, id);
+    f.docker.destroy(&id).await.unwrap();
+    let after = f
+        .docker
+        .require_listing()
+        .unwrap()
+        .list(&LabelFilter {
+            owner: None,
+            run_id: Some(f.run.clone()),
+        })
+        .await
+        .unwrap();
+    assert!(after.is_empty(), "destroyed container still listed");
+
+    let mut req = f.request("bx-dk-noimage");
+    req.image = Some("berth/definitely-missing:never".into());
+    let err = f.docker.create(&req).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("never pulls"), "{err}");
+    req.image = None;
+    assert_eq!(
+        f.docker.create(&req).await.unwrap_err().kind(),
+        ErrorKind::InvalidRequest
+    );
+}
+
+#[tokio::test]
+async fn exec_env_values_stay_out_of_container_config_and_argv() {
+    let Some(f) = fixture("env").await else {
+        return;
+    };
+    let id = f.create("bx-dk-env").await;
+    let canary = format!("canary-{}-docker", std::process::id());
+    let out = f
+        .docker
+        .exec(
+            &id,
+            &ExecRequest::shell("test \"$TOKEN\" = \"$EXPECT\" && echo same")
+                .with_env("TOKEN", canary.clone())
+                .with_env("EXPECT", canary.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&out.stdout), "same\n");
+    let inspect = std::process::Command::new("docker")
+        .args(["inspect", &id.0])
+        .output()
+        .unwrap();
+    assert!(inspect.status.success());
+    assert!(
+        !text(&inspect.stdout).contains(&canary),
+        "secret in container config"
+    );
+    f.docker.destroy(&id).await.unwrap();
+}
