@@ -12,6 +12,8 @@ const CANARY: &str = "canary-9f2c1e-do-not-leak";
 
 struct Home {
     dir: tempfile::TempDir,
+    /// Owners this test acted as; each is swept when the test ends.
+    owners: std::cell::RefCell<std::collections::BTreeSet<String>>,
 }
 
 impl Home {
@@ -21,6 +23,7 @@ impl Home {
                 .prefix("berth-test-cli-")
                 .tempdir()
                 .unwrap(),
+            owners: Default::default(),
         }
     }
 
@@ -29,6 +32,7 @@ impl Home {
     }
 
     fn command(&self, owner: &str, args: &[&str]) -> Command {
+        self.owners.borrow_mut().insert(owner.to_owned());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
         cmd.args(args)
             .env("BERTH_HOME", self.path())
@@ -98,9 +102,10 @@ impl Home {
 
 impl Drop for Home {
     fn drop(&mut self) {
-        // Leave nothing running: sweep for every owner the tests use.
-        for owner in ["tester", "alice", "bob"] {
-            let _ = self.run_as(owner, &["ledger", "sweep"]);
+        // Leave nothing running: sweep for every owner this test acted as.
+        let owners: Vec<String> = self.owners.borrow().iter().cloned().collect();
+        for owner in owners {
+            let _ = self.run_as(&owner, &["ledger", "sweep"]);
         }
     }
 }
@@ -579,4 +584,196 @@ fn providers_and_schema_are_machine_readable() {
     )
     .unwrap();
     assert_eq!(text(&out.stdout), published);
+}
+
+/// Docker is shared by every test on the machine and sweeps discover by owner label, so each
+/// docker test acts as an owner of its own.
+///
+/// Docker-backed CLI tests need a running engine and the reference image; they fail without
+/// them unless `BERTH_SKIP_DOCKER=1` says to skip explicitly.
+fn docker_ready() -> bool {
+    let engine = Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .output();
+    let image = std::env::var("BERTH_TEST_IMAGE").unwrap_or_else(|_| "berth/agent:bookworm".into());
+    let has_image = Command::new("docker")
+        .args(["image", "inspect", &image])
+        .output();
+    let ok = matches!(engine, Ok(ref o) if o.status.success())
+        && matches!(has_image, Ok(ref o) if o.status.success());
+    if ok {
+        // `berth` finds the supervisor next to itself; make sure cargo built it.
+        let supervisor = Path::new(env!("CARGO_BIN_EXE_berth")).with_file_name("berth-supervisor");
+        if !supervisor.is_file() {
+            let built = Command::new(env!("CARGO"))
+                .args(["build", "-p", "berth-supervisor"])
+                .status();
+            assert!(
+                matches!(built, Ok(s) if s.success()),
+                "cannot build berth-supervisor"
+            );
+        }
+        return true;
+    }
+    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or image {image}");
+        return false;
+    }
+    panic!("docker engine or image {image} missing; run scripts/test (or set BERTH_SKIP_DOCKER=1 to skip explicitly)");
+}
+
+fn test_image() -> String {
+    std::env::var("BERTH_TEST_IMAGE").unwrap_or_else(|_| "berth/agent:bookworm".into())
+}
+
+fn container_exists(name: &str) -> bool {
+    Command::new("docker")
+        .args(["inspect", "--format", "{{.State.Status}}", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+struct ForeignContainer(String);
+
+impl Drop for ForeignContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.0]).output();
+    }
+}
+
+fn foreign_container(name: &str, labels: &[&str]) -> ForeignContainer {
+    let mut cmd = Command::new("docker");
+    cmd.args(["run", "-d", "--name", name, "--network", "none"]);
+    for label in labels {
+        cmd.args(["--label", label]);
+    }
+    cmd.args([&test_image(), "sleep", "300"]);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    ForeignContainer(name.to_owned())
+}
+
+#[test]
+fn docker_sigkill_leaves_a_sweepable_container_and_foreign_ones_survive() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let pid = std::process::id();
+    let unlabelled = foreign_container(&format!("berth-test-foreign-{pid}"), &[]);
+    let other_owner = foreign_container(
+        &format!("berth-test-other-owner-{pid}"),
+        &["berth.owner=someone-else", "berth.ledger=x", "berth.run=x"],
+    );
+    let image = test_image();
+    let mut child = home
+        .command(
+            "dave-sigkill",
+            &[
+                "run", "-p", "docker", "--image", &image, "--", "sleep", "60",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut id = String::new();
+    wait_for("the docker sandbox to be created and recorded", || {
+        let (_, doc) = home.json_as("dave-sigkill", &["ledger", "list"]);
+        match doc["entries"].as_array().and_then(|e| e.first()) {
+            Some(entry) if entry["state"] == "created" => {
+                id = entry["berth_id"].as_str().unwrap().to_owned();
+                true
+            }
+            _ => false,
+        }
+    });
+    // Let the command start inside the container, then kill berth outright.
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    assert!(
+        container_exists(&id),
+        "the container outlived berth, as SIGKILL allows"
+    );
+
+    let (code, doc) = home.json_as("dave-sigkill", &["ledger", "sweep"]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["complete"], true, "{doc}");
+    assert!(!container_exists(&id), "sweep left {id} behind");
+    assert_eq!(home.ledger_state("dave-sigkill", &id), "verified_gone");
+    assert!(
+        container_exists(&unlabelled.0),
+        "sweep touched a container without berth labels"
+    );
+    assert!(
+        container_exists(&other_owner.0),
+        "sweep touched another owner's container"
+    );
+    // A second sweep as another owner, with discovery, still leaves them alone.
+    let (code, _) = home.json_as("bob", &["ledger", "sweep"]);
+    assert_eq!(code, 0);
+    assert!(container_exists(&unlabelled.0) && container_exists(&other_owner.0));
+}
+
+#[test]
+fn docker_user_path_through_the_cli() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("erin-{}", std::process::id());
+    let (code, doc) = home.json_as(&me, &["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run_as(&me, &["exec", &id, "-c", "echo hi; echo oops >&2; exit 3"]);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout), text(&out.stderr)),
+        (Some(3), "hi\n".into(), "oops\n".into())
+    );
+    let local = home.path().join("in.txt");
+    std::fs::write(&local, b"payload").unwrap();
+    assert!(home
+        .run_as(
+            &me,
+            &["cp", local.to_str().unwrap(), &format!("{id}:sub/in.txt")]
+        )
+        .status
+        .success());
+    assert_eq!(
+        text(
+            &home
+                .run_as(&me, &["cp", &format!("{id}:/workspace/sub/in.txt"), "-"])
+                .stdout
+        ),
+        "payload"
+    );
+    let (code, doc) = home.json_as(&me, &["suspend", &id]);
+    assert_eq!(
+        (code, &doc["transition"]["state"]),
+        (0, &Value::from("suspended")),
+        "{doc}"
+    );
+    let (code, doc) = home.json_as(&me, &["exec", &id, "--", "true"]);
+    assert_eq!(
+        (code, &doc["error"]["kind"]),
+        (125, &Value::from("conflict")),
+        "{doc}"
+    );
+    assert_eq!(home.json_as(&me, &["resume", &id]).0, 0);
+    let (code, doc) = home.json_as(&me, &["fork", &id]);
+    assert_eq!(code, 0, "{doc}");
+    let fork = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        text(
+            &home
+                .run_as(&me, &["exec", &fork, "--", "cat", "sub/in.txt"])
+                .stdout
+        ),
+        "payload"
+    );
+    let (code, doc) = home.json_as(&me, &["destroy", &id, &fork]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(!container_exists(&id) && !container_exists(&fork));
 }

@@ -194,6 +194,8 @@ impl Registry {
         registry.register("host", construct_host);
         #[cfg(feature = "bwrap")]
         registry.register("bwrap", construct_bwrap);
+        #[cfg(feature = "docker")]
+        registry.register("docker", construct_docker);
         Ok(registry)
     }
 
@@ -375,5 +377,21 @@ fn construct_bwrap(
         config.state_dir.join("bwrap"),
         berth_provider_bwrap::BwrapConfig::default(),
     )?;
+    Ok(Arc::new(provider))
+}
+
+#[cfg(feature = "docker")]
+fn construct_docker(
+    _manifest: &ProviderManifest,
+    config: &ProviderConfig,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    use berth_provider_docker::{engine, locate_supervisor, DockerConfig, DockerProvider};
+    let socket = engine::socket_from_docker_host(config.env.get("DOCKER_HOST"))?;
+    let supervisor = locate_supervisor(config.env.get("BERTH_SUPERVISOR"))?;
+    let provider = DockerProvider::new(DockerConfig::new(
+        config.state_dir.join("docker"),
+        socket,
+        supervisor,
+    ))?;
     Ok(Arc::new(provider))
 }

@@ -8,6 +8,10 @@ pub fn embedded() -> &'static [(&'static str, &'static str)] {
             include_str!("../../../catalog/providers/bwrap.toml"),
         ),
         (
+            "catalog/providers/docker.toml",
+            include_str!("../../../catalog/providers/docker.toml"),
+        ),
+        (
             "catalog/providers/host.toml",
             include_str!("../../../catalog/providers/host.toml"),
         ),

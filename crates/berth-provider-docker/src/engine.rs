@@ -17,11 +17,17 @@ const MAX_API: (u32, u32) = (1, 43);
 /// Oldest API version this adapter needs (Docker 19.03).
 const MIN_API: (u32, u32) = (1, 40);
 
-/// A connected engine.
+/// An engine client. The API version is negotiated on first use, so constructing a client
+/// never touches the socket.
 #[derive(Debug, Clone)]
 pub struct Engine {
     socket: PathBuf,
-    version: String,
+    negotiated: std::sync::Arc<tokio::sync::OnceCell<Negotiated>>,
+}
+
+#[derive(Debug, Clone)]
+struct Negotiated {
+    prefix: String,
     server_version: String,
 }
 
@@ -58,53 +64,69 @@ pub fn socket_from_docker_host(docker_host: Option<&str>) -> Result<PathBuf> {
 }
 
 impl Engine {
-    /// Connects and negotiates the API version: the engine's own version, capped at the newest
-    /// this adapter knows. An engine older than the minimum is refused.
-    pub async fn connect(socket: &Path) -> Result<Engine> {
-        let mut engine = Engine {
+    /// A client for the engine at `socket`.
+    pub fn new(socket: &Path) -> Engine {
+        Engine {
             socket: socket.to_owned(),
-            version: String::new(),
-            server_version: String::new(),
-        };
-        #[derive(serde::Deserialize)]
-        struct Version {
-            #[serde(rename = "ApiVersion")]
-            api_version: String,
-            #[serde(rename = "Version")]
-            version: String,
+            negotiated: Default::default(),
         }
-        let version: Version = engine.json(Method::GET, "/version", None).await?;
-        let server = parse_version(&version.api_version).ok_or_else(|| {
-            ProviderError::new(
-                ErrorKind::Unknown,
-                PROVIDER_ID,
-                format!("engine reported API version `{}`", version.api_version),
-            )
-        })?;
-        if server < MIN_API {
-            return Err(ProviderError::new(
-                ErrorKind::Unavailable,
-                PROVIDER_ID,
-                format!(
-                    "engine API {} is older than the {}.{} this adapter needs",
-                    version.api_version, MIN_API.0, MIN_API.1
-                ),
-            ));
-        }
-        let (major, minor) = server.min(MAX_API);
-        engine.version = format!("/v{major}.{minor}");
-        engine.server_version = version.version;
-        Ok(engine)
     }
 
-    /// The negotiated API version, e.g. `1.41`.
-    pub fn api_version(&self) -> &str {
-        self.version.trim_start_matches("/v")
+    /// Negotiates the API version once: the engine's own version, capped at the newest this
+    /// adapter knows. An engine older than the minimum is refused.
+    async fn negotiated(&self) -> Result<&Negotiated> {
+        self.negotiated
+            .get_or_try_init(|| async {
+                #[derive(serde::Deserialize)]
+                struct Version {
+                    #[serde(rename = "ApiVersion")]
+                    api_version: String,
+                    #[serde(rename = "Version")]
+                    version: String,
+                }
+                let response = self.send(Method::GET, "/version".into(), None).await?;
+                let response = ok("/version", response)?;
+                let version: Version = serde_json::from_slice(&response.body).map_err(|e| {
+                    ProviderError::new(
+                        ErrorKind::Unknown,
+                        PROVIDER_ID,
+                        "unexpected /version answer",
+                    )
+                    .with_source(e)
+                })?;
+                let server = parse_version(&version.api_version).ok_or_else(|| {
+                    ProviderError::new(
+                        ErrorKind::Unknown,
+                        PROVIDER_ID,
+                        format!("engine reported API version `{}`", version.api_version),
+                    )
+                })?;
+                if server < MIN_API {
+                    return Err(ProviderError::new(
+                        ErrorKind::Unavailable,
+                        PROVIDER_ID,
+                        format!(
+                            "engine API {} is older than the {}.{} this adapter needs",
+                            version.api_version, MIN_API.0, MIN_API.1
+                        ),
+                    ));
+                }
+                let (major, minor) = server.min(MAX_API);
+                Ok(Negotiated {
+                    prefix: format!("/v{major}.{minor}"),
+                    server_version: version.version,
+                })
+            })
+            .await
     }
 
-    /// The engine's own version string.
-    pub fn server_version(&self) -> &str {
-        &self.server_version
+    /// The negotiated API version (e.g. `1.41`) and the engine's version.
+    pub async fn versions(&self) -> Result<(String, String)> {
+        let negotiated = self.negotiated().await?;
+        Ok((
+            negotiated.prefix.trim_start_matches("/v").to_owned(),
+            negotiated.server_version.clone(),
+        ))
     }
 
     /// Sends one request; `path` excludes the version prefix.
@@ -112,6 +134,16 @@ impl Engine {
         &self,
         method: Method,
         path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> Result<Response> {
+        let uri = format!("{}{}", self.negotiated().await?.prefix, path);
+        self.send(method, uri, body).await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        uri: String,
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<Response> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
@@ -123,7 +155,6 @@ impl Engine {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        let uri = format!("{}{}", self.version, path);
         let mut builder = Request::builder()
             .method(method)
             .uri(&uri)

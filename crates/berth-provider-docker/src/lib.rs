@@ -213,8 +213,9 @@ fn query_escape(value: &str) -> String {
 }
 
 impl DockerProvider {
-    /// Connects to the engine and checks the supervisor binary exists.
-    pub async fn connect(config: DockerConfig) -> Result<DockerProvider> {
+    /// A provider for the engine at `config.socket`. Checks the supervisor binary exists; the
+    /// engine itself is first contacted (and its API version negotiated) by the first call.
+    pub fn new(config: DockerConfig) -> Result<DockerProvider> {
         if !config.supervisor.is_file() {
             return Err(err(
                 ErrorKind::Unavailable,
@@ -226,7 +227,7 @@ impl DockerProvider {
         }
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| io_err("create the docker state dir", e))?;
-        let engine = Engine::connect(&config.socket).await?;
+        let engine = Engine::new(&config.socket);
         Ok(DockerProvider { engine, config })
     }
 

@@ -80,7 +80,11 @@ async fn fixture(test: &str) -> Option<Fixture> {
             supervisor(),
         )
     };
-    match DockerProvider::connect(config).await {
+    let ready = match DockerProvider::new(config) {
+        Ok(docker) => docker.engine().versions().await.map(|_| docker),
+        Err(err) => Err(err),
+    };
+    match ready {
         Ok(docker) => Some(Fixture {
             _state: state,
             docker,
