@@ -335,7 +335,8 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
         "round_trip_ms" => exec.berth.median_ms <= target_ms,
         _ => exec.overhead_median_ms <= target_ms,
     };
-    let cycle_meets = (args.provider == "docker").then(|| cycle.ratio_median <= DOCKER_CYCLE_RATIO);
+    let cycle_meets =
+        (args.provider == "docker").then_some(cycle.ratio_median <= DOCKER_CYCLE_RATIO);
     if app.json {
         emit(
             "bench",
