@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use berth_contract::{
-    CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
-    ExecRequest, ExecSummary, ExitStatus, FileEntry, FileKind, Files, Fork, LabelFilter, Listed,
-    Listing, NativeId, NetworkMode, Observation, OutputSink, Provider, ProviderError, Result,
-    SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec, SuspendResume,
-    Transition,
+    CanonicalState, Command, CreateRequest, Created, DestroyOutcome, DetachedExec, ErrorKind,
+    ExecOutput, ExecRequest, ExecSummary, ExitStatus, FileEntry, FileKind, Files, Fork,
+    LabelFilter, Listed, Listing, NativeId, NetworkMode, Observation, OutputSink, ProcessHandle,
+    ProcessStatus, Provider, ProviderError, Result, SnapshotHandleKind, SnapshotRef, Snapshots,
+    StopStart, StreamingExec, SuspendResume, Transition,
 };
 use berth_supervisor::{Exit, Request, PROTOCOL_VERSION};
 use hyper::{Method, StatusCode};
@@ -426,31 +426,7 @@ impl DockerProvider {
         mut on_chunk: impl FnMut(berth_contract::Stream, &[u8]),
     ) -> Result<(ExitStatus, Duration)> {
         let socket = self.socket(&id.0)?;
-        let argv = match &req.command {
-            Command::Argv(argv) if argv.is_empty() => {
-                return Err(err(ErrorKind::InvalidRequest, "empty argv: nothing to run"))
-            }
-            Command::Argv(argv) => argv.clone(),
-            Command::Shell(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
-        };
-        let cwd = match &req.cwd {
-            None => WORKSPACE.to_owned(),
-            Some(cwd) => container_path(cwd)?.to_string_lossy().into_owned(),
-        };
-        let mut env = BTreeMap::from([
-            ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
-            ("HOME".to_owned(), WORKSPACE.to_owned()),
-            ("LANG".to_owned(), "C.UTF-8".to_owned()),
-        ]);
-        for (name, value) in &req.env {
-            if name.is_empty() || name.contains('=') || name.contains('\0') {
-                return Err(err(
-                    ErrorKind::InvalidRequest,
-                    format!("`{name}` is not a valid variable name"),
-                ));
-            }
-            env.insert(name.clone(), value.clone());
-        }
+        let (argv, cwd, env) = prepare(req)?;
         let request = Request::Exec {
             v: PROTOCOL_VERSION,
             argv,
@@ -459,17 +435,7 @@ impl DockerProvider {
             timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
             grace_ms: self.config.kill_grace.as_millis() as u64,
         };
-        // A frozen (paused) container accepts connections but never answers: ping first, with
-        // a deadline, so a request is never queued to run later behind the caller's back.
-        match tokio::time::timeout(PING_DEADLINE, supervise::ping(&socket)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(connect)) => return Err(self.unreachable_supervisor(id, connect).await),
-            Err(_) => {
-                return Err(self
-                    .unreachable_supervisor(id, std::io::Error::other("ping timed out"))
-                    .await)
-            }
-        }
+        self.alive(id, &socket).await?;
         let started = Instant::now();
         let outcome = match supervise::exec(&socket, &request, &mut on_chunk).await {
             Ok(outcome) => outcome,
@@ -483,12 +449,7 @@ impl DockerProvider {
             }
             supervise::Outcome::Exit(Exit::TimedOut) => ExitStatus::TimedOut,
             supervise::Outcome::Exit(Exit::SpawnFailed { kind, message }) => {
-                let kind = match kind.as_str() {
-                    "not_found" => ErrorKind::NotFound,
-                    "permission_denied" => ErrorKind::InvalidRequest,
-                    _ => ErrorKind::Unknown,
-                };
-                return Err(err(kind, message));
+                return Err(spawn_error(&kind, message))
             }
             supervise::Outcome::Exit(Exit::BadRequest { message }) => {
                 return Err(err(
@@ -497,8 +458,34 @@ impl DockerProvider {
                 ))
             }
             supervise::Outcome::Lost(reason) => ExitStatus::Unknown { reason },
+            supervise::Outcome::Exit(other) => ExitStatus::Unknown {
+                reason: format!("supervisor answered exec with {other:?}"),
+            },
         };
         Ok((status, took))
+    }
+
+    /// A frozen (paused) container accepts connections but never answers: ping first, with a
+    /// deadline, so a request is never queued to run later behind the caller's back.
+    async fn alive(&self, id: &NativeId, socket: &Path) -> Result<()> {
+        match tokio::time::timeout(PING_DEADLINE, supervise::ping(socket)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(connect)) => Err(self.unreachable_supervisor(id, connect).await),
+            Err(_) => Err(self
+                .unreachable_supervisor(id, std::io::Error::other("ping timed out"))
+                .await),
+        }
+    }
+
+    /// One single-answer request to the supervisor of `id`.
+    async fn call(&self, id: &NativeId, request: &Request) -> Result<Exit> {
+        let socket = self.socket(&id.0)?;
+        self.alive(id, &socket).await?;
+        match supervise::call(&socket, request).await {
+            Ok(supervise::Outcome::Exit(exit)) => Ok(exit),
+            Ok(supervise::Outcome::Lost(reason)) => Err(err(ErrorKind::Unavailable, reason)),
+            Err(connect) => Err(self.unreachable_supervisor(id, connect).await),
+        }
     }
 
     /// Explains why the supervisor cannot be reached, from the container's state.
@@ -578,6 +565,45 @@ impl DockerProvider {
         }
         Ok(engine::ok(&uri, response)?.body.to_vec())
     }
+}
+
+/// The argv, working directory and complete environment the supervisor runs a request with.
+fn prepare(req: &ExecRequest) -> Result<(Vec<String>, String, BTreeMap<String, String>)> {
+    let argv = match &req.command {
+        Command::Argv(argv) if argv.is_empty() => {
+            return Err(err(ErrorKind::InvalidRequest, "empty argv: nothing to run"))
+        }
+        Command::Argv(argv) => argv.clone(),
+        Command::Shell(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+    };
+    let cwd = match &req.cwd {
+        None => WORKSPACE.to_owned(),
+        Some(cwd) => container_path(cwd)?.to_string_lossy().into_owned(),
+    };
+    let mut env = BTreeMap::from([
+        ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+        ("HOME".to_owned(), WORKSPACE.to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+    ]);
+    for (name, value) in &req.env {
+        if name.is_empty() || name.contains('=') || name.contains('\0') {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!("`{name}` is not a valid variable name"),
+            ));
+        }
+        env.insert(name.clone(), value.clone());
+    }
+    Ok((argv, cwd, env))
+}
+
+fn spawn_error(kind: &str, message: String) -> ProviderError {
+    let kind = match kind {
+        "not_found" => ErrorKind::NotFound,
+        "permission_denied" => ErrorKind::InvalidRequest,
+        _ => ErrorKind::Unknown,
+    };
+    err(kind, message)
 }
 
 /// Strips the 8-byte multiplexing headers of a non-TTY log stream.
@@ -690,6 +716,9 @@ impl Provider for DockerProvider {
     fn streaming(&self) -> Option<&dyn StreamingExec> {
         Some(self)
     }
+    fn detached(&self) -> Option<&dyn DetachedExec> {
+        Some(self)
+    }
     fn files(&self) -> Option<&dyn Files> {
         Some(self)
     }
@@ -735,6 +764,86 @@ impl StreamingExec for DockerProvider {
             duration,
         })
     }
+}
+
+/// Where detached processes' output files go, inside the container (bind-mounted from the
+/// host's per-sandbox directory, so it is readable with the files API).
+pub const PROCESS_LOGS: &str = "/run/berth/procs";
+
+#[async_trait]
+impl DetachedExec for DockerProvider {
+    async fn spawn(&self, id: &NativeId, req: &ExecRequest) -> Result<ProcessHandle> {
+        if req.timeout.is_some() {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                "a detached process takes no timeout; kill it when it is done",
+            ));
+        }
+        let (argv, cwd, env) = prepare(req)?;
+        let request = Request::Spawn {
+            v: PROTOCOL_VERSION,
+            argv,
+            cwd,
+            env,
+            log_dir: PROCESS_LOGS.into(),
+        };
+        match self.call(id, &request).await? {
+            Exit::Started { process } => Ok(ProcessHandle(process)),
+            Exit::SpawnFailed { kind, message } => Err(spawn_error(&kind, message)),
+            other => Err(err(
+                ErrorKind::Unknown,
+                format!("supervisor answered spawn with {other:?}"),
+            )),
+        }
+    }
+
+    async fn status(&self, id: &NativeId, process: &ProcessHandle) -> Result<ProcessStatus> {
+        let request = Request::Status {
+            v: PROTOCOL_VERSION,
+            process: process.0.clone(),
+        };
+        match self.call(id, &request).await? {
+            Exit::Running => Ok(ProcessStatus::Running),
+            Exit::Exited { code } => Ok(ProcessStatus::Finished {
+                status: ExitStatus::Exited { code },
+            }),
+            Exit::Signalled { signal } => Ok(ProcessStatus::Finished {
+                status: ExitStatus::Signalled { signal },
+            }),
+            Exit::UnknownProcess { process } => Err(unknown_process(id, &process)),
+            other => Ok(ProcessStatus::Finished {
+                status: ExitStatus::Unknown {
+                    reason: format!("supervisor reported {other:?}"),
+                },
+            }),
+        }
+    }
+
+    async fn kill(&self, id: &NativeId, process: &ProcessHandle) -> Result<()> {
+        let request = Request::Kill {
+            v: PROTOCOL_VERSION,
+            process: process.0.clone(),
+            signal: 9,
+        };
+        match self.call(id, &request).await? {
+            Exit::Exited { code: 0 } => Ok(()),
+            Exit::UnknownProcess { process } => Err(unknown_process(id, &process)),
+            other => Err(err(
+                ErrorKind::Unknown,
+                format!("supervisor answered kill with {other:?}"),
+            )),
+        }
+    }
+}
+
+fn unknown_process(id: &NativeId, process: &str) -> ProviderError {
+    err(
+        ErrorKind::NotFound,
+        format!(
+            "no process `{process}` in sandbox `{}` (handles do not survive a stop/start)",
+            id.0
+        ),
+    )
 }
 
 #[async_trait]

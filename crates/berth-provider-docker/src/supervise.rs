@@ -95,3 +95,8 @@ pub(crate) async fn exec(
         }
     }
 }
+
+/// Sends a request answered by a single exit frame (spawn, status, kill).
+pub(crate) async fn call(socket: &Path, request: &Request) -> io::Result<Outcome> {
+    exec(socket, request, |_, _| {}).await
+}

@@ -508,3 +508,76 @@ async fn exec_env_values_stay_out_of_container_config_and_argv() {
     );
     f.docker.destroy(&id).await.unwrap();
 }
+
+#[tokio::test]
+async fn detached_processes_run_on_and_are_killed_by_group() {
+    use berth_contract::ProcessStatus;
+    let Some(f) = fixture("detached").await else {
+        return;
+    };
+    let id = f.create("bx-dk-detached").await;
+    let detached = f.docker.require_detached().unwrap();
+    let handle = detached
+        .spawn(
+            &id,
+            &ExecRequest::shell("echo started; sleep 60 & echo $! > /tmp/bg; sleep 60"),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        detached.status(&id, &handle).await.unwrap(),
+        ProcessStatus::Running
+    );
+    let log = f
+        .docker
+        .require_files()
+        .unwrap()
+        .read(&id, &format!("/run/berth/procs/{}.out", handle.0))
+        .await
+        .unwrap();
+    assert_eq!(text(&log), "started\n");
+    detached.kill(&id, &handle).await.unwrap();
+    detached.kill(&id, &handle).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match detached.status(&id, &handle).await.unwrap() {
+            ProcessStatus::Finished { status } => {
+                assert_eq!(status, ExitStatus::Signalled { signal: 9 });
+                break;
+            }
+            ProcessStatus::Running => assert!(Instant::now() < until, "still running"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bg = f
+        .sh(
+            &id,
+            "sleep 0.2; test -d /proc/$(cat /tmp/bg) && echo alive || echo gone",
+        )
+        .await;
+    assert_eq!(text(&bg.stdout), "gone\n", "kill takes the whole group");
+    let timed = detached
+        .spawn(
+            &id,
+            &ExecRequest::shell("true").with_timeout(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(timed.kind(), ErrorKind::InvalidRequest);
+    f.docker
+        .require_stop_start()
+        .unwrap()
+        .stop(&id)
+        .await
+        .unwrap();
+    f.docker
+        .require_stop_start()
+        .unwrap()
+        .start(&id)
+        .await
+        .unwrap();
+    let forgotten = detached.status(&id, &handle).await.unwrap_err();
+    assert_eq!(forgotten.kind(), ErrorKind::NotFound, "{forgotten}");
+    f.docker.destroy(&id).await.unwrap();
+}

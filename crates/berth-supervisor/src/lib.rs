@@ -58,6 +58,36 @@ pub enum Request {
         /// SIGTERM → SIGKILL grace in milliseconds.
         grace_ms: u64,
     },
+    /// Start a detached process (its own process group) that outlives the connection. Its
+    /// stdout and stderr go to `<log_dir>/<process>.out` and `.err`.
+    Spawn {
+        /// Protocol version.
+        v: u32,
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Working directory.
+        cwd: String,
+        /// The complete environment.
+        env: BTreeMap<String, String>,
+        /// Where output files go.
+        log_dir: String,
+    },
+    /// The state of a detached process.
+    Status {
+        /// Protocol version.
+        v: u32,
+        /// The handle from `Spawn`.
+        process: String,
+    },
+    /// Signal a detached process's whole group.
+    Kill {
+        /// Protocol version.
+        v: u32,
+        /// The handle from `Spawn`.
+        process: String,
+        /// The signal number.
+        signal: i32,
+    },
 }
 
 /// How a command ended, as the supervisor saw it.
@@ -87,6 +117,18 @@ pub enum Exit {
     BadRequest {
         /// What was wrong.
         message: String,
+    },
+    /// A detached process was started.
+    Started {
+        /// Its handle.
+        process: String,
+    },
+    /// A detached process is still running.
+    Running,
+    /// No detached process has this handle (never started, or the supervisor restarted).
+    UnknownProcess {
+        /// The handle asked about.
+        process: String,
     },
 }
 

@@ -64,13 +64,34 @@ fn handle(stream: UnixStream) -> io::Result<()> {
         }
     };
     match request {
-        Request::Ping { v } | Request::Exec { v, .. } if v != PROTOCOL_VERSION => send_exit(
-            &out,
-            &Exit::BadRequest {
-                message: format!("protocol version {v}; this supervisor speaks {PROTOCOL_VERSION}"),
-            },
-        ),
+        Request::Ping { v }
+        | Request::Exec { v, .. }
+        | Request::Spawn { v, .. }
+        | Request::Status { v, .. }
+        | Request::Kill { v, .. }
+            if v != PROTOCOL_VERSION =>
+        {
+            send_exit(
+                &out,
+                &Exit::BadRequest {
+                    message: format!(
+                        "protocol version {v}; this supervisor speaks {PROTOCOL_VERSION}"
+                    ),
+                },
+            )
+        }
         Request::Ping { .. } => send_exit(&out, &Exit::Exited { code: 0 }),
+        Request::Spawn {
+            argv,
+            cwd,
+            env,
+            log_dir,
+            ..
+        } => send_exit(&out, &detached::spawn(&argv, &cwd, &env, &log_dir)),
+        Request::Status { process, .. } => send_exit(&out, &detached::status(&process)),
+        Request::Kill {
+            process, signal, ..
+        } => send_exit(&out, &detached::kill(&process, signal)),
         Request::Exec {
             argv,
             cwd,
@@ -113,17 +134,7 @@ fn exec(
         .spawn();
     let mut child = match spawned {
         Ok(child) => child,
-        Err(err) => {
-            let kind = match err.kind() {
-                io::ErrorKind::NotFound => "not_found",
-                io::ErrorKind::PermissionDenied => "permission_denied",
-                _ => "other",
-            };
-            return Exit::SpawnFailed {
-                kind: kind.into(),
-                message: format!("cannot start `{program}` in `{cwd}`: {err}"),
-            };
-        }
+        Err(err) => return spawn_failure(program, cwd, &err),
     };
     let pgid = Pid::from_raw(child.id() as i32);
     let finished = Arc::new(AtomicBool::new(false));
@@ -196,8 +207,146 @@ fn exec(
     for reader in readers {
         let _ = reader.join();
     }
+    status_to_exit(status, timed_out.load(Ordering::SeqCst))
+}
+
+/// Detached processes: started in their own process group, reaped by a waiter thread that
+/// records how they ended. Handles live as long as this supervisor process.
+mod detached {
+    use std::collections::{BTreeMap, HashMap};
+    use std::process::{Command, Stdio};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Mutex, OnceLock};
+
+    use nix::sys::signal::{killpg, Signal};
+    use nix::unistd::Pid;
+
+    use super::{spawn_failure, status_to_exit};
+    use crate::Exit;
+
+    struct Process {
+        pgid: Pid,
+        ended: Option<Exit>,
+    }
+
+    fn table() -> &'static Mutex<HashMap<String, Process>> {
+        static TABLE: OnceLock<Mutex<HashMap<String, Process>>> = OnceLock::new();
+        TABLE.get_or_init(Default::default)
+    }
+
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+
+    pub(super) fn spawn(
+        argv: &[String],
+        cwd: &str,
+        env: &BTreeMap<String, String>,
+        log_dir: &str,
+    ) -> Exit {
+        use std::os::unix::process::CommandExt;
+        let Some((program, args)) = argv.split_first() else {
+            return Exit::BadRequest {
+                message: "empty argv".into(),
+            };
+        };
+        let handle = format!("p{}", NEXT.fetch_add(1, Ordering::SeqCst));
+        let open = |suffix: &str| {
+            std::fs::create_dir_all(log_dir)?;
+            std::fs::File::create(format!("{log_dir}/{handle}.{suffix}"))
+        };
+        let (stdout, stderr) = match (open("out"), open("err")) {
+            (Ok(out), Ok(err)) => (out, err),
+            (Err(e), _) | (_, Err(e)) => {
+                return Exit::SpawnFailed {
+                    kind: "other".into(),
+                    message: format!("cannot create output files in `{log_dir}`: {e}"),
+                }
+            }
+        };
+        let spawned = Command::new(program)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .process_group(0)
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(err) => return spawn_failure(program, cwd, &err),
+        };
+        let pgid = Pid::from_raw(child.id() as i32);
+        table()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle.clone(), Process { pgid, ended: None });
+        let waiter_handle = handle.clone();
+        std::thread::spawn(move || {
+            let ended = status_to_exit(child.wait(), false);
+            if let Some(process) = table()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(&waiter_handle)
+            {
+                process.ended = Some(ended);
+            }
+        });
+        Exit::Started { process: handle }
+    }
+
+    pub(super) fn status(handle: &str) -> Exit {
+        match table()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(handle)
+        {
+            None => Exit::UnknownProcess {
+                process: handle.to_owned(),
+            },
+            Some(Process { ended: None, .. }) => Exit::Running,
+            Some(Process {
+                ended: Some(exit), ..
+            }) => exit.clone(),
+        }
+    }
+
+    pub(super) fn kill(handle: &str, signal: i32) -> Exit {
+        let table = table().lock().unwrap_or_else(|p| p.into_inner());
+        let Some(process) = table.get(handle) else {
+            return Exit::UnknownProcess {
+                process: handle.to_owned(),
+            };
+        };
+        if process.ended.is_some() {
+            // Idempotent: the process already ended.
+            return Exit::Exited { code: 0 };
+        }
+        let Ok(signal) = Signal::try_from(signal) else {
+            return Exit::BadRequest {
+                message: format!("{signal} is not a signal"),
+            };
+        };
+        let _ = killpg(process.pgid, signal);
+        Exit::Exited { code: 0 }
+    }
+}
+
+fn spawn_failure(program: &str, cwd: &str, err: &io::Error) -> Exit {
+    let kind = match err.kind() {
+        io::ErrorKind::NotFound => "not_found",
+        io::ErrorKind::PermissionDenied => "permission_denied",
+        _ => "other",
+    };
+    Exit::SpawnFailed {
+        kind: kind.into(),
+        message: format!("cannot start `{program}` in `{cwd}`: {err}"),
+    }
+}
+
+fn status_to_exit(status: io::Result<std::process::ExitStatus>, timed_out: bool) -> Exit {
     match status {
-        _ if timed_out.load(Ordering::SeqCst) => Exit::TimedOut,
+        _ if timed_out => Exit::TimedOut,
         Ok(status) => match (status.code(), status.signal()) {
             (Some(code), _) => Exit::Exited { code },
             (None, Some(signal)) => Exit::Signalled { signal },

@@ -217,3 +217,90 @@ fn large_output_arrives_whole() {
     assert_eq!(reply.exit, Exit::Exited { code: 0 });
     assert_eq!(reply.stdout.len(), 5_000_000);
 }
+
+fn detached(s: &Server, request: Request) -> Exit {
+    read_reply(send(&s.socket, &request)).exit
+}
+
+fn wait_status(s: &Server, process: &str, want: &Exit) -> bool {
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        let got = detached(
+            s,
+            Request::Status {
+                v: PROTOCOL_VERSION,
+                process: process.into(),
+            },
+        );
+        if &got == want {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn detached_processes_outlive_their_connection_and_can_be_killed() {
+    let s = server();
+    let logs = s.dir.path().join("procs");
+    let spawn = |line: &str| Request::Spawn {
+        v: PROTOCOL_VERSION,
+        argv: vec!["/bin/sh".into(), "-c".into(), line.into()],
+        cwd: s.dir.path().to_string_lossy().into_owned(),
+        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
+        log_dir: logs.to_string_lossy().into_owned(),
+    };
+    let Exit::Started { process: sleeper } = detached(&s, spawn("echo up; sleep 60 & sleep 60"))
+    else {
+        panic!("not started")
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        detached(
+            &s,
+            Request::Status {
+                v: PROTOCOL_VERSION,
+                process: sleeper.clone()
+            }
+        ),
+        Exit::Running
+    );
+    assert_eq!(
+        std::fs::read_to_string(logs.join(format!("{sleeper}.out"))).unwrap(),
+        "up\n"
+    );
+    let kill = || Request::Kill {
+        v: PROTOCOL_VERSION,
+        process: sleeper.clone(),
+        signal: 9,
+    };
+    assert_eq!(detached(&s, kill()), Exit::Exited { code: 0 });
+    assert!(wait_status(&s, &sleeper, &Exit::Signalled { signal: 9 }));
+    assert_eq!(
+        detached(&s, kill()),
+        Exit::Exited { code: 0 },
+        "kill is idempotent"
+    );
+
+    let Exit::Started { process: quick } = detached(&s, spawn("echo bad >&2; exit 3")) else {
+        panic!("not started")
+    };
+    assert!(wait_status(&s, &quick, &Exit::Exited { code: 3 }));
+    assert_eq!(
+        std::fs::read_to_string(logs.join(format!("{quick}.err"))).unwrap(),
+        "bad\n"
+    );
+    assert_eq!(
+        detached(
+            &s,
+            Request::Status {
+                v: PROTOCOL_VERSION,
+                process: "p999".into()
+            }
+        ),
+        Exit::UnknownProcess {
+            process: "p999".into()
+        }
+    );
+}
