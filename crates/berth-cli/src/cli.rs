@@ -145,7 +145,32 @@ pub struct CreateArgs {
     #[command(flatten)]
     pub network: NetworkArg,
     #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
     pub ttl: TtlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// CPU limit (fractional allowed), where the provider enforces limits.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Memory limit in MiB.
+    #[arg(long)]
+    pub memory_mib: Option<u64>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+}
+
+impl LimitArgs {
+    pub fn resources(&self) -> berth_contract::Resources {
+        berth_contract::Resources {
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
+            pids: self.pids,
+        }
+    }
 }
 
 #[derive(Debug, Args)]

@@ -581,3 +581,54 @@ async fn detached_processes_run_on_and_are_killed_by_group() {
     assert_eq!(forgotten.kind(), ErrorKind::NotFound, "{forgotten}");
     f.docker.destroy(&id).await.unwrap();
 }
+
+#[tokio::test]
+async fn limits_and_network_modes_reach_the_engine() {
+    let Some(f) = fixture("limits").await else {
+        return;
+    };
+    let mut req = f.request("bx-dk-limits");
+    req.resources = berth_contract::Resources {
+        cpus: Some(0.5),
+        memory_mib: Some(256),
+        pids: Some(64),
+    };
+    req.network = berth_contract::NetworkMode::Bridge;
+    let id = f.docker.create(&req).await.unwrap().native_id;
+    let inspect = std::process::Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} {{.HostConfig.PidsLimit}} {{.HostConfig.NetworkMode}} {{.HostConfig.Init}}",
+            &id.0,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&inspect.stdout).trim(),
+        "500000000 268435456 64 bridge true"
+    );
+    let links = f.sh(&id, "ls /sys/class/net").await;
+    assert!(
+        text(&links.stdout).contains("eth0"),
+        "bridge gives an interface"
+    );
+    f.docker.destroy(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_engine_is_unavailable_not_absent() {
+    let state = tempfile::tempdir().unwrap();
+    let docker = DockerProvider::new(DockerConfig::new(
+        state.path().to_owned(),
+        PathBuf::from("/nonexistent/docker.sock"),
+        supervisor(),
+    ))
+    .unwrap();
+    let err = docker
+        .observe(&NativeId("bx-any".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("not reachable"), "{err}");
+}

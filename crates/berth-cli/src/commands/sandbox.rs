@@ -30,10 +30,12 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
     order.extend(args.fallback.iter().cloned());
     let image = args.image.clone();
     let network = args.network.mode();
+    let resources = args.limits.resources();
     let fallback = app
         .registry
         .with_fallback(&order, &app.provider_config, |provider| {
             let image = image.clone();
+            let resources = resources.clone();
             async move {
                 app.ledger
                     .create_tracked(
@@ -43,6 +45,7 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
                         |req| {
                             req.image = image;
                             req.network = network;
+                            req.resources = resources;
                         },
                         |req| {
                             let provider = provider.clone();
