@@ -17,8 +17,12 @@ fn image() -> String {
 }
 
 fn supervisor() -> PathBuf {
-    // Integration tests live in target/<profile>/deps; cargo builds workspace binaries into
-    // target/<profile> before running tests.
+    // scripts/test builds the static supervisor and names it here.
+    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
+        return PathBuf::from(path);
+    }
+    // Otherwise: integration tests live in target/<profile>/deps, and cargo builds workspace
+    // binaries into target/<profile> before running tests.
     let exe = std::env::current_exe().unwrap();
     let candidate = exe
         .parent()
