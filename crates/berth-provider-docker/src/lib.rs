@@ -49,6 +49,8 @@ const RUN_DIR_IN_CONTAINER: &str = "/run/berth";
 /// Label naming the committed image a fork was made from (removed with the fork).
 const FORK_IMAGE_LABEL: &str = "berth.fork-image";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Slack beyond timeout + grace before the client stops waiting for the supervisor's answer.
+const CLIENT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// How long a live supervisor may take to answer a ping.
 const PING_DEADLINE: Duration = Duration::from_secs(2);
 /// Unix socket paths are limited to 108 bytes.
@@ -437,7 +439,23 @@ impl DockerProvider {
         };
         self.alive(id, &socket).await?;
         let started = Instant::now();
-        let outcome = match supervise::exec(&socket, &request, &mut on_chunk).await {
+        let exchange = supervise::exec(&socket, &request, &mut on_chunk);
+        // The supervisor enforces the timeout; this deadline only catches a supervisor that
+        // cannot (container paused or frozen mid-exec). Dropping the exchange hangs up, and the
+        // supervisor kills the command's group as soon as it runs again.
+        let outcome = match req.timeout {
+            Some(timeout) => {
+                let deadline = timeout + self.config.kill_grace + CLIENT_DEADLINE_MARGIN;
+                match tokio::time::timeout(deadline, exchange).await {
+                    Ok(result) => result,
+                    Err(_) => Ok(supervise::Outcome::Lost(format!(
+                        "no exit reported within {deadline:?} (container paused or frozen?)"
+                    ))),
+                }
+            }
+            None => exchange.await,
+        };
+        let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(connect) => return Err(self.unreachable_supervisor(id, connect).await),
         };
