@@ -68,11 +68,7 @@ impl App {
             .into());
         }
         let provider = self.provider(&row.provider)?;
-        let native = NativeId(
-            row.native_id
-                .clone()
-                .unwrap_or_else(|| row.berth_id.clone()),
-        );
+        let native = berth_ledger::native_id(&row);
         Ok((row, provider, native))
     }
 

@@ -254,6 +254,22 @@ impl Ledger {
         }
     }
 
+    /// This owner's rows, oldest first: all runs or one, open ones or also verified-gone ones.
+    pub async fn owned_rows(
+        &self,
+        run_id: Option<&str>,
+        include_gone: bool,
+    ) -> Result<Vec<LedgerRow>, LedgerError> {
+        Ok(self
+            .store
+            .ledger_list(&LedgerQuery {
+                owner: Some(self.owner.clone()),
+                run_id: run_id.map(str::to_owned),
+                include_gone,
+            })
+            .await?)
+    }
+
     /// The row for `berth_id`, which must belong to this owner.
     pub async fn row(&self, berth_id: &str) -> Result<LedgerRow, LedgerError> {
         let row = self.store.ledger_get(berth_id).await?;
@@ -346,14 +362,7 @@ impl Ledger {
         config: &ProviderConfig,
         scope: &SweepScope,
     ) -> Result<SweepReport, LedgerError> {
-        let mut rows = self
-            .store
-            .ledger_list(&LedgerQuery {
-                owner: Some(self.owner.clone()),
-                run_id: scope.run_id.clone(),
-                include_gone: false,
-            })
-            .await?;
+        let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
         if scope.expired_only {
             rows.retain(|row| row.expires_at.is_some_and(|t| t <= now));
@@ -418,12 +427,7 @@ impl Ledger {
                 source,
             })?;
         let known: BTreeSet<String> = self
-            .store
-            .ledger_list(&LedgerQuery {
-                owner: Some(self.owner.clone()),
-                run_id: None,
-                include_gone: false,
-            })
+            .owned_rows(None, false)
             .await?
             .into_iter()
             .map(|row| row.ledger_token)
@@ -473,9 +477,9 @@ impl Ledger {
     }
 }
 
-fn native_id(row: &LedgerRow) -> NativeId {
-    // Providers name resources from Berth's id, so an intent row without a native id is still
-    // addressable by name.
+/// The provider's id for a row's resource. Providers name resources from Berth's id, so an
+/// intent row without a native id is still addressable by name.
+pub fn native_id(row: &LedgerRow) -> NativeId {
     NativeId(
         row.native_id
             .clone()

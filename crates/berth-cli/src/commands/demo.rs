@@ -168,12 +168,7 @@ pub async fn demo(app: &App) -> Result<i32> {
 
     let rows = app
         .ledger
-        .store()
-        .ledger_list(&berth_store::LedgerQuery {
-            owner: Some(app.ledger.owner().to_owned()),
-            run_id: Some(app.ledger.run_id().to_owned()),
-            include_gone: true,
-        })
+        .owned_rows(Some(app.ledger.run_id()), true)
         .await?;
     if app.json {
         emit(

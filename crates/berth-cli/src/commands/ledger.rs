@@ -10,15 +10,7 @@ use crate::output::emit;
 
 /// `berth ledger list`.
 pub async fn list(app: &App, all: bool) -> Result<i32> {
-    let rows = app
-        .ledger
-        .store()
-        .ledger_list(&berth_store::LedgerQuery {
-            owner: Some(app.ledger.owner().to_owned()),
-            run_id: None,
-            include_gone: all,
-        })
-        .await?;
+    let rows = app.ledger.owned_rows(None, all).await?;
     if app.json {
         emit(
             "ledger list",

@@ -106,26 +106,11 @@ fn observation_text(observation: &Result<Observation, berth_contract::ProviderEr
 
 /// `berth list`.
 pub async fn list(app: &App, all: bool) -> Result<i32> {
-    let rows = app
-        .ledger
-        .store()
-        .ledger_list(&berth_store::LedgerQuery {
-            owner: Some(app.ledger.owner().to_owned()),
-            run_id: None,
-            include_gone: all,
-        })
-        .await?;
+    let rows = app.ledger.owned_rows(None, all).await?;
     let mut items = Vec::new();
     for row in rows {
         let observation = match app.provider(&row.provider) {
-            Ok(provider) => {
-                let id = berth_contract::NativeId(
-                    row.native_id
-                        .clone()
-                        .unwrap_or_else(|| row.berth_id.clone()),
-                );
-                provider.observe(&id).await
-            }
+            Ok(provider) => provider.observe(&berth_ledger::native_id(&row)).await,
             Err(err) => Err(berth_contract::ProviderError::new(
                 berth_contract::ErrorKind::Unavailable,
                 &row.provider,
