@@ -1,0 +1,314 @@
+//! Evidence records and the evidence gate.
+//!
+//! An [`EvidenceRecord`] is what `berth verify` writes after running the conformance suite and a
+//! short lifecycle measurement against a live provider: which adapter (version and source hash),
+//! where (environment fingerprint), when, every clause's grade with diagnostics, metrics that are
+//! measurements or `UNKNOWN(reason)` — never zero — and a content hash over all of it.
+//!
+//! The gate ([`evaluate`]) is the only place a provider/capability becomes VERIFIED: a passing,
+//! fresh, untampered record for this adapter build. A failing clause makes it FAILED; anything
+//! missing, stale, altered or for another build leaves it UNKNOWN with the reason; a capability
+//! the manifest declares unsupported is UNSUPPORTED.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use berth_contract::{Capability, Support};
+use berth_manifest::ProviderManifest;
+use chrono::{DateTime, Duration, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The record format's schema tag.
+pub const EVIDENCE_SCHEMA: &str = "berth.evidence/v1";
+/// How old a record may be and still verify.
+pub const MAX_AGE_DAYS: i64 = 30;
+/// The pseudo-capability name of the required core (create, observe, exec, destroy).
+pub const CORE: &str = "core";
+
+/// A clause's grade as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Grade {
+    /// Ran; every assertion held.
+    Pass,
+    /// Ran; an assertion failed.
+    Fail,
+    /// Declared unsupported.
+    NotApplicable,
+    /// Not exercised.
+    Unverified,
+}
+
+/// One clause's evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ClauseEvidence {
+    /// Clause id.
+    pub clause: String,
+    /// The capability it proves; `None` for the core.
+    pub capability: Option<String>,
+    /// The grade.
+    pub grade: Grade,
+    /// What happened.
+    pub diagnostics: Vec<String>,
+    /// Wall time.
+    pub duration_ms: f64,
+}
+
+/// A measurement, or why there is none. Never a made-up zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Metric {
+    /// Measured.
+    Measured {
+        /// Median in milliseconds.
+        median_ms: f64,
+        /// p95 (nearest rank) in milliseconds.
+        p95_ms: f64,
+        /// Samples.
+        n: usize,
+    },
+    /// Not measured.
+    Unknown {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Where the adapter's knowledge of the provider came from, for this run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Provenance {
+    /// Manifest provenance source.
+    pub source: String,
+    /// Manifest provenance pin.
+    pub pinned: String,
+    /// What the provider reported about itself (e.g. engine and API version), if anything.
+    pub observed: Option<String>,
+}
+
+/// The machine the evidence was produced on (no secrets, no user names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Environment {
+    /// `linux`.
+    pub os: String,
+    /// `x86_64`.
+    pub arch: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// The berth version that ran the suite.
+    pub berth_version: String,
+}
+
+/// One evidence record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EvidenceRecord {
+    /// [`EVIDENCE_SCHEMA`].
+    pub schema: String,
+    /// Provider id.
+    pub provider: String,
+    /// Adapter version (from the manifest).
+    pub adapter_version: String,
+    /// Hash of the adapter's source, `sha256:…`.
+    pub adapter_source_hash: String,
+    /// Provenance.
+    pub provenance: Provenance,
+    /// Environment fingerprint.
+    pub environment: Environment,
+    /// Run id.
+    pub run_id: String,
+    /// RFC 3339.
+    pub started_at: DateTime<Utc>,
+    /// RFC 3339.
+    pub finished_at: DateTime<Utc>,
+    /// Every clause.
+    pub clauses: Vec<ClauseEvidence>,
+    /// Lifecycle metrics by name.
+    pub metrics: BTreeMap<String, Metric>,
+    /// `sha256:` of the record's canonical JSON with this field empty.
+    pub content_hash: String,
+}
+
+impl EvidenceRecord {
+    /// The hash the record should carry: sha256 of its JSON with `content_hash` empty.
+    pub fn compute_hash(&self) -> String {
+        let mut unsealed = self.clone();
+        unsealed.content_hash = String::new();
+        let bytes = serde_json::to_vec(&unsealed).expect("record serializes");
+        format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+    }
+
+    /// Sets `content_hash`.
+    pub fn seal(mut self) -> Self {
+        self.content_hash = self.compute_hash();
+        self
+    }
+}
+
+/// The JSON Schema of evidence records.
+pub fn json_schema() -> String {
+    let mut text =
+        serde_json::to_string_pretty(&schemars::schema_for!(EvidenceRecord)).expect("schema");
+    text.push('\n');
+    text
+}
+
+/// A provider/capability's catalog status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(
+    tag = "status",
+    content = "reason",
+    rename_all = "SCREAMING_SNAKE_CASE"
+)]
+pub enum Status {
+    /// A passing, fresh record for this adapter build proves it.
+    Verified,
+    /// The latest record shows a failing clause.
+    Failed(String),
+    /// Not proven; the reason says why.
+    Unknown(String),
+    /// Declared unsupported.
+    Unsupported,
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Status::Verified => f.write_str("VERIFIED"),
+            Status::Failed(why) => write!(f, "FAILED({why})"),
+            Status::Unknown(why) => write!(f, "UNKNOWN({why})"),
+            Status::Unsupported => f.write_str("UNSUPPORTED"),
+        }
+    }
+}
+
+/// What the gate expects a record to contain: clause ids with the capability each proves.
+#[derive(Debug, Clone)]
+pub struct Expectations<'a> {
+    /// `(clause id, capability name or None for core)`.
+    pub clauses: Vec<(&'a str, Option<&'a str>)>,
+    /// This build's adapter source hash, when known.
+    pub adapter_source_hash: Option<&'a str>,
+    /// Evaluation time.
+    pub now: DateTime<Utc>,
+}
+
+/// The record-level reason nothing in it can be trusted, if any.
+fn record_problem(
+    manifest: &ProviderManifest,
+    record: &EvidenceRecord,
+    expect: &Expectations<'_>,
+) -> Option<String> {
+    if record.schema != EVIDENCE_SCHEMA {
+        return Some(format!(
+            "record schema `{}` is not {EVIDENCE_SCHEMA}",
+            record.schema
+        ));
+    }
+    if record.content_hash != record.compute_hash() {
+        return Some(
+            "record content hash does not match its content (altered after sealing)".into(),
+        );
+    }
+    if record.provider != manifest.id {
+        return Some(format!("record is for provider `{}`", record.provider));
+    }
+    if let Some(expected) = expect.adapter_source_hash {
+        if record.adapter_source_hash != expected {
+            return Some(format!(
+                "record is for adapter source {}, this build is {expected}",
+                record.adapter_source_hash
+            ));
+        }
+    }
+    if record.adapter_version != manifest.adapter_version {
+        return Some(format!(
+            "record is for adapter version {}, the manifest says {}",
+            record.adapter_version, manifest.adapter_version
+        ));
+    }
+    let age = expect.now - record.finished_at;
+    if age > Duration::days(MAX_AGE_DAYS) {
+        return Some(format!(
+            "stale: recorded {}, more than {MAX_AGE_DAYS} days ago",
+            record.finished_at.to_rfc3339()
+        ));
+    }
+    None
+}
+
+/// The status of the core and of every capability.
+pub fn evaluate(
+    manifest: &ProviderManifest,
+    record: Option<&EvidenceRecord>,
+    expect: &Expectations<'_>,
+) -> BTreeMap<String, Status> {
+    let mut out = BTreeMap::new();
+    let names = std::iter::once((CORE.to_owned(), None)).chain(
+        Capability::ALL
+            .iter()
+            .map(|c| (c.as_str().to_owned(), Some(*c))),
+    );
+    for (name, capability) in names {
+        if let Some(c) = capability {
+            if manifest.support(c) == Support::Unsupported {
+                out.insert(name, Status::Unsupported);
+                continue;
+            }
+        }
+        let status = match record {
+            None => Status::Unknown("no evidence record".into()),
+            Some(record) => match record_problem(manifest, record, expect) {
+                Some(problem) => Status::Unknown(problem),
+                None => capability_status(&name, record, expect),
+            },
+        };
+        out.insert(name, status);
+    }
+    out
+}
+
+fn capability_status(name: &str, record: &EvidenceRecord, expect: &Expectations<'_>) -> Status {
+    let wanted = |cap: Option<&str>| match cap {
+        None => name == CORE,
+        Some(cap) => cap == name,
+    };
+    let expected: Vec<&str> = expect
+        .clauses
+        .iter()
+        .filter(|(_, cap)| wanted(*cap))
+        .map(|(id, _)| *id)
+        .collect();
+    if expected.is_empty() {
+        return Status::Unknown(format!("no conformance clause covers `{name}` yet"));
+    }
+    for id in &expected {
+        let Some(clause) = record.clauses.iter().find(|c| c.clause == *id) else {
+            return Status::Unknown(format!("clause `{id}` missing from the record"));
+        };
+        match clause.grade {
+            Grade::Pass => {}
+            Grade::Fail => {
+                return Status::Failed(format!(
+                    "clause `{id}` failed: {}",
+                    clause.diagnostics.join("; ")
+                ))
+            }
+            Grade::Unverified => {
+                return Status::Unknown(format!(
+                    "clause `{id}` unverified: {}",
+                    clause.diagnostics.join("; ")
+                ))
+            }
+            Grade::NotApplicable => {
+                return Status::Unknown(format!(
+                    "clause `{id}` was not applicable when recorded (declared unsupported then)"
+                ))
+            }
+        }
+    }
+    Status::Verified
+}
+
+#[cfg(test)]
+mod tests;
