@@ -16,6 +16,8 @@ Exit codes:
   9    timed out waiting for the provider
   10   cleanup incomplete: something is not verified gone
   11   refused: the resource is not provably yours
+  12   verification failed: a conformance clause failed, or the catalog
+       claims more than its evidence
   130  interrupted (SIGINT), 143 terminated (SIGTERM), after cleanup
   exec/run: the command's own exit code; 124 timed out; 128+N killed by
   signal N; 125 berth could not run it or its status is unknown
@@ -116,10 +118,16 @@ pub enum Command {
     Demo,
     /// Measure a provider against its raw substrate.
     Bench(BenchArgs),
+    /// Run the conformance suite and a short lifecycle measurement against a live provider and
+    /// write an evidence record.
+    Verify(VerifyArgs),
+    /// The catalog: every provider's capabilities and what the evidence says about them.
+    #[command(subcommand)]
+    Catalog(CatalogCommand),
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
-        #[arg(value_parser = ["manifest"])]
+        #[arg(value_parser = ["manifest", "evidence"])]
         which: String,
     },
 }
@@ -275,4 +283,37 @@ pub struct BenchArgs {
     /// Image for providers that need one (docker).
     #[arg(long)]
     pub image: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Provider to verify.
+    pub provider: String,
+    /// Image for providers that need one (docker).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Directory for the evidence record (default `$BERTH_HOME/evidence`).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+    /// Lifecycle iterations (create → first exec → destroy).
+    #[arg(long, default_value_t = 5)]
+    pub iterations: usize,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CatalogCommand {
+    /// Show each provider's capabilities as VERIFIED / FAILED / UNKNOWN / UNSUPPORTED.
+    Show {
+        /// Only this provider.
+        provider: Option<String>,
+        /// Directory of evidence records (default `$BERTH_HOME/evidence`).
+        #[arg(long)]
+        evidence: Option<std::path::PathBuf>,
+    },
+    /// Fail when any manifest claims more than its evidence shows.
+    Check {
+        /// Directory of evidence records (default `$BERTH_HOME/evidence`).
+        #[arg(long)]
+        evidence: Option<std::path::PathBuf>,
+    },
 }

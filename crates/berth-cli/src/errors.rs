@@ -31,6 +31,8 @@ pub mod code {
     pub const CLEANUP_INCOMPLETE: i32 = 10;
     /// Refused: not provably yours.
     pub const REFUSED: i32 = 11;
+    /// A conformance clause failed, or the catalog claims more than its evidence.
+    pub const VERIFICATION_FAILED: i32 = 12;
     /// exec/run: berth itself failed (the command's codes pass through otherwise).
     pub const EXEC_FAILED: i32 = 125;
 }

@@ -57,6 +57,9 @@ async fn run(cli: Cli) -> i32 {
     match &cli.command {
         Command::Schema { which } => return commands::schema(json, which),
         Command::Providers => return finish(json, name, commands::providers(&config, json)),
+        Command::Catalog(command) => {
+            return finish(json, name, commands::catalog::run(&config, json, command))
+        }
         _ => {}
     }
     let app = match App::open(config, json).await {
@@ -150,6 +153,9 @@ impl Command {
             Command::Ledger(cli::LedgerCommand::Sweep { .. }) => "ledger sweep",
             Command::Demo => "demo",
             Command::Bench(_) => "bench",
+            Command::Verify(_) => "verify",
+            Command::Catalog(cli::CatalogCommand::Show { .. }) => "catalog show",
+            Command::Catalog(cli::CatalogCommand::Check { .. }) => "catalog check",
             Command::Schema { .. } => "schema",
         }
     }

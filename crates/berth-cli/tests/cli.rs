@@ -777,3 +777,87 @@ fn docker_user_path_through_the_cli() {
     assert_eq!(code, 0, "{doc}");
     assert!(!container_exists(&id) && !container_exists(&fork));
 }
+
+#[test]
+fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
+    let home = Home::new();
+    let evidence = home.path().join("evidence");
+    let (code, doc) = home.json(&["verify", "host", "--out", evidence.to_str().unwrap()]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["failed_clauses"], 0);
+    let record_path = evidence.join("host.json");
+    let (code, doc) = home.json(&[
+        "catalog",
+        "show",
+        "host",
+        "--evidence",
+        evidence.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    let caps = &doc["providers"][0]["capabilities"];
+    assert_eq!(caps["core"]["status"], "VERIFIED", "{doc}");
+    assert_eq!(caps["files"]["status"], "VERIFIED");
+    assert_eq!(caps["suspend_resume"]["status"], "UNSUPPORTED");
+    // Providers without a record stay UNKNOWN, never verified.
+    let (_, doc) = home.json(&[
+        "catalog",
+        "show",
+        "docker",
+        "--evidence",
+        evidence.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        doc["providers"][0]["capabilities"]["core"]["status"],
+        "UNKNOWN"
+    );
+    assert_eq!(
+        doc["providers"][0]["capabilities"]["core"]["reason"],
+        "no evidence record"
+    );
+    let (code, _) = home.json(&["catalog", "check", "--evidence", evidence.to_str().unwrap()]);
+    assert_eq!(code, 0);
+
+    // Tampering: flip a grade without resealing → UNKNOWN, with the reason.
+    let text = std::fs::read_to_string(&record_path).unwrap();
+    let mut record: berth_evidence::EvidenceRecord = serde_json::from_str(&text).unwrap();
+    let files = record
+        .clauses
+        .iter_mut()
+        .find(|c| c.clause == "files.round_trip_binary")
+        .unwrap();
+    files.grade = berth_evidence::Grade::Fail;
+    files.diagnostics = vec!["injected failure".into()];
+    std::fs::write(&record_path, serde_json::to_string(&record).unwrap()).unwrap();
+    let (_, doc) = home.json(&[
+        "catalog",
+        "show",
+        "host",
+        "--evidence",
+        evidence.to_str().unwrap(),
+    ]);
+    let reason = doc["providers"][0]["capabilities"]["files"]["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("content hash does not match"), "{reason}");
+
+    // A sealed failing record: FAILED, and `catalog check` fails with exit 12.
+    std::fs::write(&record_path, serde_json::to_string(&record.seal()).unwrap()).unwrap();
+    let (_, doc) = home.json(&[
+        "catalog",
+        "show",
+        "host",
+        "--evidence",
+        evidence.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        doc["providers"][0]["capabilities"]["files"]["status"],
+        "FAILED"
+    );
+    let (code, doc) = home.json(&["catalog", "check", "--evidence", evidence.to_str().unwrap()]);
+    assert_eq!(code, 12, "{doc}");
+    assert!(
+        doc["problems"][0].as_str().unwrap().contains("host/files"),
+        "{doc}"
+    );
+}

@@ -11,7 +11,7 @@ use berth_contract::{
     Transition,
 };
 
-use crate::{Subject, OWNER};
+use crate::Subject;
 
 /// A clause's verdict before grading.
 pub(crate) enum Outcome {
@@ -155,7 +155,7 @@ where
     F: FnOnce(NativeId) -> Fut,
     Fut: Future<Output = Step<Vec<String>>> + 'a,
 {
-    let id = match create(s, OWNER).await {
+    let id = match create(s, &s.owner).await {
         Ok(id) => id,
         Err(why) => return Outcome::Fail(why),
     };
@@ -283,7 +283,7 @@ async fn exec_timeout_kills(s: &Subject) -> Outcome {
 }
 
 async fn destroy_twice_verified_gone(s: &Subject) -> Outcome {
-    let id = match create(s, OWNER).await {
+    let id = match create(s, &s.owner).await {
         Ok(id) => id,
         Err(why) => return Outcome::Fail(why),
     };
@@ -598,7 +598,7 @@ async fn snapshot(s: &Subject) -> Outcome {
         let snap = snaps.snapshot(&id).await.map_err(|e| fail("snapshot", e))?;
         sh(s, &id, "echo v2 > cf-state").await?;
         let restored = snaps
-            .restore(&snap, &s.request_for(OWNER))
+            .restore(&snap, &s.request_for(&s.owner))
             .await
             .map_err(|e| fail("restore", e))?
             .native_id;
@@ -626,7 +626,7 @@ async fn fork(s: &Subject) -> Outcome {
         let fork = s.provider.require_fork().map_err(|e| fail("fork", e))?;
         sh(s, &id, "echo original > cf-state").await?;
         let copy = fork
-            .fork(&id, &s.request_for(OWNER))
+            .fork(&id, &s.request_for(&s.owner))
             .await
             .map_err(|e| fail("fork", e))?
             .native_id;
@@ -656,12 +656,12 @@ async fn listing_visibility(s: &Subject) -> Outcome {
         Ok(listing) => listing,
         Err(e) => return Outcome::Fail(fail("listing", e)),
     };
-    let id = match create(s, OWNER).await {
+    let id = match create(s, &s.owner).await {
         Ok(id) => id,
         Err(why) => return Outcome::Fail(why),
     };
     let filter = LabelFilter {
-        owner: Some(OWNER.into()),
+        owner: Some(s.owner.clone()),
         run_id: Some(s.run.clone()),
     };
     let step = async {
@@ -691,7 +691,10 @@ async fn listing_foreign(s: &Subject) -> Outcome {
         Ok(listing) => listing,
         Err(e) => return Outcome::Fail(fail("listing", e)),
     };
-    let (mine, foreign) = match (create(s, OWNER).await, create(s, "cf-someone-else").await) {
+    let (mine, foreign) = match (
+        create(s, &s.owner).await,
+        create(s, "cf-someone-else").await,
+    ) {
         (Ok(a), Ok(b)) => (a, b),
         (a, b) => {
             for id in [a.as_ref().ok(), b.as_ref().ok()].into_iter().flatten() {
@@ -703,7 +706,7 @@ async fn listing_foreign(s: &Subject) -> Outcome {
     let step = async {
         let listed = listing
             .list(&LabelFilter {
-                owner: Some(OWNER.into()),
+                owner: Some(s.owner.clone()),
                 run_id: None,
             })
             .await

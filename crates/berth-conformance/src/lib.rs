@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use clauses::CLAUSES;
 
-/// The owner label conformance sandboxes carry.
+/// The owner label conformance sandboxes carry unless the runner sets its own.
 pub const OWNER: &str = "berth-conformance";
 
 /// How one clause came out.
@@ -69,6 +69,8 @@ pub struct Subject {
     pub image: Option<String>,
     /// Run id: sandbox names and labels derive from it.
     pub run: String,
+    /// Owner label on the sandboxes the suite creates for itself.
+    pub owner: String,
     counter: Arc<AtomicU32>,
 }
 
@@ -85,8 +87,16 @@ impl Subject {
             manifest,
             image,
             run: run.into(),
+            owner: OWNER.to_owned(),
             counter: Arc::default(),
         }
+    }
+
+    /// Labels the suite's own sandboxes with `owner` (so a killed run is found by that owner's
+    /// sweep).
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Subject {
+        self.owner = owner.into();
+        self
     }
 
     /// A create request for a fresh sandbox of this run, owned by `owner`.

@@ -69,6 +69,13 @@ pub enum Metric {
         /// Samples.
         n: usize,
     },
+    /// A success ratio.
+    Ratio {
+        /// Successes.
+        successes: usize,
+        /// Attempts.
+        n: usize,
+    },
     /// Not measured.
     Unknown {
         /// Why.

@@ -327,6 +327,17 @@ impl Registry {
     }
 }
 
+/// The sha256 of an adapter's source as compiled into this build (for evidence binding), or
+/// `None` for providers without an adapter here.
+pub fn adapter_source_hash(id: &str) -> Option<&'static str> {
+    match id {
+        "host" => Some(env!("BERTH_ADAPTER_SOURCE_HOST")),
+        "bwrap" => Some(env!("BERTH_ADAPTER_SOURCE_BWRAP")),
+        "docker" => Some(env!("BERTH_ADAPTER_SOURCE_DOCKER")),
+        _ => None,
+    }
+}
+
 /// Checks declared capabilities against what the adapter implements.
 pub fn reconcile(manifest: &ProviderManifest, provider: &dyn Provider) -> Result<(), FactoryError> {
     if provider.id() != manifest.id {

@@ -1,10 +1,12 @@
 //! One module per verb family. Each command returns its exit code.
 
 mod bench;
+pub mod catalog;
 mod demo;
 mod exec;
 mod ledger;
 mod sandbox;
+mod verify;
 
 use std::sync::Arc;
 
@@ -50,14 +52,19 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         }) => ledger::sweep(&app, run, expired, !no_discover).await,
         Command::Demo => demo::demo(&app).await,
         Command::Bench(args) => bench::bench(&app, args).await,
-        Command::Providers | Command::Schema { .. } => unreachable!("handled without state"),
+        Command::Verify(args) => verify::verify(&app, args).await,
+        Command::Providers | Command::Schema { .. } | Command::Catalog(_) => {
+            unreachable!("handled without state")
+        }
     }
 }
 
 /// `berth schema manifest`.
 pub fn schema(_json: bool, which: &str) -> i32 {
-    debug_assert_eq!(which, "manifest");
-    print!("{}", berth_manifest::json_schema());
+    match which {
+        "evidence" => print!("{}", berth_evidence::json_schema()),
+        _ => print!("{}", berth_manifest::json_schema()),
+    }
     code::OK
 }
 

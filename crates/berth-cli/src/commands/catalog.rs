@@ -1,0 +1,131 @@
+//! `berth catalog show|check`: what the evidence gate says about every provider.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use berth_evidence::{evaluate, EvidenceRecord, Expectations, Status};
+use berth_factory::Registry;
+use chrono::Utc;
+use serde_json::json;
+
+use crate::cli::CatalogCommand;
+use crate::config::Config;
+use crate::errors::{code, CliError};
+use crate::output::emit;
+
+fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
+    let path = dir.join(format!("{id}.json"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| {
+            CliError::invalid(
+                format!("evidence record {} is not valid: {e}", path.display()),
+                "regenerate it with `berth verify`",
+            )
+        })?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+fn statuses(
+    registry: &Registry,
+    dir: &Path,
+    only: Option<&str>,
+) -> Result<Vec<(String, bool, BTreeMap<String, Status>)>> {
+    let clauses: Vec<(&str, Option<&str>)> = berth_conformance::CLAUSES
+        .iter()
+        .map(|c| (c.id, c.capability.map(|c| c.as_str())))
+        .collect();
+    let mut out = Vec::new();
+    for manifest in registry.manifests() {
+        if only.is_some_and(|id| id != manifest.id) {
+            continue;
+        }
+        let record = load(dir, &manifest.id)?;
+        let expect = Expectations {
+            clauses: clauses.clone(),
+            adapter_source_hash: berth_factory::adapter_source_hash(&manifest.id),
+            now: Utc::now(),
+        };
+        let claims =
+            manifest.verification.verified_at.is_some() || manifest.verification.evidence.is_some();
+        out.push((
+            manifest.id.clone(),
+            claims,
+            evaluate(manifest, record.as_ref(), &expect),
+        ));
+    }
+    if let Some(id) = only {
+        registry.manifest(id)?;
+    }
+    Ok(out)
+}
+
+/// Runs a catalog subcommand.
+pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32> {
+    let registry = Registry::builtin()?;
+    let default_dir = || config.home.join("evidence");
+    match command {
+        CatalogCommand::Show { provider, evidence } => {
+            let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
+            let table = statuses(&registry, &dir, provider.as_deref())?;
+            if json {
+                let providers: Vec<_> = table
+                    .iter()
+                    .map(|(id, _, s)| json!({ "id": id, "capabilities": s }))
+                    .collect();
+                emit(
+                    "catalog show",
+                    json!({ "evidence_dir": dir, "providers": providers }),
+                );
+            } else {
+                for (id, _, status) in &table {
+                    println!("{id}");
+                    for (capability, status) in status {
+                        println!("  {capability:<20} {status}");
+                    }
+                }
+            }
+            Ok(code::OK)
+        }
+        CatalogCommand::Check { evidence } => {
+            let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
+            let table = statuses(&registry, &dir, None)?;
+            let mut problems = Vec::new();
+            for (id, claims, status) in &table {
+                for (capability, status) in status {
+                    match status {
+                        Status::Failed(why) => problems.push(format!(
+                            "{id}/{capability}: declared supported but the evidence fails: {why}"
+                        )),
+                        Status::Unknown(why) if *claims => problems.push(format!(
+                            "{id}/{capability}: the manifest claims verification but the evidence does not prove it: {why}"
+                        )),
+                        _ => {}
+                    }
+                }
+            }
+            if json {
+                emit(
+                    "catalog check",
+                    json!({ "evidence_dir": dir, "ok": problems.is_empty(), "problems": problems }),
+                );
+            } else if problems.is_empty() {
+                println!(
+                    "catalog check: ok ({} providers; nothing claims more than its evidence)",
+                    table.len()
+                );
+            } else {
+                for problem in &problems {
+                    eprintln!("catalog check: {problem}");
+                }
+            }
+            Ok(if problems.is_empty() {
+                code::OK
+            } else {
+                code::VERIFICATION_FAILED
+            })
+        }
+    }
+}

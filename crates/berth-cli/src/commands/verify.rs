@@ -1,0 +1,222 @@
+//! `berth verify PROVIDER`: the conformance suite plus a short lifecycle measurement, live,
+//! written as a sealed evidence record.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use berth_conformance::{Grade, Subject};
+use berth_contract::{DestroyOutcome, ExecRequest, Observation};
+use berth_evidence::{
+    ClauseEvidence, Environment, EvidenceRecord, Metric, Provenance, EVIDENCE_SCHEMA,
+};
+use chrono::Utc;
+use serde_json::json;
+
+use crate::app::App;
+use crate::cli::VerifyArgs;
+use crate::errors::{code, CliError};
+use crate::output::emit;
+
+fn grade(grade: Grade) -> berth_evidence::Grade {
+    match grade {
+        Grade::Pass => berth_evidence::Grade::Pass,
+        Grade::Fail => berth_evidence::Grade::Fail,
+        Grade::NotApplicable => berth_evidence::Grade::NotApplicable,
+        Grade::Unverified => berth_evidence::Grade::Unverified,
+    }
+}
+
+fn summary(samples: &mut [Duration], what: &str) -> Metric {
+    if samples.is_empty() {
+        return Metric::Unknown {
+            reason: format!("no successful {what} sample"),
+        };
+    }
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let rank = |p: f64| ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
+    Metric::Measured {
+        median_ms: ms(samples[rank(0.5)]),
+        p95_ms: ms(samples[rank(0.95)]),
+        n: samples.len(),
+    }
+}
+
+/// create → first exec → destroy → observe gone, per phase. A phase that did not happen is
+/// UNKNOWN with the reason, never zero.
+async fn lifecycle(subject: &Subject, iterations: usize) -> BTreeMap<String, Metric> {
+    let (mut create, mut first_exec, mut destroy, mut gone) = (vec![], vec![], vec![], vec![]);
+    let mut problems: Vec<String> = Vec::new();
+    for _ in 0..iterations {
+        let t0 = Instant::now();
+        let created = match subject
+            .provider
+            .create(&subject.request_for(&subject.owner))
+            .await
+        {
+            Ok(created) => created,
+            Err(e) => {
+                problems.push(format!("create: {e}"));
+                continue;
+            }
+        };
+        create.push(t0.elapsed());
+        let id = created.native_id;
+        let t1 = Instant::now();
+        match subject
+            .provider
+            .exec(&id, &ExecRequest::argv(["true"]))
+            .await
+        {
+            Ok(out) if out.status.success() => first_exec.push(t1.elapsed()),
+            Ok(out) => problems.push(format!("first exec: {}", out.status)),
+            Err(e) => problems.push(format!("first exec: {e}")),
+        }
+        let t2 = Instant::now();
+        match subject.provider.destroy(&id).await {
+            Ok(DestroyOutcome::VerifiedGone { .. }) => {
+                destroy.push(t2.elapsed());
+                // The provider verified it; observe once more, as the ledger would.
+                if let Ok(Observation::Absent) = subject.provider.observe(&id).await {
+                    gone.push(t2.elapsed());
+                } else {
+                    problems.push("observe after verified destroy did not say absent".into());
+                }
+            }
+            Ok(DestroyOutcome::Accepted { raw_state }) => {
+                destroy.push(t2.elapsed());
+                problems.push(format!("destroy accepted, not verified (raw {raw_state})"));
+            }
+            Err(e) => problems.push(format!("destroy: {e}")),
+        }
+    }
+    let mut metrics = BTreeMap::new();
+    metrics.insert("create_ms".into(), summary(&mut create, "create"));
+    metrics.insert(
+        "first_exec_ms".into(),
+        summary(&mut first_exec, "first exec"),
+    );
+    metrics.insert("destroy_ms".into(), summary(&mut destroy, "destroy"));
+    metrics.insert(
+        "verified_gone_ms".into(),
+        summary(&mut gone, "verified-gone"),
+    );
+    metrics.insert(
+        "lifecycle_success_rate".into(),
+        if iterations == 0 {
+            Metric::Unknown {
+                reason: "no iterations".into(),
+            }
+        } else {
+            Metric::Ratio {
+                successes: gone.len(),
+                n: iterations,
+            }
+        },
+    );
+    if !problems.is_empty() {
+        metrics.insert(
+            "lifecycle_problems".into(),
+            Metric::Unknown {
+                reason: problems.join("; "),
+            },
+        );
+    }
+    metrics
+}
+
+/// `berth verify`.
+pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
+    let provider = app.provider(&args.provider)?;
+    let manifest = app.registry.manifest(&args.provider)?.clone();
+    let source_hash = berth_factory::adapter_source_hash(&args.provider).ok_or_else(|| {
+        CliError::invalid(
+            format!("no adapter source hash for `{}`", args.provider),
+            "only providers with an adapter in this build can be verified",
+        )
+    })?;
+    let run = format!("v{}", &app.ledger.run_id()["run-".len()..]);
+    let subject = Subject::new(provider, manifest.clone(), args.image.clone(), run.clone())
+        .with_owner(app.ledger.owner());
+    let started_at = Utc::now();
+    let mut clauses = Vec::new();
+    for clause in berth_conformance::CLAUSES {
+        let result = berth_conformance::run_clause(&subject, clause.id).await;
+        if !app.json {
+            eprintln!(
+                "{:<40} {:<15} {}",
+                result.clause,
+                format!("{:?}", result.grade).to_lowercase(),
+                result.diagnostics.join("; ")
+            );
+        }
+        clauses.push(ClauseEvidence {
+            clause: result.clause,
+            capability: result.capability.map(|c| c.as_str().to_owned()),
+            grade: grade(result.grade),
+            diagnostics: result.diagnostics,
+            duration_ms: result.duration_ms,
+        });
+    }
+    let metrics = lifecycle(&subject, args.iterations).await;
+    berth_conformance::sweep_run(&subject).await;
+    let record = EvidenceRecord {
+        schema: EVIDENCE_SCHEMA.into(),
+        provider: manifest.id.clone(),
+        adapter_version: manifest.adapter_version.clone(),
+        adapter_source_hash: source_hash.to_owned(),
+        provenance: Provenance {
+            source: manifest.provenance.source.clone(),
+            pinned: manifest.provenance.pinned.clone(),
+            observed: None,
+        },
+        environment: Environment {
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|k| k.trim().to_owned())
+                .unwrap_or_else(|_| "UNKNOWN(no /proc/sys/kernel/osrelease)".into()),
+            berth_version: env!("CARGO_PKG_VERSION").into(),
+        },
+        run_id: run,
+        started_at,
+        finished_at: Utc::now(),
+        clauses,
+        metrics,
+        content_hash: String::new(),
+    }
+    .seal();
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| app.config.home.join("evidence"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join(format!("{}.json", manifest.id));
+    let text = serde_json::to_string_pretty(&record)?;
+    std::fs::write(&path, text + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let failed = record
+        .clauses
+        .iter()
+        .filter(|c| c.grade == berth_evidence::Grade::Fail)
+        .count();
+    if app.json {
+        emit(
+            "verify",
+            json!({ "provider": manifest.id, "record": path, "failed_clauses": failed, "evidence": record }),
+        );
+    } else {
+        println!(
+            "evidence: {} ({} clauses, {failed} failed, content {})",
+            path.display(),
+            record.clauses.len(),
+            record.content_hash
+        );
+    }
+    Ok(if failed == 0 {
+        code::OK
+    } else {
+        code::VERIFICATION_FAILED
+    })
+}
