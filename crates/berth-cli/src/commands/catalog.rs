@@ -28,11 +28,15 @@ fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
     }
 }
 
-fn statuses(
-    registry: &Registry,
-    dir: &Path,
-    only: Option<&str>,
-) -> Result<Vec<(String, bool, BTreeMap<String, Status>)>> {
+/// One provider's row of the catalog.
+struct Row {
+    id: String,
+    /// The manifest says it was verified (timestamp or evidence pointer set).
+    claims_verification: bool,
+    capabilities: BTreeMap<String, Status>,
+}
+
+fn statuses(registry: &Registry, dir: &Path, only: Option<&str>) -> Result<Vec<Row>> {
     let clauses: Vec<(&str, Option<&str>)> = berth_conformance::CLAUSES
         .iter()
         .map(|c| (c.id, c.capability.map(|c| c.as_str())))
@@ -50,11 +54,11 @@ fn statuses(
         };
         let claims =
             manifest.verification.verified_at.is_some() || manifest.verification.evidence.is_some();
-        out.push((
-            manifest.id.clone(),
-            claims,
-            evaluate(manifest, record.as_ref(), &expect),
-        ));
+        out.push(Row {
+            id: manifest.id.clone(),
+            claims_verification: claims,
+            capabilities: evaluate(manifest, record.as_ref(), &expect),
+        });
     }
     if let Some(id) = only {
         registry.manifest(id)?;
@@ -73,16 +77,16 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
             if json {
                 let providers: Vec<_> = table
                     .iter()
-                    .map(|(id, _, s)| json!({ "id": id, "capabilities": s }))
+                    .map(|row| json!({ "id": row.id, "capabilities": row.capabilities }))
                     .collect();
                 emit(
                     "catalog show",
                     json!({ "evidence_dir": dir, "providers": providers }),
                 );
             } else {
-                for (id, _, status) in &table {
-                    println!("{id}");
-                    for (capability, status) in status {
+                for row in &table {
+                    println!("{}", row.id);
+                    for (capability, status) in &row.capabilities {
                         println!("  {capability:<20} {status}");
                     }
                 }
@@ -93,13 +97,14 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
             let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
             let table = statuses(&registry, &dir, None)?;
             let mut problems = Vec::new();
-            for (id, claims, status) in &table {
-                for (capability, status) in status {
+            for row in &table {
+                let id = &row.id;
+                for (capability, status) in &row.capabilities {
                     match status {
                         Status::Failed(why) => problems.push(format!(
                             "{id}/{capability}: declared supported but the evidence fails: {why}"
                         )),
-                        Status::Unknown(why) if *claims => problems.push(format!(
+                        Status::Unknown(why) if row.claims_verification => problems.push(format!(
                             "{id}/{capability}: the manifest claims verification but the evidence does not prove it: {why}"
                         )),
                         _ => {}
