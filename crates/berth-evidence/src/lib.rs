@@ -194,7 +194,8 @@ impl fmt::Display for Status {
 pub struct Expectations<'a> {
     /// `(clause id, capability name or None for core)`.
     pub clauses: Vec<(&'a str, Option<&'a str>)>,
-    /// This build's adapter source hash, when known.
+    /// This build's adapter source hash; `None` when this build has no adapter for the
+    /// provider (catalog only), which leaves everything it may support UNKNOWN.
     pub adapter_source_hash: Option<&'a str>,
     /// Evaluation time.
     pub now: DateTime<Utc>,
@@ -263,9 +264,10 @@ pub fn evaluate(
                 continue;
             }
         }
-        let status = match record {
-            None => Status::Unknown("no evidence record".into()),
-            Some(record) => match record_problem(manifest, record, expect) {
+        let status = match (record, expect.adapter_source_hash) {
+            (_, None) => Status::Unknown("no adapter in this build".into()),
+            (None, Some(_)) => Status::Unknown("no evidence record".into()),
+            (Some(record), Some(_)) => match record_problem(manifest, record, expect) {
                 Some(problem) => Status::Unknown(problem),
                 None => capability_status(&name, record, expect),
             },

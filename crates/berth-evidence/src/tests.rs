@@ -235,3 +235,17 @@ fn published_json_schema_is_in_sync() {
         "schemas/evidence-record.schema.json is out of date; run BERTH_BLESS=1 cargo test -p berth-evidence"
     );
 }
+
+#[test]
+fn catalog_only_providers_are_unknown_for_lack_of_an_adapter() {
+    let no_adapter = Expectations {
+        adapter_source_hash: None,
+        ..expect()
+    };
+    let status = evaluate(&host(), Some(&all_pass()), &no_adapter);
+    assert_eq!(
+        status["core"],
+        Status::Unknown("no adapter in this build".into())
+    );
+    assert_eq!(status["stop_start"], Status::Unsupported);
+}

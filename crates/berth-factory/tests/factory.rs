@@ -60,7 +60,7 @@ fn unknown_and_catalog_only_providers_are_clear_errors() {
     let err = registry.construct("nope", &config).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unknown provider `nope` (known: bwrap, docker, host)"
+        "unknown provider `nope` (known: agent37, bwrap, daytona, docker, e2b, freestyle, host, microsandbox, modal)"
     );
 
     let catalog_only = host_manifest_with("id = \"host\"", "id = \"e2b\"");
