@@ -274,15 +274,30 @@ pub enum LedgerCommand {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Provider to measure.
-    #[arg(value_parser = ["host", "bwrap", "docker"])]
-    pub provider: String,
-    /// Samples per measurement (the create→destroy cycle takes a quarter as many).
-    #[arg(long, default_value_t = 200)]
-    pub iterations: usize,
+    /// Providers to measure, side by side (with `--raw`, exactly one).
+    #[arg(required = true)]
+    pub providers: Vec<String>,
+    /// Compare one provider's exec and create→destroy cycle with its raw substrate instead.
+    #[arg(long)]
+    pub raw: bool,
+    /// Iterations per provider (with `--raw`: samples per measurement).
+    #[arg(long)]
+    pub iterations: Option<usize>,
     /// Image for providers that need one (docker).
     #[arg(long)]
     pub image: Option<String>,
+    /// Lifecycle mode: one at a time, all at once, or launched every `--stagger-ms`.
+    #[arg(long, default_value = "sequential", value_parser = ["sequential", "burst", "staggered"])]
+    pub mode: String,
+    /// How many run at once in burst and staggered modes.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Delay between launches in staggered mode.
+    #[arg(long, default_value_t = 200)]
+    pub stagger_ms: u64,
+    /// Also write the results JSON (ComputeSDK-compatible shape) to this file.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Args)]

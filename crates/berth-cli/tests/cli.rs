@@ -861,3 +861,60 @@ fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
         "{doc}"
     );
 }
+
+#[test]
+fn lifecycle_bench_reports_phases_cleanup_and_unknowns_never_zero() {
+    let home = Home::new();
+    let out = home.path().join("bench.json");
+    let (code, doc) = home.json(&[
+        "bench",
+        "host",
+        "e2b",
+        "--iterations",
+        "3",
+        "--mode",
+        "staggered",
+        "--stagger-ms",
+        "20",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    let host = &doc["results"][0];
+    assert_eq!(host["provider"], "host");
+    assert_eq!(host["mode"], "staggered");
+    assert_eq!(host["staggerDelayMs"], 20);
+    assert_eq!(host["successRate"], 1.0);
+    assert_eq!(host["iterations"].as_array().unwrap().len(), 3);
+    for iteration in host["iterations"].as_array().unwrap() {
+        assert_eq!(iteration["cleanup"], "verified_gone");
+        let phases = iteration["phases"].as_object().unwrap();
+        for phase in [
+            "create_returned",
+            "ready",
+            "first_exec_ok",
+            "destroy_called",
+            "destroy_returned",
+            "verified_gone",
+        ] {
+            assert!(
+                phases[phase].as_f64().unwrap() > 0.0,
+                "{phase} must be measured: {iteration}"
+            );
+        }
+        assert_eq!(iteration["ttiMs"], phases["first_exec_ok"]);
+    }
+    assert_eq!(host["summary"]["ttiMs"]["n"], 3);
+    assert_eq!(host["reuseProbe"]["reused"], 0);
+    // A catalog-only provider is skipped with its reason, not reported as zeros.
+    let e2b = &doc["results"][1];
+    assert_eq!(e2b["skipped"], true);
+    assert!(e2b["skipReason"].as_str().unwrap().contains("no adapter"));
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(written["results"][0]["provider"], "host");
+    let (_, ledger) = home.json(&["ledger", "list"]);
+    assert!(
+        ledger["entries"].as_array().unwrap().is_empty(),
+        "bench left sandboxes: {ledger}"
+    );
+}

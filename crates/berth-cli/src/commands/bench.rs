@@ -1,4 +1,4 @@
-//! `berth bench PROVIDER`: Berth against the raw substrate, measured in the same run.
+//! `berth bench PROVIDER --raw`: Berth against the raw substrate, measured in the same run.
 //!
 //! Samples alternate between the raw operation and Berth's so drift (other load on the machine)
 //! hits both alike. Reported: median, p95 (nearest rank), min and sample count, plus the
@@ -280,11 +280,18 @@ async fn berth_create(
         .await?)
 }
 
-/// `berth bench PROVIDER`.
+/// `berth bench PROVIDER --raw`.
 pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
-    let iterations = args.iterations.max(5);
-    let provider = app.provider(&args.provider)?;
-    let raw = Raw::for_provider(&args.provider, args.image.as_deref(), app)?;
+    let [provider_id] = args.providers.as_slice() else {
+        return Err(CliError::invalid(
+            "`--raw` measures one provider at a time",
+            "e.g. `berth bench host --raw`",
+        )
+        .into());
+    };
+    let iterations = args.iterations.unwrap_or(200).max(5);
+    let provider = app.provider(provider_id)?;
+    let raw = Raw::for_provider(provider_id, args.image.as_deref(), app)?;
     let scratch = tempfile::Builder::new()
         .prefix("berth-bench-raw-")
         .tempdir_in(&app.config.home)?;
@@ -330,18 +337,17 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
     }
     let cycle = compare(&mut berth_cycle, &mut raw_cycle);
 
-    let (target_kind, target_ms) = exec_target(&args.provider);
+    let (target_kind, target_ms) = exec_target(provider_id);
     let exec_meets = match target_kind {
         "round_trip_ms" => exec.berth.median_ms <= target_ms,
         _ => exec.overhead_median_ms <= target_ms,
     };
-    let cycle_meets =
-        (args.provider == "docker").then_some(cycle.ratio_median <= DOCKER_CYCLE_RATIO);
+    let cycle_meets = (provider_id == "docker").then_some(cycle.ratio_median <= DOCKER_CYCLE_RATIO);
     if app.json {
         emit(
             "bench",
             json!({
-                "provider": args.provider,
+                "provider": provider_id,
                 "exec_round_trip": exec,
                 "exec_target": { target_kind: target_ms, "met": exec_meets },
                 "create_exec_destroy_cycle": cycle,

@@ -5,6 +5,7 @@ pub mod catalog;
 mod demo;
 mod exec;
 mod ledger;
+mod lifecycle;
 mod sandbox;
 mod verify;
 
@@ -51,7 +52,8 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             no_discover,
         }) => ledger::sweep(&app, run, expired, !no_discover).await,
         Command::Demo => demo::demo(&app).await,
-        Command::Bench(args) => bench::bench(&app, args).await,
+        Command::Bench(args) if args.raw => bench::bench(&app, args).await,
+        Command::Bench(args) => lifecycle::bench(app.clone(), args).await,
         Command::Verify(args) => verify::verify(&app, args).await,
         Command::Providers | Command::Schema { .. } | Command::Catalog(_) => {
             unreachable!("handled without state")
