@@ -124,6 +124,9 @@ pub enum Command {
     /// The catalog: every provider's capabilities and what the evidence says about them.
     #[command(subcommand)]
     Catalog(CatalogCommand),
+    /// Provider development: `berth provider new NAME` scaffolds an adapter.
+    #[command(subcommand)]
+    Provider(ProviderCommand),
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
@@ -321,14 +324,37 @@ pub enum CatalogCommand {
     Show {
         /// Only this provider.
         provider: Option<String>,
+        /// Read manifests from this directory instead of the ones built in.
+        #[arg(long)]
+        catalog: Option<std::path::PathBuf>,
         /// Directory of evidence records (default `$BERTH_HOME/evidence`).
         #[arg(long)]
         evidence: Option<std::path::PathBuf>,
     },
     /// Fail when any manifest claims more than its evidence shows.
     Check {
+        /// Read manifests from this directory instead of the ones built in.
+        #[arg(long)]
+        catalog: Option<std::path::PathBuf>,
         /// Directory of evidence records (default `$BERTH_HOME/evidence`).
         #[arg(long)]
         evidence: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProviderCommand {
+    /// Generate a compiling adapter crate, its manifest (status UNKNOWN), conformance wiring and
+    /// the contribution checklist.
+    New {
+        /// Provider id: lowercase letters, digits and `-`.
+        name: String,
+        /// The Berth checkout to write into (default: the current directory).
+        #[arg(long, default_value = ".")]
+        root: std::path::PathBuf,
+        /// Where Berth's crates live, when `--root` is not a Berth checkout (the generated crate
+        /// then gets its own workspace and path dependencies).
+        #[arg(long)]
+        berth_source: Option<std::path::PathBuf>,
     },
 }

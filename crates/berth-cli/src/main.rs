@@ -60,6 +60,9 @@ async fn run(cli: Cli) -> i32 {
         Command::Catalog(command) => {
             return finish(json, name, commands::catalog::run(&config, json, command))
         }
+        Command::Provider(command) => {
+            return finish(json, name, commands::scaffold::run(json, command))
+        }
         _ => {}
     }
     let app = match App::open(config, json).await {
@@ -156,6 +159,7 @@ impl Command {
             Command::Verify(_) => "verify",
             Command::Catalog(cli::CatalogCommand::Show { .. }) => "catalog show",
             Command::Catalog(cli::CatalogCommand::Check { .. }) => "catalog check",
+            Command::Provider(cli::ProviderCommand::New { .. }) => "provider new",
             Command::Schema { .. } => "schema",
         }
     }

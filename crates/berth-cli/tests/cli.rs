@@ -918,3 +918,83 @@ fn lifecycle_bench_reports_phases_cleanup_and_unknowns_never_zero() {
         "bench left sandboxes: {ledger}"
     );
 }
+
+#[test]
+fn provider_scaffold_compiles_passes_its_tests_and_the_catalog_check() {
+    let home = Home::new();
+    let root = home.path().join("checkout");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap();
+    let (code, doc) = home.json(&[
+        "provider",
+        "new",
+        "acme-cloud",
+        "--root",
+        root.to_str().unwrap(),
+        "--berth-source",
+        repo.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    let krate = root.join("crates/berth-provider-acme-cloud");
+    for file in [
+        "Cargo.toml",
+        "src/lib.rs",
+        "tests/conformance.rs",
+        "CHECKLIST.md",
+    ] {
+        assert!(krate.join(file).is_file(), "{file} not generated");
+    }
+    // Never overwrite.
+    let (code, doc) = home.json(&[
+        "provider",
+        "new",
+        "acme-cloud",
+        "--root",
+        root.to_str().unwrap(),
+        "--berth-source",
+        repo.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 5, "{doc}");
+    let (code, _) = home.json(&[
+        "provider",
+        "new",
+        "Bad_Name",
+        "--root",
+        root.to_str().unwrap(),
+        "--berth-source",
+        repo.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 5);
+
+    // It builds and its own tests pass (the conformance tests skip, saying why), resolving the
+    // same dependency versions as Berth.
+    std::fs::copy(repo.join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
+    let built = Command::new(env!("CARGO"))
+        .args(["test", "--quiet", "--", "--nocapture"])
+        .current_dir(&krate)
+        .env("CARGO_TARGET_DIR", repo.join("target/scaffold-check"))
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "generated crate failed: {}{}",
+        text(&built.stdout),
+        text(&built.stderr)
+    );
+    assert!(
+        text(&built.stderr).contains("SKIPPED: set BERTH_LIVE_ACME_CLOUD=1"),
+        "{}",
+        text(&built.stderr)
+    );
+
+    // The catalog accepts its manifest and reports it honestly: nothing verified.
+    let catalog = root.join("catalog/providers");
+    let (code, doc) = home.json(&["catalog", "check", "--catalog", catalog.to_str().unwrap()]);
+    assert_eq!(code, 0, "{doc}");
+    let (_, doc) = home.json(&["catalog", "show", "--catalog", catalog.to_str().unwrap()]);
+    let caps = &doc["providers"][0]["capabilities"];
+    assert_eq!(caps["core"]["status"], "UNKNOWN");
+    assert_eq!(caps["files"]["status"], "UNSUPPORTED");
+}

@@ -68,10 +68,18 @@ fn statuses(registry: &Registry, dir: &Path, only: Option<&str>) -> Result<Vec<R
 
 /// Runs a catalog subcommand.
 pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32> {
-    let registry = Registry::builtin()?;
+    let (CatalogCommand::Show { catalog, .. } | CatalogCommand::Check { catalog, .. }) = command;
+    let registry = match catalog {
+        // Manifests from a directory are validated like the built-in ones; whether an adapter
+        // exists is this build's answer (its adapter source hashes).
+        Some(dir) => Registry::with_manifests(berth_manifest::load_dir(dir)?),
+        None => Registry::builtin()?,
+    };
     let default_dir = || config.home.join("evidence");
     match command {
-        CatalogCommand::Show { provider, evidence } => {
+        CatalogCommand::Show {
+            provider, evidence, ..
+        } => {
             let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
             let table = statuses(&registry, &dir, provider.as_deref())?;
             if json {
@@ -93,7 +101,7 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
             }
             Ok(code::OK)
         }
-        CatalogCommand::Check { evidence } => {
+        CatalogCommand::Check { evidence, .. } => {
             let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
             let table = statuses(&registry, &dir, None)?;
             let mut problems = Vec::new();

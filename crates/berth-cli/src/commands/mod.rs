@@ -7,6 +7,7 @@ mod exec;
 mod ledger;
 mod lifecycle;
 mod sandbox;
+pub mod scaffold;
 mod verify;
 
 use std::sync::Arc;
@@ -55,7 +56,10 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Bench(args) if args.raw => bench::bench(&app, args).await,
         Command::Bench(args) => lifecycle::bench(app.clone(), args).await,
         Command::Verify(args) => verify::verify(&app, args).await,
-        Command::Providers | Command::Schema { .. } | Command::Catalog(_) => {
+        Command::Providers
+        | Command::Schema { .. }
+        | Command::Catalog(_)
+        | Command::Provider(_) => {
             unreachable!("handled without state")
         }
     }
