@@ -169,7 +169,7 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
         provenance: Provenance {
             source: manifest.provenance.source.clone(),
             pinned: manifest.provenance.pinned.clone(),
-            observed: None,
+            observed: observed_provenance(app, &manifest.id).await,
         },
         environment: Environment {
             os: std::env::consts::OS.into(),
@@ -219,4 +219,20 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
     } else {
         code::VERIFICATION_FAILED
     })
+}
+
+/// What the provider reports about itself, where this build can ask (the docker engine's
+/// version and the negotiated API version).
+async fn observed_provenance(app: &App, provider: &str) -> Option<String> {
+    if provider != "docker" {
+        return None;
+    }
+    let socket =
+        berth_provider_docker::engine::socket_from_docker_host(app.config.env.get("DOCKER_HOST"))
+            .ok()?;
+    let (api, engine) = berth_provider_docker::Engine::new(&socket)
+        .versions()
+        .await
+        .ok()?;
+    Some(format!("docker engine {engine}, API {api} negotiated"))
 }
