@@ -1,0 +1,475 @@
+//! The mission file: TOML with a `schema_version`, validated, with errors that point at lines.
+//!
+//! ```toml
+//! schema_version = 1
+//! name = "fix-the-test"
+//!
+//! [repository]
+//! path = "repo"            # or: url = "https://…/repo.git"
+//! base = "main"            # a commit, branch or tag, resolved once when the mission starts
+//!
+//! [sandbox]
+//! provider = "host"
+//! fallback = []            # tried in order on capacity / quota / unavailable only
+//! # image = "berth/agent:bookworm"
+//!
+//! [harness]
+//! kind = "script"
+//! command = "sh agent.sh"  # run with sh -c in the staged repository
+//!
+//! [[tasks]]
+//! id = "fix"
+//! instructions = "Make the test pass."
+//! max_attempts = 3
+//! agent_timeout = "2m"
+//! [tasks.validator]
+//! command = "python3 -m unittest -v > .berth/validator.log 2>&1 && echo ok > .berth/verdict"
+//! timeout = "1m"
+//! evidence = [".berth/verdict"]
+//! ```
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The mission file schema version this Berth reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A mission file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MissionFile {
+    /// Must equal [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Mission name (letters, digits, `-`, `_`).
+    pub name: String,
+    /// The repository the agent works on.
+    pub repository: Repository,
+    /// Where attempts run.
+    pub sandbox: SandboxSpec,
+    /// The agent.
+    pub harness: Harness,
+    /// Ordered tasks.
+    pub tasks: Vec<Task>,
+}
+
+/// The repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Repository {
+    /// A local path (relative to the mission file).
+    pub path: Option<String>,
+    /// A git URL reachable from here.
+    pub url: Option<String>,
+    /// Commit, branch or tag to start from.
+    pub base: String,
+}
+
+/// Where attempts run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// Provider id.
+    pub provider: String,
+    /// Providers to try next, on capacity/quota/unavailable only.
+    #[serde(default)]
+    pub fallback: Vec<String>,
+    /// Image, for providers that have one.
+    pub image: Option<String>,
+    /// Keep each attempt's sandbox instead of destroying it after the attempt.
+    #[serde(default)]
+    pub keep: bool,
+}
+
+/// The agent harness.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Harness {
+    /// `script` (any command); agent CLIs come later.
+    pub kind: String,
+    /// The command line, run with `sh -c` in the staged repository.
+    pub command: String,
+}
+
+/// One task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Task {
+    /// Unique id.
+    pub id: String,
+    /// What the agent is asked to do (given to it as `BERTH_INSTRUCTIONS`).
+    pub instructions: String,
+    /// Attempts allowed before the task is exhausted.
+    pub max_attempts: u32,
+    /// Deadline for the agent, e.g. `2m`.
+    pub agent_timeout: String,
+    /// How an attempt is judged.
+    pub validator: Validator,
+}
+
+/// A validator: a command run on the frozen workspace, and the evidence it must produce.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Validator {
+    /// The command line, run with `sh -c` after the agent is stopped.
+    pub command: String,
+    /// Deadline, e.g. `1m`.
+    pub timeout: String,
+    /// Files (relative to the repository) the validator must produce for a pass to count.
+    pub evidence: Vec<String>,
+}
+
+/// A mission file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MissionFileError {
+    /// TOML syntax or shape error (the message carries line and column).
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// File name.
+        origin: String,
+        /// Parser message with line and column.
+        message: String,
+    },
+    /// Unsupported schema version.
+    #[error("{origin}: schema_version {found} is not supported; this berth reads schema_version {SCHEMA_VERSION}")]
+    SchemaVersion {
+        /// File name.
+        origin: String,
+        /// What the file says.
+        found: u32,
+    },
+    /// A value breaks a rule.
+    #[error("{origin}:{line}: `{field}` {problem}")]
+    Invalid {
+        /// File name.
+        origin: String,
+        /// 1-based line of the offending key (or its table).
+        line: usize,
+        /// Field path, e.g. `tasks[1].max_attempts`.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// Parses a duration such as `500ms`, `30s`, `2m`, `1h`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" | "" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    (seconds.is_finite() && seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+/// The line of `key` inside the `index`-th `[[tasks]]` block (or of the block, or of a
+/// top-level table), 1-based; 1 when it cannot be found.
+fn line_of(text: &str, section: &str, index: Option<usize>, key: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let header = match index {
+        Some(i) => lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.trim() == format!("[[{section}]]"))
+            .nth(i)
+            .map(|(n, _)| n),
+        None if section.is_empty() => Some(0),
+        None => lines
+            .iter()
+            .position(|l| l.trim() == format!("[{section}]")),
+    };
+    let Some(start) = header else { return 1 };
+    for (n, line) in lines.iter().enumerate().skip(start) {
+        if n > start && line.trim_start().starts_with("[[") && index.is_some() {
+            break;
+        }
+        let trimmed = line.trim_start();
+        if trimmed.starts_with(key) && trimmed[key.len()..].trim_start().starts_with('=') {
+            return n + 1;
+        }
+    }
+    start + 1
+}
+
+/// Parses and validates a mission file.
+pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> {
+    #[derive(Deserialize)]
+    struct Probe {
+        schema_version: Option<u32>,
+    }
+    if let Ok(Probe {
+        schema_version: Some(found),
+    }) = toml::from_str::<Probe>(text)
+    {
+        if found != SCHEMA_VERSION {
+            return Err(MissionFileError::SchemaVersion {
+                origin: origin.into(),
+                found,
+            });
+        }
+    }
+    let file: MissionFile = toml::from_str(text).map_err(|e| MissionFileError::Syntax {
+        origin: origin.into(),
+        message: e.to_string().trim_end().to_owned(),
+    })?;
+    let invalid =
+        |section: &str, index: Option<usize>, key: &str, field: String, problem: String| {
+            MissionFileError::Invalid {
+                origin: origin.into(),
+                line: line_of(text, section, index, key),
+                field,
+                problem,
+            }
+        };
+    let slug = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    };
+    if !slug(&file.name) {
+        return Err(invalid(
+            "",
+            None,
+            "name",
+            "name".into(),
+            "must be letters, digits, `-` or `_`".into(),
+        ));
+    }
+    match (&file.repository.path, &file.repository.url) {
+        (Some(_), None) | (None, Some(_)) => {}
+        _ => {
+            return Err(invalid(
+                "repository",
+                None,
+                "path",
+                "repository".into(),
+                "needs exactly one of `path` or `url`".into(),
+            ))
+        }
+    }
+    if file.harness.kind != "script" {
+        return Err(invalid(
+            "harness",
+            None,
+            "kind",
+            "harness.kind".into(),
+            format!(
+                "is `{}`; this berth runs the `script` harness (agent CLIs come later)",
+                file.harness.kind
+            ),
+        ));
+    }
+    if file.tasks.is_empty() {
+        return Err(invalid(
+            "",
+            None,
+            "name",
+            "tasks".into(),
+            "is empty: a mission needs at least one [[tasks]]".into(),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for (i, task) in file.tasks.iter().enumerate() {
+        let at = |key: &str, field: &str, problem: String| {
+            invalid(
+                "tasks",
+                Some(i),
+                key,
+                format!("tasks[{i}].{field}"),
+                problem,
+            )
+        };
+        if !slug(&task.id) {
+            return Err(at("id", "id", "must be letters, digits, `-` or `_`".into()));
+        }
+        if !seen.insert(task.id.clone()) {
+            return Err(at(
+                "id",
+                "id",
+                format!("`{}` is used by an earlier task", task.id),
+            ));
+        }
+        if task.max_attempts == 0 {
+            return Err(at(
+                "max_attempts",
+                "max_attempts",
+                "must be at least 1".into(),
+            ));
+        }
+        if parse_duration(&task.agent_timeout).is_none() {
+            return Err(at(
+                "agent_timeout",
+                "agent_timeout",
+                format!(
+                    "`{}` is not a duration (e.g. `90s`, `2m`)",
+                    task.agent_timeout
+                ),
+            ));
+        }
+        if parse_duration(&task.validator.timeout).is_none() {
+            return Err(at(
+                "timeout",
+                "validator.timeout",
+                format!("`{}` is not a duration", task.validator.timeout),
+            ));
+        }
+        if task.validator.evidence.is_empty() {
+            return Err(at(
+                "evidence",
+                "validator.evidence",
+                "is empty: a validator must name the evidence it produces, or a pass would be vacuous".into(),
+            ));
+        }
+        for evidence in &task.validator.evidence {
+            if evidence.starts_with('/') || evidence.split('/').any(|p| p == "..") {
+                return Err(at(
+                    "evidence",
+                    "validator.evidence",
+                    format!("`{evidence}` must be a path inside the repository"),
+                ));
+            }
+        }
+    }
+    Ok(file)
+}
+
+/// The JSON Schema of mission files.
+pub fn json_schema() -> String {
+    let mut text =
+        serde_json::to_string_pretty(&schemars::schema_for!(MissionFile)).expect("schema");
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"schema_version = 1
+name = "fix-the-test"
+
+[repository]
+path = "repo"
+base = "main"
+
+[sandbox]
+provider = "host"
+
+[harness]
+kind = "script"
+command = "sh agent.sh"
+
+[[tasks]]
+id = "fix"
+instructions = "Make the test pass."
+max_attempts = 3
+agent_timeout = "2m"
+
+[tasks.validator]
+command = "python3 -m unittest && echo ok > .berth/verdict"
+timeout = "1m"
+evidence = [".berth/verdict"]
+
+[[tasks]]
+id = "docs"
+instructions = "Document it."
+max_attempts = 1
+agent_timeout = "30s"
+
+[tasks.validator]
+command = "test -s NOTES.md && echo ok > .berth/notes"
+timeout = "10s"
+evidence = [".berth/notes"]
+"#;
+
+    #[test]
+    fn a_good_file_parses() {
+        let file = parse("m.toml", GOOD).unwrap();
+        assert_eq!(file.tasks.len(), 2);
+        assert_eq!(
+            parse_duration(&file.tasks[0].agent_timeout),
+            Some(Duration::from_secs(120))
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let cases = [
+            (
+                GOOD.replacen("max_attempts = 1", "max_attempts = 0", 1),
+                "m.toml:29: `tasks[1].max_attempts` must be at least 1",
+            ),
+            (
+                GOOD.replacen("agent_timeout = \"2m\"", "agent_timeout = \"soon\"", 1),
+                "m.toml:19: `tasks[0].agent_timeout`",
+            ),
+            (
+                GOOD.replacen("id = \"docs\"", "id = \"fix\"", 1),
+                "m.toml:27: `tasks[1].id` `fix` is used by an earlier task",
+            ),
+            (
+                GOOD.replacen("evidence = [\".berth/notes\"]", "evidence = []", 1),
+                "m.toml:35: `tasks[1].validator.evidence` is empty",
+            ),
+            (
+                GOOD.replacen("kind = \"script\"", "kind = \"codex\"", 1),
+                "m.toml:12: `harness.kind`",
+            ),
+            (
+                GOOD.replacen(
+                    "evidence = [\".berth/verdict\"]",
+                    "evidence = [\"../escape\"]",
+                    1,
+                ),
+                "inside the repository",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse("m.toml", &text).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}\n  wanted: {want}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_carry_line_and_column() {
+        let broken = GOOD.replacen("max_attempts = 3", "max_attempts = = 3", 1);
+        let err = parse("m.toml", &broken).unwrap_err().to_string();
+        assert!(err.contains("line 18"), "{err}");
+        let unknown = GOOD.replacen("[sandbox]", "[sandbox]\ncolour = 1", 1);
+        assert!(parse("m.toml", &unknown)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `colour`"));
+        let future = GOOD.replacen("schema_version = 1", "schema_version = 2", 1);
+        assert!(matches!(
+            parse("m.toml", &future),
+            Err(MissionFileError::SchemaVersion { found: 2, .. })
+        ));
+    }
+
+    /// `BERTH_BLESS=1 cargo test -p berth-mission` regenerates the published schema.
+    #[test]
+    fn published_json_schema_is_in_sync() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../schemas/mission-file.schema.json");
+        let generated = json_schema();
+        if std::env::var_os("BERTH_BLESS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        assert!(
+            std::fs::read_to_string(&path).unwrap_or_default() == generated,
+            "schemas/mission-file.schema.json is out of date; run BERTH_BLESS=1 cargo test -p berth-mission"
+        );
+    }
+}
