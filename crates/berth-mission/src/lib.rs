@@ -1,6 +1,6 @@
 //! Missions: coding-agent work as durable mission → task → attempt records.
 //!
-//! - [`file`] — the mission file (TOML, schema-versioned, JSON Schema published): repository and
+//! - [`mod@file`] — the mission file (TOML, schema-versioned, JSON Schema published): repository and
 //!   base commit, provider and fallbacks, image, harness, ordered tasks with validators.
 //! - [`authority`] — the pure, synchronous state machine that alone decides task transitions:
 //!   deterministic attempt keys, retry until `max_attempts`, exhaustion terminal, and a task
