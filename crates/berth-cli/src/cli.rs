@@ -124,13 +124,16 @@ pub enum Command {
     /// The catalog: every provider's capabilities and what the evidence says about them.
     #[command(subcommand)]
     Catalog(CatalogCommand),
+    /// Missions: coding-agent work as durable, validator-gated mission → task → attempt runs.
+    #[command(subcommand)]
+    Mission(MissionCommand),
     /// Provider development: `berth provider new NAME` scaffolds an adapter.
     #[command(subcommand)]
     Provider(ProviderCommand),
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
-        #[arg(value_parser = ["manifest", "evidence"])]
+        #[arg(value_parser = ["manifest", "evidence", "mission"])]
         which: String,
     },
 }
@@ -357,4 +360,25 @@ pub enum ProviderCommand {
         #[arg(long)]
         berth_source: Option<std::path::PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MissionCommand {
+    /// Register a mission file and run it to completion, showing each step.
+    Run {
+        /// The mission file (TOML; `berth schema mission` prints its schema).
+        file: std::path::PathBuf,
+    },
+    /// Continue a mission after an interruption or crash.
+    Resume {
+        /// Mission id.
+        id: String,
+    },
+    /// Tasks, attempts, outcomes, reasons and timings of a mission.
+    Status {
+        /// Mission id.
+        id: String,
+    },
+    /// Your missions.
+    List,
 }

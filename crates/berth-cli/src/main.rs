@@ -160,6 +160,10 @@ impl Command {
             Command::Catalog(cli::CatalogCommand::Show { .. }) => "catalog show",
             Command::Catalog(cli::CatalogCommand::Check { .. }) => "catalog check",
             Command::Provider(cli::ProviderCommand::New { .. }) => "provider new",
+            Command::Mission(cli::MissionCommand::Run { .. }) => "mission run",
+            Command::Mission(cli::MissionCommand::Resume { .. }) => "mission resume",
+            Command::Mission(cli::MissionCommand::Status { .. }) => "mission status",
+            Command::Mission(cli::MissionCommand::List) => "mission list",
             Command::Schema { .. } => "schema",
         }
     }

@@ -205,7 +205,25 @@ impl Ledger {
         F: FnOnce(CreateRequest) -> Fut,
         Fut: Future<Output = Result<Created, ProviderError>>,
     {
-        let name = new_sandbox_name();
+        self.create_tracked_as(new_sandbox_name(), provider, origin, ttl, prepare, make)
+            .await
+    }
+
+    /// [`Ledger::create_tracked`] with a chosen name (e.g. derived from a mission attempt key, so
+    /// recovery can find and adopt the sandbox). A name already in the ledger is a store error.
+    pub async fn create_tracked_as<F, Fut>(
+        &self,
+        name: SandboxName,
+        provider: &dyn Provider,
+        origin: &str,
+        ttl: Option<Duration>,
+        prepare: impl FnOnce(&mut CreateRequest),
+        make: F,
+    ) -> Result<Tracked, LedgerError>
+    where
+        F: FnOnce(CreateRequest) -> Fut,
+        Fut: Future<Output = Result<Created, ProviderError>>,
+    {
         let expires_at = ttl.map(|ttl| Utc::now() + ttl);
         let labels = Labels {
             owner: self.owner.clone(),

@@ -5,8 +5,10 @@
 //!
 //! - [`Store`] — opening, migrating, schema version.
 //! - [`ledger`] — ledger rows ([`LedgerRow`], [`LedgerState`], [`NewLedgerRow`]).
+//! - [`missions`] — mission records, their event log and attempt facts ([`MissionRow`]).
 
 pub mod ledger;
+pub mod missions;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -16,6 +18,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 
 pub use ledger::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow};
+pub use missions::{AttemptFact, Conflict, MissionRow};
 
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -6,6 +6,7 @@ mod demo;
 mod exec;
 mod ledger;
 mod lifecycle;
+mod mission;
 mod sandbox;
 pub mod scaffold;
 mod verify;
@@ -56,6 +57,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Bench(args) if args.raw => bench::bench(&app, args).await,
         Command::Bench(args) => lifecycle::bench(app.clone(), args).await,
         Command::Verify(args) => verify::verify(&app, args).await,
+        Command::Mission(command) => mission::run(&app, command).await,
         Command::Providers
         | Command::Schema { .. }
         | Command::Catalog(_)
@@ -69,6 +71,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
 pub fn schema(_json: bool, which: &str) -> i32 {
     match which {
         "evidence" => print!("{}", berth_evidence::json_schema()),
+        "mission" => print!("{}", berth_mission::file::json_schema()),
         _ => print!("{}", berth_manifest::json_schema()),
     }
     code::OK

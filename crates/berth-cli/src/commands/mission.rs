@@ -1,0 +1,194 @@
+//! `berth mission run|resume|status|list`.
+
+use anyhow::Result;
+use berth_mission::authority::{AttemptStatus, MissionRecord, MissionState, TaskState};
+use berth_orchestrator::{Boundary, Orchestrator, Step};
+use serde_json::json;
+
+use crate::app::App;
+use crate::cli::MissionCommand;
+use crate::errors::code;
+use crate::output::emit;
+
+/// `BERTH_FAULT=kill-before-event:N|kill-after-event:N`: SIGKILL this process at that durable
+/// boundary (crash-recovery tests).
+fn crash_at(boundary: Boundary) {
+    let Ok(fault) = std::env::var("BERTH_FAULT") else {
+        return;
+    };
+    let hit = match (fault.split_once(':'), boundary) {
+        (Some(("kill-before-event", n)), Boundary::BeforeEvent(at))
+        | (Some(("kill-after-event", n)), Boundary::AfterEvent(at)) => n.parse() == Ok(at),
+        _ => false,
+    };
+    if hit {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+fn orchestrator(app: &App) -> Orchestrator<'_> {
+    Orchestrator {
+        store: app.ledger.store(),
+        ledger: &app.ledger,
+        registry: &app.registry,
+        config: &app.provider_config,
+        home: &app.config.home,
+        boundary: Some(crash_at),
+    }
+}
+
+fn exit_for(state: &MissionState) -> i32 {
+    match state {
+        MissionState::Succeeded => code::OK,
+        _ => code::VERIFICATION_FAILED,
+    }
+}
+
+async fn drive(app: &App, id: &str) -> Result<i32> {
+    let orch = orchestrator(app);
+    let json = app.json;
+    let started = std::time::Instant::now();
+    let mut report = |step: &Step| {
+        if json {
+            return;
+        }
+        let at = started.elapsed().as_secs_f64();
+        match step {
+            Step::Claimed { task, key } => println!("[{at:>7.2}s] {task}: attempt {key} claimed"),
+            Step::Advanced { key, what } => println!("[{at:>7.2}s]   {key}: {what}"),
+            Step::Rejected { key, reason } => println!("[{at:>7.2}s]   {key}: REJECTED — {reason}"),
+            Step::Finished(state) => println!("[{at:>7.2}s] mission {id}: {}", describe(state)),
+        }
+    };
+    let state = orch.run(id, &mut report).await?;
+    if json {
+        return status(app, id).await.map(|_| exit_for(&state));
+    }
+    Ok(exit_for(&state))
+}
+
+fn describe(state: &MissionState) -> String {
+    match state {
+        MissionState::Running => "running".into(),
+        MissionState::Succeeded => "succeeded".into(),
+        MissionState::Failed { task } => format!("FAILED (task `{task}` exhausted its attempts)"),
+    }
+}
+
+async fn status(app: &App, id: &str) -> Result<i32> {
+    let orch = orchestrator(app);
+    let (spec, record, seq) = orch.load(id).await?;
+    let facts = app.ledger.store().attempt_facts(id).await?;
+    if app.json {
+        let facts: Vec<_> = facts
+            .iter()
+            .map(|f| json!({
+                "attempt": f.attempt_key, "kind": f.kind, "at": f.at,
+                "detail": serde_json::from_str::<serde_json::Value>(&f.detail_json).unwrap_or_default(),
+            }))
+            .collect();
+        emit(
+            "mission status",
+            json!({ "mission": record, "events": seq, "base_commit": spec.base_commit, "facts": facts }),
+        );
+        return Ok(code::OK);
+    }
+    print_record(&record, &spec.base_commit, seq);
+    for fact in facts
+        .iter()
+        .filter(|f| f.kind == "agent" || f.kind == "validator")
+    {
+        let detail: serde_json::Value = serde_json::from_str(&fact.detail_json).unwrap_or_default();
+        println!(
+            "  {} {:<9} {} ({:.0} ms)",
+            fact.attempt_key,
+            fact.kind,
+            detail["status"],
+            detail["duration_ms"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    Ok(code::OK)
+}
+
+fn print_record(record: &MissionRecord, base: &str, events: i64) {
+    println!(
+        "mission {}: {} (base {}, {events} events)",
+        record.id,
+        describe(&record.state),
+        &base[..12.min(base.len())]
+    );
+    for task in &record.tasks {
+        let state = match &task.state {
+            TaskState::Open => "open".to_owned(),
+            TaskState::Done { accepted } => format!("done (accepted {accepted})"),
+            TaskState::Exhausted => "EXHAUSTED".to_owned(),
+        };
+        println!(
+            "  task {} — {state}, {}/{} attempts",
+            task.id,
+            task.attempts.len(),
+            task.max_attempts
+        );
+        for attempt in &task.attempts {
+            let outcome = match &attempt.status {
+                AttemptStatus::InProgress { phase } => format!("in progress ({phase:?})"),
+                AttemptStatus::Rejected { reason } => format!("rejected: {reason}"),
+                AttemptStatus::Accepted {
+                    commit,
+                    checkpoint,
+                    finalized,
+                    ..
+                } => format!(
+                    "accepted; commit {}, checkpoint {}, finalized {finalized}",
+                    commit
+                        .as_deref()
+                        .map(|c| &c[..12.min(c.len())])
+                        .unwrap_or("-"),
+                    checkpoint
+                        .as_deref()
+                        .map(|c| &c[..19.min(c.len())])
+                        .unwrap_or("-"),
+                ),
+            };
+            println!("    #{} {} {outcome}", attempt.ordinal, attempt.key);
+        }
+    }
+}
+
+/// Runs a mission subcommand.
+pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
+    match command {
+        MissionCommand::Run { file } => {
+            let id = orchestrator(app).create(&file).await?;
+            if !app.json {
+                println!("mission {id} registered from {}", file.display());
+            }
+            drive(app, &id).await
+        }
+        MissionCommand::Resume { id } => drive(app, &id).await,
+        MissionCommand::Status { id } => status(app, &id).await,
+        MissionCommand::List => {
+            let rows = app.ledger.store().mission_list(app.ledger.owner()).await?;
+            if app.json {
+                let missions: Vec<_> = rows
+                    .iter()
+                    .map(|r| json!({ "id": r.id, "name": r.name, "state": r.state, "events": r.seq, "created_at": r.created_at, "updated_at": r.updated_at }))
+                    .collect();
+                emit("mission list", json!({ "missions": missions }));
+            } else if rows.is_empty() {
+                println!("no missions (start one with `berth mission run FILE`)");
+            } else {
+                for r in rows {
+                    println!(
+                        "{:<32} {:<10} {:>4} events  {}",
+                        r.id,
+                        r.state,
+                        r.seq,
+                        r.updated_at.format("%Y-%m-%d %H:%M:%S")
+                    );
+                }
+            }
+            Ok(code::OK)
+        }
+    }
+}

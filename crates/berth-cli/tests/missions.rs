@@ -1,0 +1,267 @@
+//! Missions end to end through the `berth` binary on the host provider: the bundled example,
+//! crash recovery at every durable boundary (SIGKILL, then `mission resume`), and validator
+//! cases (pass, fail, vacuous pass, timeout, tampering after the freeze).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn berth(home: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+    cmd.args(args)
+        .env("BERTH_HOME", home)
+        .env("BERTH_OWNER", "mission-tester")
+        .env_remove("BERTH_FAULT")
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run(home: &Path, args: &[&str]) -> Output {
+    berth(home, args).output().unwrap()
+}
+
+fn json(home: &Path, args: &[&str]) -> (i32, Value) {
+    let mut full = vec!["--json"];
+    full.extend_from_slice(args);
+    let out = run(home, &full);
+    let doc = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{args:?}: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), doc)
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test/mission.toml")
+}
+
+fn home() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("berth-test-mission-")
+        .tempdir()
+        .unwrap()
+}
+
+fn only_mission(home: &Path) -> String {
+    let (_, doc) = json(home, &["mission", "list"]);
+    let missions = doc["missions"].as_array().unwrap();
+    assert_eq!(missions.len(), 1, "{doc}");
+    missions[0]["id"].as_str().unwrap().to_owned()
+}
+
+/// Every sandbox the mission made is verified gone, one per attempt role, and none is left.
+fn assert_clean_ledger(home: &Path, expected_rows: usize) {
+    let (_, doc) = json(home, &["ledger", "list", "--all"]);
+    let rows = doc["entries"].as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        expected_rows,
+        "one sandbox per attempt and role: {doc}"
+    );
+    for row in rows {
+        assert_eq!(row["state"], "verified_gone", "{row}");
+    }
+    let dir = home.join("state/host/sandboxes");
+    let left = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "sandbox directories left in {}", dir.display());
+}
+
+fn assert_example_succeeded(home: &Path, id: &str) {
+    let (code, doc) = json(home, &["mission", "status", id]);
+    assert_eq!(code, 0);
+    let mission = &doc["mission"];
+    assert_eq!(mission["state"]["state"], "succeeded", "{doc}");
+    let attempts = mission["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "no lost and no extra attempt: {doc}");
+    assert_eq!(attempts[0]["status"]["status"], "rejected");
+    assert_eq!(attempts[1]["status"]["status"], "accepted");
+    assert_eq!(attempts[1]["status"]["finalized"], true);
+    assert_eq!(doc["events"], 15, "every event exactly once");
+}
+
+#[test]
+fn the_bundled_example_is_rejected_once_then_accepted() {
+    let home = home();
+    let out = run(
+        home.path(),
+        &["mission", "run", example().to_str().unwrap()],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("REJECTED — validator exited with code 1"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("succeeded"), "{stdout}");
+    let id = only_mission(home.path());
+    assert_example_succeeded(home.path(), &id);
+    assert_clean_ledger(home.path(), 4);
+    // The accepted work is exported: the bundle holds a commit where the test passes.
+    let bundle = home.path().join(format!("missions/{id}/fix-add.bundle"));
+    let clone = home.path().join("check");
+    let status = Command::new("git")
+        .args(["clone", "-q"])
+        .arg(&bundle)
+        .arg(&clone)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let calc = std::fs::read_to_string(clone.join("calc.py")).unwrap();
+    assert!(calc.contains("return a + b"), "{calc}");
+}
+
+#[test]
+fn a_kill_at_every_durable_boundary_resumes_to_the_same_result() {
+    for boundary in ["kill-before-event", "kill-after-event"] {
+        for n in 1..=15 {
+            let home = home();
+            let fault = format!("{boundary}:{n}");
+            let out = berth(
+                home.path(),
+                &["mission", "run", example().to_str().unwrap()],
+            )
+            .env("BERTH_FAULT", &fault)
+            .output()
+            .unwrap();
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                out.status.signal(),
+                Some(9),
+                "{fault}: the process was not killed"
+            );
+            let id = only_mission(home.path());
+            let resumed = run(home.path(), &["mission", "resume", &id]);
+            assert!(
+                resumed.status.success(),
+                "{fault}: resume failed: {}{}",
+                String::from_utf8_lossy(&resumed.stdout),
+                String::from_utf8_lossy(&resumed.stderr)
+            );
+            assert_example_succeeded(home.path(), &id);
+            assert_clean_ledger(home.path(), 4);
+        }
+    }
+}
+
+fn write_mission(
+    dir: &Path,
+    agent: &str,
+    validator: &str,
+    timeout: &str,
+    evidence: &str,
+    attempts: u32,
+) -> PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(repo.join(".agent")).unwrap();
+    std::fs::write(repo.join("README"), "case\n").unwrap();
+    std::fs::write(repo.join(".agent/agent.sh"), agent).unwrap();
+    let file = dir.join("mission.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"schema_version = 1
+name = "case"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "host"
+[harness]
+kind = "script"
+command = "sh .agent/agent.sh"
+[[tasks]]
+id = "t"
+instructions = "do it"
+max_attempts = {attempts}
+agent_timeout = "30s"
+[tasks.validator]
+command = {validator:?}
+timeout = "{timeout}"
+evidence = [{evidence}]
+"#
+        ),
+    )
+    .unwrap();
+    file
+}
+
+fn first_reason(home: &Path) -> (i32, String, Value) {
+    let id = only_mission(home);
+    let (_, doc) = json(home, &["mission", "status", &id]);
+    let attempt = &doc["mission"]["tasks"][0]["attempts"][0]["status"];
+    let reason = attempt["reason"].as_str().unwrap_or_default().to_owned();
+    (0, reason, doc)
+}
+
+#[test]
+fn validator_cases_pass_fail_vacuous_timeout() {
+    let cases = [
+        (
+            "pass",
+            "echo ok > .berth-out",
+            "\".berth-out\"",
+            "10s",
+            "accepted",
+        ),
+        (
+            "fail",
+            "exit 3",
+            "\".berth-out\"",
+            "10s",
+            "validator exited with code 3",
+        ),
+        ("vacuous", "true", "\".berth-out\"", "10s", "vacuous pass"),
+        (
+            "timeout",
+            "sleep 30",
+            "\".berth-out\"",
+            "1s",
+            "validator timed out",
+        ),
+    ];
+    for (name, validator, evidence, timeout, want) in cases {
+        let home = home();
+        let file = write_mission(home.path(), "true\n", validator, timeout, evidence, 1);
+        let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+        let (_, reason, doc) = first_reason(home.path());
+        if want == "accepted" {
+            assert!(out.status.success(), "{name}: {doc}");
+            assert_eq!(doc["mission"]["state"]["state"], "succeeded", "{name}");
+        } else {
+            assert_eq!(
+                out.status.code(),
+                Some(12),
+                "{name}: an exhausted mission exits 12"
+            );
+            assert_eq!(doc["mission"]["state"]["state"], "failed", "{name}: {doc}");
+            assert_eq!(doc["mission"]["tasks"][0]["state"]["state"], "exhausted");
+            assert!(reason.contains(want), "{name}: reason {reason:?}");
+        }
+        assert_clean_ledger(home.path(), 2);
+    }
+}
+
+#[test]
+fn tampering_after_the_freeze_cannot_change_the_verdict() {
+    let home = home();
+    // The agent writes the right answer, then leaves a process (outside its process group) that
+    // overwrites it shortly after the agent has stopped and the workspace is frozen.
+    let agent = "echo 42 > answer.txt\nsetsid sh -c 'sleep 0.4; echo 0 > answer.txt' </dev/null >/dev/null 2>&1 &\n";
+    let validator = "sleep 1.5; test \"$(cat answer.txt)\" = 42 && echo ok > .berth-out";
+    let file = write_mission(home.path(), agent, validator, "20s", "\".berth-out\"", 1);
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    let (_, _, doc) = first_reason(home.path());
+    assert!(
+        out.status.success(),
+        "the frozen copy kept the agent's answer: {doc}"
+    );
+    assert_clean_ledger(home.path(), 2);
+}

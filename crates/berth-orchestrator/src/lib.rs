@@ -1,0 +1,331 @@
+//! The mission service: durable ticks over the mission authority.
+//!
+//! A tick loads the mission's record from the store, asks the authority what comes next
+//! ([`berth_mission::authority::next`]) and performs exactly one step of the attempt pipeline:
+//!
+//! claim → sandbox (created under the ledger, named from the attempt key, adopted on recovery) →
+//! stage the repository at its base commit → run the harness under a timeout (its whole process
+//! group ends with it) → freeze (fork the sandbox; the agent never sees the copy) → run the
+//! validator on the frozen copy and check its declared evidence → commit → checkpoint (provider
+//! snapshot) → finalize (export the accepted commit as a git bundle) → teardown.
+//!
+//! Each step's result is an authority event appended to the store in one transaction with the
+//! record it produces; a crash between a side effect and its event repeats at most that step,
+//! which is written to be repeatable (adoption by name, idempotent commits and exports). Model
+//! (agent) execution is therefore at-least-once, never silently skipped.
+
+mod pipeline;
+
+use std::path::{Path, PathBuf};
+
+use berth_factory::{ProviderConfig, Registry};
+use berth_ledger::Ledger;
+use berth_mission::authority::{self, Event, MissionRecord, MissionState, Next};
+use berth_mission::file::MissionFile;
+use berth_store::Store;
+use serde::{Deserialize, Serialize};
+
+pub use pipeline::Step;
+
+/// Schema version of the mission spec stored beside the record.
+pub const SPEC_VERSION: u32 = 1;
+
+/// A mission failed to run (not: a mission failed — that is a mission state).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OrchestratorError {
+    /// The mission file is invalid.
+    #[error(transparent)]
+    File(#[from] berth_mission::file::MissionFileError),
+    /// The repository could not be read.
+    #[error("repository: {0}")]
+    Repository(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] berth_store::StoreError),
+    /// The authority refused a transition (a bug in the pipeline, or a concurrent writer).
+    #[error(transparent)]
+    Authority(#[from] authority::AuthorityError),
+    /// Another process changed the mission concurrently.
+    #[error(transparent)]
+    Conflict(#[from] berth_store::Conflict),
+    /// A provider could not be constructed.
+    #[error(transparent)]
+    Factory(#[from] berth_factory::FactoryError),
+    /// A stored record could not be read.
+    #[error("stored mission is unreadable: {0}")]
+    Corrupt(String),
+}
+
+/// What is stored beside the authority's record: the mission file plus what was resolved when
+/// the mission started.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MissionSpec {
+    /// [`SPEC_VERSION`].
+    pub spec_version: u32,
+    /// The mission file as parsed.
+    pub file: MissionFile,
+    /// The base commit, resolved from `repository.base`.
+    pub base_commit: String,
+    /// The repository bundle the first task starts from.
+    pub base_bundle: PathBuf,
+}
+
+/// Runs missions for one owner.
+#[derive(Debug)]
+pub struct Orchestrator<'a> {
+    /// The store.
+    pub store: &'a Store,
+    /// The ledger (every sandbox goes through it).
+    pub ledger: &'a Ledger,
+    /// Providers.
+    pub registry: &'a Registry,
+    /// Provider configuration.
+    pub config: &'a ProviderConfig,
+    /// Where mission artifacts (bundles) live: `<home>/missions/<id>/`.
+    pub home: &'a Path,
+    /// Called at every durable boundary (before and after each event is stored). Tests use it
+    /// to kill the process at each boundary and prove `resume` completes the mission.
+    pub boundary: Option<fn(Boundary)>,
+}
+
+/// A durable step boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// The side effect happened; event number `n` is about to be stored.
+    BeforeEvent(i64),
+    /// Event number `n` is durable; the next side effect has not started.
+    AfterEvent(i64),
+}
+
+fn git(dir: &Path, args: &[&str]) -> Result<String, OrchestratorError> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .map_err(|e| OrchestratorError::Repository(format!("cannot run git: {e}")))?;
+    if !out.status.success() {
+        return Err(OrchestratorError::Repository(format!(
+            "git {} in {}: {}",
+            args.join(" "),
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            if entry.file_name() != ".git" {
+                copy_tree(&entry.path(), &target)?;
+            }
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+fn new_mission_id(name: &str) -> String {
+    let mut buf = [0u8; 4];
+    getrandom::fill(&mut buf).expect("OS randomness");
+    format!("ms-{name}-{}", hex::encode(buf))
+}
+
+fn state_name(state: &MissionState) -> &'static str {
+    match state {
+        MissionState::Running => "running",
+        MissionState::Succeeded => "succeeded",
+        MissionState::Failed { .. } => "failed",
+    }
+}
+
+impl Orchestrator<'_> {
+    /// The directory of a mission's artifacts.
+    pub fn mission_dir(&self, id: &str) -> PathBuf {
+        self.home.join("missions").join(id)
+    }
+
+    /// Registers a mission from its file: resolves the base commit, bundles the repository,
+    /// and records the initial state. Nothing runs yet.
+    pub async fn create(&self, file_path: &Path) -> Result<String, OrchestratorError> {
+        let text = std::fs::read_to_string(file_path).map_err(|e| {
+            OrchestratorError::Repository(format!("cannot read {}: {e}", file_path.display()))
+        })?;
+        let file = berth_mission::file::parse(&file_path.display().to_string(), &text)?;
+        let mut source = match (&file.repository.path, &file.repository.url) {
+            (Some(path), _) => file_path.parent().unwrap_or(Path::new(".")).join(path),
+            (None, Some(url)) => {
+                return Err(OrchestratorError::Repository(format!(
+                    "git URLs ({url}) are not supported yet; clone it and use `path`"
+                )))
+            }
+            (None, None) => unreachable!("validated"),
+        };
+        let id = new_mission_id(&file.name);
+        let dir = self.mission_dir(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            OrchestratorError::Repository(format!("cannot create {}: {e}", dir.display()))
+        })?;
+        // `base = "snapshot"`: the directory's current files become the base commit of a fresh
+        // repository (for plain directories and examples).
+        if file.repository.base == "snapshot" {
+            let copy = dir.join("source");
+            copy_tree(&source, &copy).map_err(|e| {
+                OrchestratorError::Repository(format!("cannot copy {}: {e}", source.display()))
+            })?;
+            git(&copy, &["init", "-q", "-b", "main"])?;
+            git(&copy, &["add", "-A"])?;
+            git(
+                &copy,
+                &[
+                    "-c",
+                    "user.name=berth",
+                    "-c",
+                    "user.email=berth@localhost",
+                    "commit",
+                    "-q",
+                    "-m",
+                    "berth: mission base",
+                ],
+            )?;
+            source = copy;
+        }
+        let base = if file.repository.base == "snapshot" {
+            "HEAD"
+        } else {
+            file.repository.base.as_str()
+        };
+        let base_commit = git(
+            &source,
+            &["rev-parse", "--verify", &format!("{base}^{{commit}}")],
+        )?;
+        let base_bundle = dir.join("base.bundle");
+        git(
+            &source,
+            &["bundle", "create", &base_bundle.to_string_lossy(), "--all"],
+        )?;
+        let record = MissionRecord::new(
+            &id,
+            file.tasks
+                .iter()
+                .map(|t| (t.id.clone(), t.max_attempts, t.validator.evidence.clone()))
+                .collect(),
+        );
+        let spec = MissionSpec {
+            spec_version: SPEC_VERSION,
+            file,
+            base_commit,
+            base_bundle,
+        };
+        self.store
+            .mission_insert(
+                &id,
+                &spec.file.name,
+                self.ledger.owner(),
+                &serde_json::to_string(&spec).expect("spec serializes"),
+                &serde_json::to_string(&record).expect("record serializes"),
+                state_name(&record.state),
+            )
+            .await?;
+        Ok(id)
+    }
+
+    /// Loads a mission: its spec, record and sequence number.
+    pub async fn load(
+        &self,
+        id: &str,
+    ) -> Result<(MissionSpec, MissionRecord, i64), OrchestratorError> {
+        let row = self.store.mission_get(id).await?;
+        let spec: MissionSpec = serde_json::from_str(&row.spec_json)
+            .map_err(|e| OrchestratorError::Corrupt(e.to_string()))?;
+        if spec.spec_version != SPEC_VERSION {
+            return Err(OrchestratorError::Corrupt(format!(
+                "mission spec version {} (this berth reads {SPEC_VERSION})",
+                spec.spec_version
+            )));
+        }
+        let record: MissionRecord = serde_json::from_str(&row.record_json)
+            .map_err(|e| OrchestratorError::Corrupt(e.to_string()))?;
+        Ok((spec, record, row.seq))
+    }
+
+    /// Applies an event through the authority and stores it with the new record, atomically.
+    pub(crate) async fn commit_event(
+        &self,
+        id: &str,
+        record: &MissionRecord,
+        seq: i64,
+        event: &Event,
+    ) -> Result<(MissionRecord, i64), OrchestratorError> {
+        let next = authority::apply(record, event)?;
+        if let Some(hook) = self.boundary {
+            hook(Boundary::BeforeEvent(seq + 1));
+        }
+        let new_seq = self
+            .store
+            .mission_append(
+                id,
+                seq,
+                &serde_json::to_string(event).expect("event serializes"),
+                &serde_json::to_string(&next).expect("record serializes"),
+                state_name(&next.state),
+            )
+            .await??;
+        if let Some(hook) = self.boundary {
+            hook(Boundary::AfterEvent(new_seq));
+        }
+        Ok((next, new_seq))
+    }
+
+    /// One tick: at most one new agent submission, or one recovery/reconciliation/finalization
+    /// step. Returns what it did.
+    pub async fn tick(&self, id: &str) -> Result<Step, OrchestratorError> {
+        let (spec, record, seq) = self.load(id).await?;
+        pipeline::reconcile(self, &spec, &record).await?;
+        match authority::next(&record) {
+            Next::Finished(state) => Ok(Step::Finished(state)),
+            Next::Start { task, key } => {
+                let inputs = pipeline::inputs(&spec, &task);
+                self.commit_event(
+                    id,
+                    &record,
+                    seq,
+                    &Event::Start {
+                        task: task.clone(),
+                        inputs,
+                    },
+                )
+                .await?;
+                Ok(Step::Claimed { task, key })
+            }
+            Next::Continue { key, status } => {
+                pipeline::advance(self, &spec, &record, seq, &key, &status).await
+            }
+        }
+    }
+
+    /// Ticks until the mission finishes, reporting every step.
+    pub async fn run(
+        &self,
+        id: &str,
+        progress: &mut (dyn FnMut(&Step) + Send),
+    ) -> Result<MissionState, OrchestratorError> {
+        loop {
+            let step = self.tick(id).await?;
+            progress(&step);
+            if let Step::Finished(state) = step {
+                return Ok(state);
+            }
+        }
+    }
+}

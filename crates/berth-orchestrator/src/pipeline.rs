@@ -1,0 +1,736 @@
+//! The attempt pipeline, one durable step per call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_contract::{
+    ExecOutput, ExecRequest, ExitStatus, NativeId, Observation, Provider, ProviderExt, SandboxName,
+};
+use berth_ledger::LedgerError;
+use berth_mission::authority::{
+    AttemptInputs, AttemptKey, AttemptStatus, Event, MissionRecord, MissionState, Phase,
+};
+use berth_mission::file::{parse_duration, Task};
+use berth_store::{LedgerState, StoreError};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::{MissionSpec, Orchestrator, OrchestratorError};
+
+/// What one tick did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// A new attempt was claimed (the tick's one new submission).
+    Claimed {
+        /// Task.
+        task: String,
+        /// Attempt.
+        key: AttemptKey,
+    },
+    /// An attempt moved forward.
+    Advanced {
+        /// Attempt.
+        key: AttemptKey,
+        /// What happened, in words.
+        what: String,
+    },
+    /// An attempt was rejected (durably, with its reason).
+    Rejected {
+        /// Attempt.
+        key: AttemptKey,
+        /// Why.
+        reason: String,
+    },
+    /// The mission has finished.
+    Finished(MissionState),
+}
+
+/// The inputs an attempt runs with (its lock record).
+pub(crate) fn inputs(spec: &MissionSpec, task_id: &str) -> AttemptInputs {
+    let task = spec
+        .file
+        .tasks
+        .iter()
+        .find(|t| t.id == task_id)
+        .expect("task exists");
+    let mut hasher = Sha256::new();
+    for part in [&task.validator.command, &task.validator.timeout] {
+        hasher.update(part.as_bytes());
+        hasher.update([0]);
+    }
+    for evidence in &task.validator.evidence {
+        hasher.update(evidence.as_bytes());
+        hasher.update([0]);
+    }
+    AttemptInputs {
+        provider: spec.file.sandbox.provider.clone(),
+        image: spec.file.sandbox.image.clone(),
+        harness: format!("script/{}", spec.file.harness.command),
+        validator: format!("sha256:{}", hex::encode(hasher.finalize())),
+    }
+}
+
+fn sandbox_name(key: &AttemptKey) -> SandboxName {
+    SandboxName(format!("bx-{}", key.0.trim_start_matches("at-")))
+}
+
+fn frozen_name(key: &AttemptKey) -> SandboxName {
+    SandboxName(format!("bx-{}-v", key.0.trim_start_matches("at-")))
+}
+
+fn tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let start = text.len().saturating_sub(2000);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(text.len());
+    text[start..].to_owned()
+}
+
+fn output_json(out: &ExecOutput) -> serde_json::Value {
+    json!({
+        "status": out.status,
+        "stdout_tail": tail(&out.stdout),
+        "stderr_tail": out.stderr.as_deref().map(tail),
+        "duration_ms": out.duration.as_secs_f64() * 1000.0,
+    })
+}
+
+/// A sandbox that should exist for this attempt: found in the ledger and observed present.
+/// `Ok(Err(reason))` when it is provably gone.
+async fn existing(
+    orch: &Orchestrator<'_>,
+    provider: &dyn Provider,
+    name: &SandboxName,
+) -> Result<Result<NativeId, String>, OrchestratorError> {
+    let row = match orch.ledger.row(&name.0).await {
+        Ok(row) => row,
+        Err(LedgerError::Store(StoreError::NotFound(_))) => {
+            return Ok(Err(format!("sandbox `{name}` was never created")))
+        }
+        Err(LedgerError::Store(e)) => return Err(e.into()),
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    if row.state == LedgerState::VerifiedGone {
+        return Ok(Err(format!("sandbox `{name}` is gone")));
+    }
+    let id = berth_ledger::native_id(&row);
+    match provider.observe(&id).await {
+        Ok(Observation::Present { .. }) => Ok(Ok(id)),
+        Ok(Observation::Absent) => Ok(Err(format!("sandbox `{name}` is absent"))),
+        Err(e) => Ok(Err(format!("cannot observe sandbox `{name}`: {e}"))),
+    }
+}
+
+/// Adopts the attempt's sandbox if the ledger has it, else creates it under the ledger with the
+/// attempt-derived name. Never creates while a ledger row says it may exist.
+async fn ensure(
+    orch: &Orchestrator<'_>,
+    provider: &Arc<dyn Provider>,
+    spec: &MissionSpec,
+    name: &SandboxName,
+    fork_of: Option<&NativeId>,
+) -> Result<Result<NativeId, String>, OrchestratorError> {
+    match orch.ledger.row(&name.0).await {
+        Ok(_) => return existing(orch, provider.as_ref(), name).await,
+        Err(LedgerError::Store(StoreError::NotFound(_))) => {}
+        Err(LedgerError::Store(e)) => return Err(e.into()),
+        Err(e) => return Ok(Err(e.to_string())),
+    }
+    let image = spec.file.sandbox.image.clone();
+    let origin = match fork_of {
+        Some(source) => format!("mission-freeze:{source}"),
+        None => "mission-attempt".to_owned(),
+    };
+    let created = match fork_of {
+        None => {
+            orch.ledger
+                .create_tracked_as(
+                    name.clone(),
+                    provider.as_ref(),
+                    &origin,
+                    None,
+                    |r| r.image = image,
+                    |req| {
+                        let provider = provider.clone();
+                        async move { provider.create(&req).await }
+                    },
+                )
+                .await
+        }
+        Some(source) => {
+            let Some(fork) = provider.fork() else {
+                return Ok(Err(format!(
+                    "cannot freeze the workspace: provider `{}` does not support fork",
+                    provider.id()
+                )));
+            };
+            orch.ledger
+                .create_tracked_as(
+                    name.clone(),
+                    provider.as_ref(),
+                    &origin,
+                    None,
+                    |r| r.image = image,
+                    |req| async move { fork.fork(source, &req).await },
+                )
+                .await
+        }
+    };
+    match created {
+        Ok(tracked) => Ok(Ok(NativeId(tracked.native_id))),
+        Err(LedgerError::Store(e)) => Err(e.into()),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+/// Recovery: sandboxes of attempts that are over (rejected, or finalized and not kept) must be
+/// gone; a crash between an attempt's last event and its teardown leaves them, so every tick
+/// finishes that teardown first.
+pub(crate) async fn reconcile(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    record: &MissionRecord,
+) -> Result<(), OrchestratorError> {
+    let mut over = Vec::new();
+    for task in &record.tasks {
+        for attempt in &task.attempts {
+            match &attempt.status {
+                AttemptStatus::Rejected { .. } => over.push((attempt.key.clone(), false)),
+                AttemptStatus::Accepted {
+                    finalized: true, ..
+                } => over.push((attempt.key.clone(), spec.file.sandbox.keep)),
+                // The frozen copy is done once the validator's verdict is recorded.
+                AttemptStatus::Accepted { .. } => over.push((attempt.key.clone(), true)),
+                AttemptStatus::InProgress { .. } => {}
+            }
+        }
+    }
+    if over.is_empty() {
+        return Ok(());
+    }
+    let mut provider = None;
+    for (key, keep_main) in over {
+        for (name, keep) in [(frozen_name(&key), false), (sandbox_name(&key), keep_main)] {
+            if keep {
+                continue;
+            }
+            if let Ok(row) = orch.ledger.row(&name.0).await {
+                if row.state != LedgerState::VerifiedGone {
+                    let p = match &provider {
+                        Some(p) => Arc::clone(p),
+                        None => {
+                            let p = orch
+                                .registry
+                                .construct(&spec.file.sandbox.provider, orch.config)?;
+                            provider = Some(Arc::clone(&p));
+                            p
+                        }
+                    };
+                    let _ = orch.ledger.destroy_row(p.as_ref(), &row).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Destroys the attempt's sandboxes (ledger-verified), unless the mission keeps them.
+async fn teardown(
+    orch: &Orchestrator<'_>,
+    provider: &dyn Provider,
+    key: &AttemptKey,
+    keep_main: bool,
+) {
+    let names = if keep_main {
+        vec![frozen_name(key)]
+    } else {
+        vec![frozen_name(key), sandbox_name(key)]
+    };
+    for name in names {
+        if let Ok(row) = orch.ledger.row(&name.0).await {
+            if row.state != LedgerState::VerifiedGone {
+                let _ = orch.ledger.destroy_row(provider, &row).await;
+            }
+        }
+    }
+}
+
+async fn sh(
+    provider: &dyn Provider,
+    id: &NativeId,
+    line: String,
+    cwd: Option<&str>,
+) -> Result<ExecOutput, String> {
+    let mut req = ExecRequest::shell(line).with_timeout(Duration::from_secs(600));
+    req.cwd = cwd.map(str::to_owned);
+    provider.exec(id, &req).await.map_err(|e| e.to_string())
+}
+
+fn task_of<'s>(spec: &'s MissionSpec, record: &MissionRecord) -> (usize, &'s Task) {
+    let current = record
+        .current_task()
+        .expect("an attempt in progress has a current task");
+    let index = record
+        .tasks
+        .iter()
+        .position(|t| t.id == current.id)
+        .expect("present");
+    (
+        index,
+        spec.file
+            .tasks
+            .iter()
+            .find(|t| t.id == current.id)
+            .expect("spec task"),
+    )
+}
+
+/// The input of task `index`: the base bundle and commit, or the previous task's accepted work.
+fn input_of(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    record: &MissionRecord,
+    index: usize,
+) -> (std::path::PathBuf, String) {
+    if index == 0 {
+        return (spec.base_bundle.clone(), spec.base_commit.clone());
+    }
+    let previous = &record.tasks[index - 1];
+    let commit = previous
+        .attempts
+        .iter()
+        .find_map(|a| match &a.status {
+            AttemptStatus::Accepted {
+                commit: Some(c),
+                finalized: true,
+                ..
+            } => Some(c.clone()),
+            _ => None,
+        })
+        .expect("a later task starts only after the previous one was finalized");
+    (
+        orch.mission_dir(&record.id)
+            .join(format!("{}.bundle", previous.id)),
+        commit,
+    )
+}
+
+/// One step of the attempt `key`.
+pub(crate) async fn advance(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    record: &MissionRecord,
+    seq: i64,
+    key: &AttemptKey,
+    status: &AttemptStatus,
+) -> Result<Step, OrchestratorError> {
+    let provider = orch
+        .registry
+        .construct(&spec.file.sandbox.provider, orch.config)?;
+    let (index, task) = task_of(spec, record);
+    let attempt = record.tasks[index]
+        .attempts
+        .iter()
+        .find(|a| &a.key == key)
+        .expect("attempt");
+    // The lock record: an attempt resumes only with the inputs it started with.
+    if attempt.inputs != inputs(spec, &task.id) {
+        return reject(
+            orch,
+            provider.as_ref(),
+            spec,
+            record,
+            seq,
+            key,
+            "attempt inputs changed since it started (lock record mismatch)".into(),
+        )
+        .await;
+    }
+    let mission = &record.id;
+    let fact = |kind: &'static str, detail: serde_json::Value| async move {
+        orch.store
+            .attempt_fact(mission, &key.0, kind, &detail.to_string())
+            .await
+    };
+    let reached = |phase: Phase, what: String| async move {
+        orch.commit_event(
+            mission,
+            record,
+            seq,
+            &Event::Reached {
+                key: key.clone(),
+                phase,
+            },
+        )
+        .await?;
+        Ok::<Step, OrchestratorError>(Step::Advanced {
+            key: key.clone(),
+            what,
+        })
+    };
+    match status {
+        AttemptStatus::InProgress {
+            phase: Phase::Claimed,
+        } => match ensure(orch, &provider, spec, &sandbox_name(key), None).await? {
+            Ok(id) => {
+                fact(
+                    "sandbox",
+                    json!({ "sandbox": sandbox_name(key).0, "native_id": id.0 }),
+                )
+                .await?;
+                reached(
+                    Phase::SandboxReady,
+                    format!("sandbox {} ready", sandbox_name(key)),
+                )
+                .await
+            }
+            Err(reason) => reject(orch, provider.as_ref(), spec, record, seq, key, reason).await,
+        },
+        AttemptStatus::InProgress {
+            phase: Phase::SandboxReady,
+        } => {
+            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            let (bundle, commit) = input_of(orch, spec, record, index);
+            let staged = async {
+                let bytes = std::fs::read(&bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
+                provider
+                    .require_files()
+                    .map_err(|e| e.to_string())?
+                    .write(&id, ".berth-input.bundle", &bytes)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let out = sh(
+                    provider.as_ref(),
+                    &id,
+                    format!("rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q {commit} && rm -f .berth-input.bundle"),
+                    None,
+                )
+                .await?;
+                if out.status.success() { Ok(()) } else { Err(format!("staging failed: {}", tail(out.stderr.as_deref().unwrap_or_default()))) }
+            }
+            .await;
+            match staged {
+                Ok(()) => {
+                    fact("stage", json!({ "commit": commit })).await?;
+                    reached(
+                        Phase::Staged,
+                        format!("repository staged at {}", &commit[..12.min(commit.len())]),
+                    )
+                    .await
+                }
+                Err(reason) => {
+                    reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            }
+        }
+        AttemptStatus::InProgress {
+            phase: Phase::Staged,
+        } => {
+            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            let timeout = parse_duration(&task.agent_timeout).expect("validated");
+            let req = ExecRequest::shell(spec.file.harness.command.clone())
+                .with_cwd("repo")
+                .with_timeout(timeout)
+                .with_env("BERTH_TASK", task.id.clone())
+                .with_env("BERTH_INSTRUCTIONS", task.instructions.clone())
+                .with_env("BERTH_ATTEMPT", attempt.ordinal.to_string());
+            match provider.exec(&id, &req).await {
+                Ok(out) => {
+                    fact("agent", output_json(&out)).await?;
+                    reached(Phase::AgentStopped, format!("agent {}", out.status)).await
+                }
+                Err(e) => {
+                    reject(
+                        orch,
+                        provider.as_ref(),
+                        spec,
+                        record,
+                        seq,
+                        key,
+                        format!("the agent could not run: {e}"),
+                    )
+                    .await
+                }
+            }
+        }
+        AttemptStatus::InProgress {
+            phase: Phase::AgentStopped,
+        } => {
+            let main = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            match ensure(orch, &provider, spec, &frozen_name(key), Some(&main)).await? {
+                Ok(frozen) => {
+                    fact("freeze", json!({ "frozen": frozen.0 })).await?;
+                    reached(
+                        Phase::Frozen,
+                        format!("workspace frozen into {}", frozen_name(key)),
+                    )
+                    .await
+                }
+                Err(reason) => {
+                    reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            }
+        }
+        AttemptStatus::InProgress {
+            phase: Phase::Frozen,
+        } => {
+            let frozen = match existing(orch, provider.as_ref(), &frozen_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            let timeout = parse_duration(&task.validator.timeout).expect("validated");
+            let req = ExecRequest::shell(task.validator.command.clone())
+                .with_cwd("repo")
+                .with_timeout(timeout);
+            let out = match provider.exec(&frozen, &req).await {
+                Ok(out) => out,
+                Err(e) => {
+                    return reject(
+                        orch,
+                        provider.as_ref(),
+                        spec,
+                        record,
+                        seq,
+                        key,
+                        format!("the validator could not run: {e}"),
+                    )
+                    .await
+                }
+            };
+            fact("validator", output_json(&out)).await?;
+            let event = match &out.status {
+                ExitStatus::Exited { code: 0 } => {
+                    let files = provider
+                        .require_files()
+                        .map_err(|e| OrchestratorError::Repository(e.to_string()));
+                    let mut present = Vec::new();
+                    if let Ok(files) = files {
+                        for evidence in &task.validator.evidence {
+                            if files
+                                .read(&frozen, &format!("repo/{evidence}"))
+                                .await
+                                .is_ok()
+                            {
+                                present.push(evidence.clone());
+                            }
+                        }
+                    }
+                    Event::ValidatorPassed {
+                        key: key.clone(),
+                        evidence: present,
+                    }
+                }
+                ExitStatus::TimedOut => Event::Rejected {
+                    key: key.clone(),
+                    reason: format!("validator timed out after {}", task.validator.timeout),
+                },
+                other => Event::Rejected {
+                    key: key.clone(),
+                    reason: format!(
+                        "validator {other}: {}",
+                        tail(out.stderr.as_deref().unwrap_or_default())
+                            .lines()
+                            .last()
+                            .unwrap_or("")
+                    ),
+                },
+            };
+            let (next, _) = orch.commit_event(mission, record, seq, &event).await?;
+            // The frozen copy has served its purpose.
+            if let Ok(row) = orch.ledger.row(&frozen_name(key).0).await {
+                let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+            }
+            let status = &next.tasks[index]
+                .attempts
+                .iter()
+                .find(|a| &a.key == key)
+                .expect("attempt")
+                .status;
+            match status {
+                AttemptStatus::Rejected { reason } => {
+                    teardown(orch, provider.as_ref(), key, false).await;
+                    Ok(Step::Rejected {
+                        key: key.clone(),
+                        reason: reason.clone(),
+                    })
+                }
+                _ => Ok(Step::Advanced {
+                    key: key.clone(),
+                    what: "validator accepted".into(),
+                }),
+            }
+        }
+        AttemptStatus::Accepted { commit: None, .. } => {
+            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            let out = sh(
+                provider.as_ref(),
+                &id,
+                format!(
+                    "git add -A && git -c user.name=berth -c user.email=berth@localhost commit -q --allow-empty -m 'berth: {} (attempt {})' && git rev-parse HEAD",
+                    task.id, attempt.ordinal
+                ),
+                Some("repo"),
+            )
+            .await
+            .map_err(OrchestratorError::Repository)?;
+            if !out.status.success() {
+                return Err(OrchestratorError::Repository(format!(
+                    "commit failed: {}",
+                    tail(out.stderr.as_deref().unwrap_or_default())
+                )));
+            }
+            let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            fact("commit", json!({ "commit": commit })).await?;
+            orch.commit_event(
+                mission,
+                record,
+                seq,
+                &Event::Committed {
+                    key: key.clone(),
+                    commit: commit.clone(),
+                },
+            )
+            .await?;
+            Ok(Step::Advanced {
+                key: key.clone(),
+                what: format!("committed {}", &commit[..12.min(commit.len())]),
+            })
+        }
+        AttemptStatus::Accepted {
+            checkpoint: None, ..
+        } => {
+            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            let snapshots = provider
+                .require_snapshots()
+                .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
+            let snap = snapshots
+                .snapshot(&id)
+                .await
+                .map_err(|e| OrchestratorError::Repository(format!("checkpoint failed: {e}")))?;
+            fact("checkpoint", json!({ "snapshot": snap })).await?;
+            orch.commit_event(
+                mission,
+                record,
+                seq,
+                &Event::Checkpointed {
+                    key: key.clone(),
+                    checkpoint: snap.handle.clone(),
+                },
+            )
+            .await?;
+            Ok(Step::Advanced {
+                key: key.clone(),
+                what: format!("checkpoint {}", snap.handle),
+            })
+        }
+        AttemptStatus::Accepted {
+            finalized: false, ..
+        } => {
+            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            };
+            let out = sh(
+                provider.as_ref(),
+                &id,
+                "git bundle create -q ../.berth-output.bundle HEAD".into(),
+                Some("repo"),
+            )
+            .await
+            .map_err(OrchestratorError::Repository)?;
+            if !out.status.success() {
+                return Err(OrchestratorError::Repository(format!(
+                    "export failed: {}",
+                    tail(out.stderr.as_deref().unwrap_or_default())
+                )));
+            }
+            let bytes = provider
+                .require_files()
+                .map_err(|e| OrchestratorError::Repository(e.to_string()))?
+                .read(&id, ".berth-output.bundle")
+                .await
+                .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
+            let path = orch
+                .mission_dir(mission)
+                .join(format!("{}.bundle", task.id));
+            std::fs::write(&path, &bytes).map_err(|e| {
+                OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
+            })?;
+            fact("finalize", json!({ "bundle": path, "bytes": bytes.len() })).await?;
+            orch.commit_event(mission, record, seq, &Event::Finalized { key: key.clone() })
+                .await?;
+            teardown(orch, provider.as_ref(), key, spec.file.sandbox.keep).await;
+            Ok(Step::Advanced {
+                key: key.clone(),
+                what: format!("finalized; task `{}` done", task.id),
+            })
+        }
+        other => Err(OrchestratorError::Corrupt(format!(
+            "attempt {key} is not open: {other:?}"
+        ))),
+    }
+}
+
+async fn reject(
+    orch: &Orchestrator<'_>,
+    provider: &dyn Provider,
+    _spec: &MissionSpec,
+    record: &MissionRecord,
+    seq: i64,
+    key: &AttemptKey,
+    reason: String,
+) -> Result<Step, OrchestratorError> {
+    orch.store
+        .attempt_fact(
+            &record.id,
+            &key.0,
+            "rejected",
+            &json!({ "reason": reason }).to_string(),
+        )
+        .await?;
+    orch.commit_event(
+        &record.id,
+        record,
+        seq,
+        &Event::Rejected {
+            key: key.clone(),
+            reason: reason.clone(),
+        },
+    )
+    .await?;
+    teardown(orch, provider, key, false).await;
+    Ok(Step::Rejected {
+        key: key.clone(),
+        reason,
+    })
+}

@@ -1,0 +1,294 @@
+//! Mission rows. The store keeps the authority's record and its event log in one transaction;
+//! the rules live in `berth-mission`.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::{Store, StoreError};
+
+/// A stored mission.
+#[derive(Debug, Clone, Serialize)]
+pub struct MissionRow {
+    /// Mission id.
+    pub id: String,
+    /// Mission name.
+    pub name: String,
+    /// Owner.
+    pub owner: String,
+    /// The mission's spec (JSON), as the service wrote it.
+    pub spec_json: String,
+    /// The authority's record (JSON).
+    pub record_json: String,
+    /// `running`, `succeeded` or `failed`.
+    pub state: String,
+    /// Events applied so far.
+    pub seq: i64,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A durable fact about an attempt.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptFact {
+    /// Attempt key.
+    pub attempt_key: String,
+    /// What kind of fact (`agent`, `validator`, `sandbox`, …).
+    pub kind: String,
+    /// Details (JSON).
+    pub detail_json: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn ts(text: &str) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|_| StoreError::Corrupt(format!("timestamp `{text}`")))
+}
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+fn row(r: sqlx::sqlite::SqliteRow) -> Result<MissionRow, StoreError> {
+    let get = |n: &str| {
+        r.try_get::<String, _>(n)
+            .map_err(|e| StoreError::Corrupt(format!("{n}: {e}")))
+    };
+    Ok(MissionRow {
+        id: get("id")?,
+        name: get("name")?,
+        owner: get("owner")?,
+        spec_json: get("spec_json")?,
+        record_json: get("record_json")?,
+        state: get("state")?,
+        seq: r
+            .try_get("seq")
+            .map_err(|e| StoreError::Corrupt(format!("seq: {e}")))?,
+        created_at: ts(&get("created_at")?)?,
+        updated_at: ts(&get("updated_at")?)?,
+    })
+}
+
+/// The record changed underneath (another process applied an event first).
+#[derive(Debug, thiserror::Error)]
+#[error("mission `{mission}` moved on (expected event {expected}); reload and retry")]
+pub struct Conflict {
+    /// Mission.
+    pub mission: String,
+    /// The sequence number the writer expected.
+    pub expected: i64,
+}
+
+impl Store {
+    /// Records a new mission.
+    pub async fn mission_insert(
+        &self,
+        id: &str,
+        name: &str,
+        owner: &str,
+        spec_json: &str,
+        record_json: &str,
+        state: &str,
+    ) -> Result<(), StoreError> {
+        let at = now();
+        sqlx::query(
+            "INSERT INTO missions (id, name, owner, spec_json, record_json, state, seq, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(owner)
+        .bind(spec_json)
+        .bind(record_json)
+        .bind(state)
+        .bind(&at)
+        .bind(&at)
+        .execute(self.pool())
+        .await
+        .map_err(q("record mission"))?;
+        Ok(())
+    }
+
+    /// Appends one event and the record it produced, atomically, if the mission is still at
+    /// `expected_seq` (optimistic concurrency). Returns the new sequence number.
+    pub async fn mission_append(
+        &self,
+        id: &str,
+        expected_seq: i64,
+        event_json: &str,
+        record_json: &str,
+        state: &str,
+    ) -> Result<Result<i64, Conflict>, StoreError> {
+        let at = now();
+        let mut tx = self.pool().begin().await.map_err(q("begin transaction"))?;
+        let updated = sqlx::query(
+            "UPDATE missions SET record_json = ?, state = ?, seq = seq + 1, updated_at = ? \
+             WHERE id = ? AND seq = ?",
+        )
+        .bind(record_json)
+        .bind(state)
+        .bind(&at)
+        .bind(id)
+        .bind(expected_seq)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("update mission"))?;
+        if updated.rows_affected() == 0 {
+            return Ok(Err(Conflict {
+                mission: id.to_owned(),
+                expected: expected_seq,
+            }));
+        }
+        sqlx::query(
+            "INSERT INTO mission_events (mission_id, seq, event_json, at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(id)
+        .bind(expected_seq + 1)
+        .bind(event_json)
+        .bind(&at)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("append mission event"))?;
+        tx.commit().await.map_err(q("commit mission event"))?;
+        Ok(Ok(expected_seq + 1))
+    }
+
+    /// One mission.
+    pub async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
+        let found = sqlx::query("SELECT * FROM missions WHERE id = ?")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read mission"))?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        row(found)
+    }
+
+    /// This owner's missions, newest first.
+    pub async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError> {
+        sqlx::query("SELECT * FROM missions WHERE owner = ? ORDER BY created_at DESC, id")
+            .bind(owner)
+            .fetch_all(self.pool())
+            .await
+            .map_err(q("list missions"))?
+            .into_iter()
+            .map(row)
+            .collect()
+    }
+
+    /// The event log of a mission, in order.
+    pub async fn mission_events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, event_json, at FROM mission_events WHERE mission_id = ? ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("read mission events"))?;
+        rows.into_iter()
+            .map(|r| {
+                let at: String = r
+                    .try_get("at")
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok((
+                    r.try_get("seq")
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    r.try_get("event_json")
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    ts(&at)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Records a fact about an attempt.
+    pub async fn attempt_fact(
+        &self,
+        mission: &str,
+        attempt_key: &str,
+        kind: &str,
+        detail_json: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) VALUES (?, ?, ?, ?, ?)")
+            .bind(mission)
+            .bind(attempt_key)
+            .bind(kind)
+            .bind(detail_json)
+            .bind(now())
+            .execute(self.pool())
+            .await
+            .map_err(q("record attempt fact"))?;
+        Ok(())
+    }
+
+    /// Every fact of a mission's attempts, in order.
+    pub async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
+        let rows = sqlx::query("SELECT attempt_key, kind, detail_json, at FROM attempt_facts WHERE mission_id = ? ORDER BY rowid")
+            .bind(mission)
+            .fetch_all(self.pool())
+            .await
+            .map_err(q("read attempt facts"))?;
+        rows.into_iter()
+            .map(|r| {
+                let get = |n: &str| {
+                    r.try_get::<String, _>(n)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))
+                };
+                Ok(AttemptFact {
+                    attempt_key: get("attempt_key")?,
+                    kind: get("kind")?,
+                    detail_json: get("detail_json")?,
+                    at: ts(&get("at")?)?,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn events_append_atomically_with_optimistic_concurrency() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
+        store
+            .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
+            .await
+            .unwrap();
+        let seq = store
+            .mission_append("m1", 0, "{\"e\":1}", "{\"v\":1}", "running")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seq, 1);
+        // A stale writer loses and changes nothing.
+        let stale = store
+            .mission_append("m1", 0, "{\"e\":2}", "{\"v\":2}", "running")
+            .await
+            .unwrap();
+        assert!(stale.is_err());
+        let row = store.mission_get("m1").await.unwrap();
+        assert_eq!((row.seq, row.record_json.as_str()), (1, "{\"v\":1}"));
+        assert_eq!(store.mission_events("m1").await.unwrap().len(), 1);
+        store
+            .attempt_fact("m1", "at-1", "agent", "{\"exit\":0}")
+            .await
+            .unwrap();
+        assert_eq!(store.attempt_facts("m1").await.unwrap()[0].kind, "agent");
+        assert_eq!(store.mission_list("alice").await.unwrap().len(), 1);
+        assert!(store.mission_list("bob").await.unwrap().is_empty());
+    }
+}
