@@ -265,3 +265,81 @@ fn tampering_after_the_freeze_cannot_change_the_verdict() {
     );
     assert_clean_ledger(home.path(), 2);
 }
+
+#[test]
+fn the_example_mission_runs_on_docker_too() {
+    let engine = Command::new("docker")
+        .args(["image", "inspect", "berth/agent:bookworm"])
+        .output();
+    if !matches!(engine, Ok(ref o) if o.status.success()) {
+        if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+            eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
+            return;
+        }
+        panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+    }
+    let home = home();
+    let dir = home.path().join("mission");
+    std::fs::create_dir_all(&dir).unwrap();
+    let example_dir = example().parent().unwrap().to_owned();
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(example_dir.join("repo"))
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(example()).unwrap().replace(
+        "provider = \"host\"",
+        "provider = \"docker\"\nimage = \"berth/agent:bookworm\"",
+    );
+    let file = dir.join("mission.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .env(
+            "BERTH_OWNER",
+            format!("mission-docker-{}", std::process::id()),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cmd = berth(home.path(), &["--json", "mission", "list"]);
+    cmd.env(
+        "BERTH_OWNER",
+        format!("mission-docker-{}", std::process::id()),
+    );
+    let list: Value = serde_json::from_slice(&cmd.output().unwrap().stdout).unwrap();
+    let id = list["missions"][0]["id"].as_str().unwrap().to_owned();
+    let mut cmd = berth(home.path(), &["--json", "mission", "status", &id]);
+    cmd.env(
+        "BERTH_OWNER",
+        format!("mission-docker-{}", std::process::id()),
+    );
+    let doc: Value = serde_json::from_slice(&cmd.output().unwrap().stdout).unwrap();
+    assert_eq!(doc["mission"]["state"]["state"], "succeeded", "{doc}");
+    let checkpoint = doc["mission"]["tasks"][0]["attempts"][1]["status"]["checkpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        checkpoint.starts_with("sha256:"),
+        "a docker commit digest: {checkpoint}"
+    );
+    // The checkpoint image is the mission's restorable artifact; the test removes it.
+    let _ = Command::new("docker").args(["rmi", &checkpoint]).output();
+    let left = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=berth.owner=mission-docker-{}", std::process::id()),
+        ])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "containers left behind");
+}
