@@ -381,4 +381,14 @@ pub enum MissionCommand {
     },
     /// Your missions.
     List,
+    /// Measure the mission control plane: per-attempt overhead against the same provider
+    /// operations done raw, and attempts per second at several concurrencies.
+    Bench {
+        /// Attempts per measurement.
+        #[arg(long, default_value_t = 20)]
+        attempts: usize,
+        /// Concurrency levels for throughput.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+        concurrency: Vec<usize>,
+    },
 }

@@ -164,6 +164,7 @@ impl Command {
             Command::Mission(cli::MissionCommand::Resume { .. }) => "mission resume",
             Command::Mission(cli::MissionCommand::Status { .. }) => "mission status",
             Command::Mission(cli::MissionCommand::List) => "mission list",
+            Command::Mission(cli::MissionCommand::Bench { .. }) => "mission bench",
             Command::Schema { .. } => "schema",
         }
     }

@@ -26,7 +26,7 @@ fn crash_at(boundary: Boundary) {
     }
 }
 
-fn orchestrator(app: &App) -> Orchestrator<'_> {
+pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
     Orchestrator {
         store: app.ledger.store(),
         ledger: &app.ledger,
@@ -167,6 +167,7 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
         }
         MissionCommand::Resume { id } => drive(app, &id).await,
         MissionCommand::Status { id } => status(app, &id).await,
+        MissionCommand::Bench { .. } => unreachable!("dispatched to mission_bench"),
         MissionCommand::List => {
             let rows = app.ledger.store().mission_list(app.ledger.owner()).await?;
             if app.json {

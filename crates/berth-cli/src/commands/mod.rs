@@ -7,6 +7,7 @@ mod exec;
 mod ledger;
 mod lifecycle;
 mod mission;
+mod mission_bench;
 mod sandbox;
 pub mod scaffold;
 mod verify;
@@ -57,6 +58,10 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Bench(args) if args.raw => bench::bench(&app, args).await,
         Command::Bench(args) => lifecycle::bench(app.clone(), args).await,
         Command::Verify(args) => verify::verify(&app, args).await,
+        Command::Mission(crate::cli::MissionCommand::Bench {
+            attempts,
+            concurrency,
+        }) => mission_bench::bench(app.clone(), attempts, concurrency).await,
         Command::Mission(command) => mission::run(&app, command).await,
         Command::Providers
         | Command::Schema { .. }

@@ -1,0 +1,246 @@
+//! `berth mission bench`: the mission control plane, measured.
+//!
+//! Overhead per attempt = a no-op attempt through the mission pipeline (authority, durable
+//! events and facts, ledger rows, recovery checks) minus the same provider operations done
+//! directly — create, write the repository bundle, stage, run `true`, fork to freeze, run the
+//! validator, check its evidence, commit, snapshot, export, destroy both — measured in the same
+//! run on the host provider. Throughput is accepted attempts per second with N missions running
+//! at once, every step durably committed (SQLite `synchronous=FULL`).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use berth_contract::{ExecRequest, NativeId, Provider, ProviderExt};
+use berth_mission::authority::MissionState;
+use serde_json::json;
+
+use crate::app::App;
+use crate::errors::code;
+use crate::output::emit;
+
+/// The control-plane target from the issue: at most 15 ms per attempt (median).
+const TARGET_OVERHEAD_MS: f64 = 15.0;
+
+fn write_fixture(dir: &Path) -> Result<std::path::PathBuf> {
+    std::fs::create_dir_all(dir.join("repo"))?;
+    std::fs::write(dir.join("repo/README"), "bench\n")?;
+    let file = dir.join("mission.toml");
+    std::fs::write(
+        &file,
+        r#"schema_version = 1
+name = "bench"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "host"
+[harness]
+kind = "script"
+command = "true"
+[[tasks]]
+id = "noop"
+instructions = "nothing"
+max_attempts = 1
+agent_timeout = "30s"
+[tasks.validator]
+command = "echo ok > .berth-out"
+timeout = "30s"
+evidence = [".berth-out"]
+"#,
+    )?;
+    Ok(file)
+}
+
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn p95(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let rank = ((0.95 * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
+    samples[rank]
+}
+
+async fn sh(provider: &dyn Provider, id: &NativeId, line: &str, cwd: Option<&str>) -> Result<()> {
+    let mut req = ExecRequest::shell(line);
+    req.cwd = cwd.map(str::to_owned);
+    let out = provider.exec(id, &req).await?;
+    if !out.status.success() {
+        bail!("`{line}`: {}", out.status);
+    }
+    Ok(())
+}
+
+/// The provider operations of one attempt, without the control plane.
+async fn raw_attempt(
+    app: &App,
+    provider: &Arc<dyn Provider>,
+    bundle: &[u8],
+    n: usize,
+) -> Result<Duration> {
+    let started = Instant::now();
+    let labels = berth_contract::Labels {
+        owner: app.ledger.owner().to_owned(),
+        run_id: app.ledger.run_id().to_owned(),
+        ledger_token: format!("raw-{n}"),
+        expires_at_unix: None,
+    };
+    let name = format!("bx-rawbench-{}-{n}", std::process::id());
+    let req = berth_contract::CreateRequest::new(
+        berth_contract::SandboxName(name.clone()),
+        labels.clone(),
+    );
+    let id = provider.create(&req).await?.native_id;
+    let files = provider.require_files()?;
+    files.write(&id, ".berth-input.bundle", bundle).await?;
+    sh(
+        provider.as_ref(),
+        &id,
+        "rm -rf repo && git clone -q .berth-input.bundle repo && rm -f .berth-input.bundle",
+        None,
+    )
+    .await?;
+    sh(provider.as_ref(), &id, "true", Some("repo")).await?;
+    let frozen_req = berth_contract::CreateRequest::new(
+        berth_contract::SandboxName(format!("{name}-v")),
+        labels,
+    );
+    let frozen = provider
+        .require_fork()?
+        .fork(&id, &frozen_req)
+        .await?
+        .native_id;
+    sh(
+        provider.as_ref(),
+        &frozen,
+        "echo ok > .berth-out",
+        Some("repo"),
+    )
+    .await?;
+    files.read(&frozen, "repo/.berth-out").await?;
+    sh(
+        provider.as_ref(),
+        &id,
+        "git add -A && git -c user.name=b -c user.email=b@l commit -q --allow-empty -m x && git rev-parse HEAD",
+        Some("repo"),
+    )
+    .await?;
+    provider.require_snapshots()?.snapshot(&id).await?;
+    sh(
+        provider.as_ref(),
+        &id,
+        "git bundle create -q ../.berth-output.bundle HEAD",
+        Some("repo"),
+    )
+    .await?;
+    files.read(&id, ".berth-output.bundle").await?;
+    provider.destroy(&frozen).await?;
+    provider.destroy(&id).await?;
+    Ok(started.elapsed())
+}
+
+/// One attempt through the mission pipeline. Registration (bundling the repository) is not part
+/// of an attempt and is not timed.
+async fn mission_attempt(app: &App, file: &Path) -> Result<Duration> {
+    let orch = super::mission::orchestrator(app);
+    let id = orch.create(file).await?;
+    let started = Instant::now();
+    let state = orch.run(&id, &mut |_| {}).await?;
+    if state != MissionState::Succeeded {
+        bail!("bench mission {id} ended {state:?}");
+    }
+    Ok(started.elapsed())
+}
+
+/// `berth mission bench`.
+pub async fn bench(app: Arc<App>, attempts: usize, concurrency: Vec<usize>) -> Result<i32> {
+    let attempts = attempts.max(3);
+    let scratch = tempfile::Builder::new()
+        .prefix("berth-mission-bench-")
+        .tempdir_in(&app.config.home)?;
+    let file = write_fixture(scratch.path())?;
+    let provider = app.provider("host")?;
+    // The raw path stages the same kind of bundle the mission makes.
+    let probe = super::mission::orchestrator(&app).create(&file).await?;
+    let (spec, _, _) = super::mission::orchestrator(&app).load(&probe).await?;
+    let bundle = std::fs::read(&spec.base_bundle).context("read the bench bundle")?;
+
+    let (mut raw, mut through) = (Vec::new(), Vec::new());
+    for n in 0..attempts {
+        raw.push(
+            raw_attempt(&app, &provider, &bundle, n)
+                .await?
+                .as_secs_f64()
+                * 1000.0,
+        );
+        through.push(mission_attempt(&app, &file).await?.as_secs_f64() * 1000.0);
+    }
+    let overhead = median(&mut through.clone()) - median(&mut raw.clone());
+
+    let mut levels = Vec::new();
+    for level in concurrency.into_iter().filter(|c| *c > 0) {
+        let total = attempts.max(level);
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        let mut launched = 0;
+        let mut failures = 0;
+        while launched < total || !set.is_empty() {
+            while launched < total && set.len() < level {
+                let app = app.clone();
+                let file = file.clone();
+                set.spawn(async move { mission_attempt(&app, &file).await });
+                launched += 1;
+            }
+            if let Some(done) = set.join_next().await {
+                if !matches!(done, Ok(Ok(_))) {
+                    failures += 1;
+                }
+            }
+        }
+        let wall = started.elapsed().as_secs_f64();
+        levels.push(json!({
+            "concurrency": level,
+            "attempts": total,
+            "accepted": total - failures,
+            "failed": failures,
+            "wall_s": wall,
+            "accepted_per_s": (total - failures) as f64 / wall,
+        }));
+    }
+    let doc = json!({
+        "provider": "host",
+        "attempt_ms": { "mission_median": median(&mut through.clone()), "mission_p95": p95(&mut through.clone()), "raw_median": median(&mut raw.clone()), "raw_p95": p95(&mut raw.clone()), "n": attempts },
+        "control_plane_overhead_ms_median": overhead,
+        "target_overhead_ms": TARGET_OVERHEAD_MS,
+        "meets_target": overhead <= TARGET_OVERHEAD_MS,
+        "throughput": levels,
+    });
+    if app.json {
+        emit("mission bench", doc);
+    } else {
+        println!(
+            "attempt (no-op agent, host): mission median {:.1} ms p95 {:.1} | raw provider ops median {:.1} ms p95 {:.1} (n={attempts})",
+            doc["attempt_ms"]["mission_median"].as_f64().unwrap_or(f64::NAN),
+            doc["attempt_ms"]["mission_p95"].as_f64().unwrap_or(f64::NAN),
+            doc["attempt_ms"]["raw_median"].as_f64().unwrap_or(f64::NAN),
+            doc["attempt_ms"]["raw_p95"].as_f64().unwrap_or(f64::NAN),
+        );
+        println!(
+            "control-plane overhead per attempt (median): {overhead:.1} ms — target ≤ {TARGET_OVERHEAD_MS} ms: {}",
+            if overhead <= TARGET_OVERHEAD_MS { "met" } else { "NOT met" }
+        );
+        for level in &levels {
+            println!(
+                "concurrency {:>3}: {} attempts, {} accepted, {:.1} accepted attempts/s",
+                level["concurrency"],
+                level["attempts"],
+                level["accepted"],
+                level["accepted_per_s"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    Ok(code::OK)
+}
