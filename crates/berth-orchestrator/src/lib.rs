@@ -266,11 +266,25 @@ impl Orchestrator<'_> {
         record: &MissionRecord,
         seq: i64,
         event: &Event,
+        facts: &[(&str, serde_json::Value)],
     ) -> Result<(MissionRecord, i64), OrchestratorError> {
         let next = authority::apply(record, event)?;
         if let Some(hook) = self.boundary {
             hook(Boundary::BeforeEvent(seq + 1));
         }
+        let key = match event {
+            Event::Start { .. } => String::new(),
+            Event::Reached { key, .. }
+            | Event::ValidatorPassed { key, .. }
+            | Event::Rejected { key, .. }
+            | Event::Committed { key, .. }
+            | Event::Checkpointed { key, .. }
+            | Event::Finalized { key } => key.0.clone(),
+        };
+        let facts: Vec<(&str, &str, String)> = facts
+            .iter()
+            .map(|(kind, detail)| (key.as_str(), *kind, detail.to_string()))
+            .collect();
         let new_seq = self
             .store
             .mission_append(
@@ -279,6 +293,7 @@ impl Orchestrator<'_> {
                 &serde_json::to_string(event).expect("event serializes"),
                 &serde_json::to_string(&next).expect("record serializes"),
                 state_name(&next.state),
+                &facts,
             )
             .await??;
         if let Some(hook) = self.boundary {
@@ -304,6 +319,7 @@ impl Orchestrator<'_> {
                         task: task.clone(),
                         inputs,
                     },
+                    &[],
                 )
                 .await?;
                 Ok(Step::Claimed { task, key })

@@ -348,22 +348,14 @@ pub(crate) async fn advance(
         .await;
     }
     let mission = &record.id;
-    let fact = |kind: &'static str, detail: serde_json::Value| async move {
-        orch.store
-            .attempt_fact(mission, &key.0, kind, &detail.to_string())
-            .await
-    };
-    let reached = |phase: Phase, what: String| async move {
-        orch.commit_event(
-            mission,
-            record,
-            seq,
-            &Event::Reached {
-                key: key.clone(),
-                phase,
-            },
-        )
-        .await?;
+    // Each step's facts are stored in the same transaction as its event.
+    let reached = |phase: Phase, what: String, kind: &'static str, detail: serde_json::Value| async move {
+        let event = Event::Reached {
+            key: key.clone(),
+            phase,
+        };
+        orch.commit_event(mission, record, seq, &event, &[(kind, detail)])
+            .await?;
         Ok::<Step, OrchestratorError>(Step::Advanced {
             key: key.clone(),
             what,
@@ -374,14 +366,11 @@ pub(crate) async fn advance(
             phase: Phase::Claimed,
         } => match ensure(orch, &provider, spec, &sandbox_name(key), None).await? {
             Ok(id) => {
-                fact(
-                    "sandbox",
-                    json!({ "sandbox": sandbox_name(key).0, "native_id": id.0 }),
-                )
-                .await?;
                 reached(
                     Phase::SandboxReady,
                     format!("sandbox {} ready", sandbox_name(key)),
+                    "sandbox",
+                    json!({ "sandbox": sandbox_name(key).0, "native_id": id.0 }),
                 )
                 .await
             }
@@ -417,10 +406,11 @@ pub(crate) async fn advance(
             .await;
             match staged {
                 Ok(()) => {
-                    fact("stage", json!({ "commit": commit })).await?;
                     reached(
                         Phase::Staged,
                         format!("repository staged at {}", &commit[..12.min(commit.len())]),
+                        "stage",
+                        json!({ "commit": commit }),
                     )
                     .await
                 }
@@ -447,8 +437,13 @@ pub(crate) async fn advance(
                 .with_env("BERTH_ATTEMPT", attempt.ordinal.to_string());
             match provider.exec(&id, &req).await {
                 Ok(out) => {
-                    fact("agent", output_json(&out)).await?;
-                    reached(Phase::AgentStopped, format!("agent {}", out.status)).await
+                    reached(
+                        Phase::AgentStopped,
+                        format!("agent {}", out.status),
+                        "agent",
+                        output_json(&out),
+                    )
+                    .await
                 }
                 Err(e) => {
                     reject(
@@ -475,10 +470,11 @@ pub(crate) async fn advance(
             };
             match ensure(orch, &provider, spec, &frozen_name(key), Some(&main)).await? {
                 Ok(frozen) => {
-                    fact("freeze", json!({ "frozen": frozen.0 })).await?;
                     reached(
                         Phase::Frozen,
                         format!("workspace frozen into {}", frozen_name(key)),
+                        "freeze",
+                        json!({ "frozen": frozen.0 }),
                     )
                     .await
                 }
@@ -515,7 +511,7 @@ pub(crate) async fn advance(
                     .await
                 }
             };
-            fact("validator", output_json(&out)).await?;
+            let validator_fact = output_json(&out);
             let event = match &out.status {
                 ExitStatus::Exited { code: 0 } => {
                     let files = provider
@@ -553,7 +549,15 @@ pub(crate) async fn advance(
                     ),
                 },
             };
-            let (next, _) = orch.commit_event(mission, record, seq, &event).await?;
+            let (next, _) = orch
+                .commit_event(
+                    mission,
+                    record,
+                    seq,
+                    &event,
+                    &[("validator", validator_fact)],
+                )
+                .await?;
             // The frozen copy has served its purpose.
             if let Ok(row) = orch.ledger.row(&frozen_name(key).0).await {
                 let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
@@ -603,7 +607,6 @@ pub(crate) async fn advance(
                 )));
             }
             let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            fact("commit", json!({ "commit": commit })).await?;
             orch.commit_event(
                 mission,
                 record,
@@ -612,6 +615,7 @@ pub(crate) async fn advance(
                     key: key.clone(),
                     commit: commit.clone(),
                 },
+                &[("commit", json!({ "commit": commit }))],
             )
             .await?;
             Ok(Step::Advanced {
@@ -635,7 +639,6 @@ pub(crate) async fn advance(
                 .snapshot(&id)
                 .await
                 .map_err(|e| OrchestratorError::Repository(format!("checkpoint failed: {e}")))?;
-            fact("checkpoint", json!({ "snapshot": snap })).await?;
             orch.commit_event(
                 mission,
                 record,
@@ -644,6 +647,7 @@ pub(crate) async fn advance(
                     key: key.clone(),
                     checkpoint: snap.handle.clone(),
                 },
+                &[("checkpoint", json!({ "snapshot": snap }))],
             )
             .await?;
             Ok(Step::Advanced {
@@ -686,9 +690,14 @@ pub(crate) async fn advance(
             std::fs::write(&path, &bytes).map_err(|e| {
                 OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
             })?;
-            fact("finalize", json!({ "bundle": path, "bytes": bytes.len() })).await?;
-            orch.commit_event(mission, record, seq, &Event::Finalized { key: key.clone() })
-                .await?;
+            orch.commit_event(
+                mission,
+                record,
+                seq,
+                &Event::Finalized { key: key.clone() },
+                &[("finalize", json!({ "bundle": path, "bytes": bytes.len() }))],
+            )
+            .await?;
             teardown(orch, provider.as_ref(), key, spec.file.sandbox.keep).await;
             Ok(Step::Advanced {
                 key: key.clone(),
@@ -710,14 +719,6 @@ async fn reject(
     key: &AttemptKey,
     reason: String,
 ) -> Result<Step, OrchestratorError> {
-    orch.store
-        .attempt_fact(
-            &record.id,
-            &key.0,
-            "rejected",
-            &json!({ "reason": reason }).to_string(),
-        )
-        .await?;
     orch.commit_event(
         &record.id,
         record,
@@ -726,6 +727,7 @@ async fn reject(
             key: key.clone(),
             reason: reason.clone(),
         },
+        &[("rejected", json!({ "reason": reason }))],
     )
     .await?;
     teardown(orch, provider, key, false).await;

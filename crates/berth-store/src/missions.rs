@@ -117,8 +117,9 @@ impl Store {
         Ok(())
     }
 
-    /// Appends one event and the record it produced, atomically, if the mission is still at
-    /// `expected_seq` (optimistic concurrency). Returns the new sequence number.
+    /// Appends one event, the record it produced and the attempt facts that explain it, in one
+    /// transaction, if the mission is still at `expected_seq` (optimistic concurrency). Returns
+    /// the new sequence number.
     pub async fn mission_append(
         &self,
         id: &str,
@@ -126,6 +127,7 @@ impl Store {
         event_json: &str,
         record_json: &str,
         state: &str,
+        facts: &[(&str, &str, String)],
     ) -> Result<Result<i64, Conflict>, StoreError> {
         let at = now();
         let mut tx = self.pool().begin().await.map_err(q("begin transaction"))?;
@@ -157,6 +159,20 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(q("append mission event"))?;
+        for (attempt_key, kind, detail_json) in facts {
+            sqlx::query(
+                "INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) \
+                 VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(id)
+            .bind(attempt_key)
+            .bind(kind)
+            .bind(detail_json)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("record attempt fact"))?;
+        }
         tx.commit().await.map_err(q("commit mission event"))?;
         Ok(Ok(expected_seq + 1))
     }
@@ -212,26 +228,6 @@ impl Store {
             .collect()
     }
 
-    /// Records a fact about an attempt.
-    pub async fn attempt_fact(
-        &self,
-        mission: &str,
-        attempt_key: &str,
-        kind: &str,
-        detail_json: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) VALUES (?, ?, ?, ?, ?)")
-            .bind(mission)
-            .bind(attempt_key)
-            .bind(kind)
-            .bind(detail_json)
-            .bind(now())
-            .execute(self.pool())
-            .await
-            .map_err(q("record attempt fact"))?;
-        Ok(())
-    }
-
     /// Every fact of a mission's attempts, in order.
     pub async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
         let rows = sqlx::query("SELECT attempt_key, kind, detail_json, at FROM attempt_facts WHERE mission_id = ? ORDER BY rowid")
@@ -269,25 +265,37 @@ mod tests {
             .await
             .unwrap();
         let seq = store
-            .mission_append("m1", 0, "{\"e\":1}", "{\"v\":1}", "running")
+            .mission_append(
+                "m1",
+                0,
+                "{\"e\":1}",
+                "{\"v\":1}",
+                "running",
+                &[("at-1", "agent", "{}".into())],
+            )
             .await
             .unwrap()
             .unwrap();
         assert_eq!(seq, 1);
         // A stale writer loses and changes nothing.
         let stale = store
-            .mission_append("m1", 0, "{\"e\":2}", "{\"v\":2}", "running")
+            .mission_append(
+                "m1",
+                0,
+                "{\"e\":2}",
+                "{\"v\":2}",
+                "running",
+                &[("at-1", "lost", "{}".into())],
+            )
             .await
             .unwrap();
         assert!(stale.is_err());
         let row = store.mission_get("m1").await.unwrap();
         assert_eq!((row.seq, row.record_json.as_str()), (1, "{\"v\":1}"));
         assert_eq!(store.mission_events("m1").await.unwrap().len(), 1);
-        store
-            .attempt_fact("m1", "at-1", "agent", "{\"exit\":0}")
-            .await
-            .unwrap();
-        assert_eq!(store.attempt_facts("m1").await.unwrap()[0].kind, "agent");
+        let facts = store.attempt_facts("m1").await.unwrap();
+        assert_eq!(facts.len(), 1, "the stale writer's fact was not stored");
+        assert_eq!(facts[0].kind, "agent");
         assert_eq!(store.mission_list("alice").await.unwrap().len(), 1);
         assert!(store.mission_list("bob").await.unwrap().is_empty());
     }
