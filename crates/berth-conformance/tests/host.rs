@@ -19,6 +19,8 @@ berth_conformance::conformance_tests! {
     fork_independent_copy => "fork.independent_copy",
     listing_visibility_after_destroy => "listing.visibility_after_destroy",
     listing_must_not_fire_foreign => "listing.must_not_fire_foreign",
+    must_fire_on_error => "teardown.must_fire_on_error",
+    must_fire_on_panic => "teardown.must_fire_on_panic",
     ttl_fires_when_due => "ttl.fires_when_due",
     ttl_not_during_exec => "ttl.not_during_exec",
     unsupported_answers_unsupported => "unsupported.answers_unsupported",

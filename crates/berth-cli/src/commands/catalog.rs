@@ -37,9 +37,11 @@ struct Row {
 }
 
 fn statuses(registry: &Registry, dir: &Path, only: Option<&str>) -> Result<Vec<Row>> {
+    // The library's clauses plus the runner-level must-fire clause `berth verify` adds.
     let clauses: Vec<(&str, Option<&str>)> = berth_conformance::CLAUSES
         .iter()
         .map(|c| (c.id, c.capability.map(|c| c.as_str())))
+        .chain(std::iter::once((super::verify::SIGTERM_CLAUSE, None)))
         .collect();
     let mut out = Vec::new();
     for manifest in registry.manifests() {

@@ -10,7 +10,7 @@ mod mission;
 mod mission_bench;
 mod sandbox;
 pub mod scaffold;
-mod verify;
+pub mod verify;
 
 use std::sync::Arc;
 

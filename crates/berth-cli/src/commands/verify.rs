@@ -159,6 +159,16 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
             duration_ms: result.duration_ms,
         });
     }
+    let sigterm = must_fire_on_sigterm(app, &args).await;
+    if !app.json {
+        eprintln!(
+            "{:<40} {:<15} {}",
+            sigterm.clause,
+            format!("{:?}", sigterm.grade).to_lowercase(),
+            sigterm.diagnostics.join("; ")
+        );
+    }
+    clauses.push(sigterm);
     let metrics = lifecycle(&subject, args.iterations).await;
     berth_conformance::sweep_run(&subject).await;
     let record = EvidenceRecord {
@@ -235,4 +245,102 @@ async fn observed_provenance(app: &App, provider: &str) -> Option<String> {
         .await
         .ok()?;
     Some(format!("docker engine {engine}, API {api} negotiated"))
+}
+
+/// The id of the runner-level must-fire clause `berth verify` adds to the library's clauses.
+pub const SIGTERM_CLAUSE: &str = "teardown.must_fire_on_sigterm";
+
+/// Must-fire under SIGTERM of the runner: a `berth run` holding a sandbox of this provider is
+/// terminated; it must exit 143 having destroyed the sandbox (ledger verified gone, provider
+/// says absent).
+async fn must_fire_on_sigterm(app: &App, args: &VerifyArgs) -> ClauseEvidence {
+    let started = Instant::now();
+    let outcome = sigterm_check(app, args).await;
+    ClauseEvidence {
+        clause: SIGTERM_CLAUSE.into(),
+        capability: None,
+        grade: if outcome.is_ok() {
+            berth_evidence::Grade::Pass
+        } else {
+            berth_evidence::Grade::Fail
+        },
+        diagnostics: match outcome {
+            Ok(note) => vec![note],
+            Err(why) => vec![why],
+        },
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+    }
+}
+
+async fn sigterm_check(app: &App, args: &VerifyArgs) -> std::result::Result<String, String> {
+    let owner = format!("{}-verify-sigterm", app.ledger.owner());
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find berth: {e}"))?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["run", "-p", &args.provider]);
+    if let Some(image) = &args.image {
+        cmd.args(["--image", image]);
+    }
+    cmd.args(["--", "sleep", "60"])
+        .env("BERTH_HOME", &app.config.home)
+        .env("BERTH_OWNER", &owner)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start berth run: {e}"))?;
+    let store = app.ledger.store();
+    let query = berth_store::LedgerQuery {
+        owner: Some(owner.clone()),
+        run_id: None,
+        include_gone: true,
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    let row = loop {
+        let rows = store.ledger_list(&query).await.map_err(|e| e.to_string())?;
+        if let Some(row) = rows
+            .into_iter()
+            .find(|r| r.state == berth_store::LedgerState::Created)
+        {
+            break row;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            return Err("the runner never recorded a created sandbox".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Let the command start inside the sandbox, then terminate the runner.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .map_err(|e| format!("cannot signal the runner: {e}"))?;
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    if status.code() != Some(143) {
+        return Err(format!("the runner exited {status:?}, not 143"));
+    }
+    let after = store
+        .ledger_get(&row.berth_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    if after.state != berth_store::LedgerState::VerifiedGone {
+        return Err(format!("after SIGTERM the ledger row is {}", after.state));
+    }
+    let provider = app.provider(&args.provider).map_err(|e| e.to_string())?;
+    let seen = provider
+        .observe(&berth_ledger::native_id(&after))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !matches!(seen, Observation::Absent) {
+        return Err(format!("after SIGTERM the provider still reports {seen:?}"));
+    }
+    Ok(format!(
+        "runner exited 143; {} verified gone",
+        after.berth_id
+    ))
 }
