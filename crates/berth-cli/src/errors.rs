@@ -222,6 +222,24 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             ),
         });
     }
+    if let Some(e) = cause.downcast_ref::<berth_orchestrator::OrchestratorError>() {
+        use berth_orchestrator::OrchestratorError as O;
+        return match e {
+            O::File(_) | O::Repository(_) => Some((
+                "invalid_request",
+                code::INVALID,
+                Some("fix the mission file (`berth schema mission` shows its format)".into()),
+            )),
+            O::Unsupported(_) => Some((
+                "unsupported",
+                code::UNSUPPORTED,
+                Some("see README, Missions, for what missions support today".into()),
+            )),
+            O::Factory(inner) => classify_one(inner),
+            O::Store(inner) => classify_one(inner),
+            _ => None,
+        };
+    }
     if cause.downcast_ref::<ManifestError>().is_some() {
         return Some((
             "invalid_request",

@@ -343,3 +343,45 @@ fn the_example_mission_runs_on_docker_too() {
         .unwrap();
     assert!(left.stdout.is_empty(), "containers left behind");
 }
+
+#[test]
+fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
+    let home = home();
+    let dir = home.path().join("m");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "schema_version = 1\nname = \"x\"\n").unwrap();
+    let out = run(home.path(), &["mission", "run", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 1") && stderr.contains("missing field `repository`"),
+        "{stderr}"
+    );
+
+    let file = write_mission(
+        &dir,
+        "true\n",
+        "echo ok > .berth-out",
+        "10s",
+        "\".berth-out\"",
+        1,
+    );
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "provider = \"host\"",
+        "provider = \"host\"\nfallback = [\"docker\"]",
+    );
+    std::fs::write(&file, text).unwrap();
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "fallback is refused, not ignored"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sandbox.fallback"));
+    let (_, doc) = json(home.path(), &["mission", "list"]);
+    assert!(
+        doc["missions"].as_array().unwrap().is_empty(),
+        "nothing registered: {doc}"
+    );
+}

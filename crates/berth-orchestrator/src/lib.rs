@@ -40,6 +40,9 @@ pub enum OrchestratorError {
     /// The repository could not be read.
     #[error("repository: {0}")]
     Repository(String),
+    /// The mission asks for something missions do not support yet.
+    #[error("not supported yet: {0}")]
+    Unsupported(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] berth_store::StoreError),
@@ -162,11 +165,19 @@ impl Orchestrator<'_> {
             OrchestratorError::Repository(format!("cannot read {}: {e}", file_path.display()))
         })?;
         let file = berth_mission::file::parse(&file_path.display().to_string(), &text)?;
+        if !file.sandbox.fallback.is_empty() {
+            // Refused rather than ignored: a mission must not silently run without the fallback
+            // its author asked for.
+            return Err(OrchestratorError::Unsupported(format!(
+                "sandbox.fallback ({}) in missions; remove it or run on one provider",
+                file.sandbox.fallback.join(", ")
+            )));
+        }
         let mut source = match (&file.repository.path, &file.repository.url) {
             (Some(path), _) => file_path.parent().unwrap_or(Path::new(".")).join(path),
             (None, Some(url)) => {
-                return Err(OrchestratorError::Repository(format!(
-                    "git URLs ({url}) are not supported yet; clone it and use `path`"
+                return Err(OrchestratorError::Unsupported(format!(
+                    "git URL repositories ({url}); clone it and use `path`"
                 )))
             }
             (None, None) => unreachable!("validated"),
