@@ -347,6 +347,17 @@ pub(crate) async fn advance(
         )
         .await;
     }
+    // A needed sandbox that is provably gone rejects the attempt, with the reason.
+    macro_rules! or_reject {
+        ($found:expr) => {
+            match $found {
+                Ok(id) => id,
+                Err(reason) => {
+                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
+                }
+            }
+        };
+    }
     let mission = &record.id;
     // Each step's facts are stored in the same transaction as its event.
     let reached = |phase: Phase, what: String, kind: &'static str, detail: serde_json::Value| async move {
@@ -379,12 +390,7 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::SandboxReady,
         } => {
-            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
             let (bundle, commit) = input_of(orch, spec, record, index);
             let staged = async {
                 let bytes = std::fs::read(&bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
@@ -422,12 +428,7 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::Staged,
         } => {
-            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
             let timeout = parse_duration(&task.agent_timeout).expect("validated");
             let req = ExecRequest::shell(spec.file.harness.command.clone())
                 .with_cwd("repo")
@@ -462,12 +463,7 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::AgentStopped,
         } => {
-            let main = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let main = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
             match ensure(orch, &provider, spec, &frozen_name(key), Some(&main)).await? {
                 Ok(frozen) => {
                     reached(
@@ -486,12 +482,7 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::Frozen,
         } => {
-            let frozen = match existing(orch, provider.as_ref(), &frozen_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let frozen = or_reject!(existing(orch, provider.as_ref(), &frozen_name(key)).await?);
             let timeout = parse_duration(&task.validator.timeout).expect("validated");
             let req = ExecRequest::shell(task.validator.command.clone())
                 .with_cwd("repo")
@@ -583,12 +574,7 @@ pub(crate) async fn advance(
             }
         }
         AttemptStatus::Accepted { commit: None, .. } => {
-            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
             let out = sh(
                 provider.as_ref(),
                 &id,
@@ -626,12 +612,7 @@ pub(crate) async fn advance(
         AttemptStatus::Accepted {
             checkpoint: None, ..
         } => {
-            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
             let snapshots = provider
                 .require_snapshots()
                 .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
@@ -658,12 +639,7 @@ pub(crate) async fn advance(
         AttemptStatus::Accepted {
             finalized: false, ..
         } => {
-            let id = match existing(orch, provider.as_ref(), &sandbox_name(key)).await? {
-                Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
-            };
+            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
             let out = sh(
                 provider.as_ref(),
                 &id,
