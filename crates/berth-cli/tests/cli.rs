@@ -669,6 +669,7 @@ fn docker_sigkill_leaves_a_sweepable_container_and_foreign_ones_survive() {
         &["berth.owner=someone-else", "berth.ledger=x", "berth.run=x"],
     );
     let image = test_image();
+    let log = home.path().join("run.stderr");
     let mut child = home
         .command(
             "dave-sigkill",
@@ -677,20 +678,33 @@ fn docker_sigkill_leaves_a_sweepable_container_and_foreign_ones_survive() {
             ],
         )
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let mut id = String::new();
-    wait_for("the docker sandbox to be created and recorded", || {
-        let (_, doc) = home.json_as("dave-sigkill", &["ledger", "list"]);
-        match doc["entries"].as_array().and_then(|e| e.first()) {
-            Some(entry) if entry["state"] == "created" => {
-                id = entry["berth_id"].as_str().unwrap().to_owned();
-                true
-            }
-            _ => false,
+    let until = Instant::now() + Duration::from_secs(120);
+    let id = loop {
+        // A runner that already ended will never record the sandbox: fail with what it said.
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "berth run ended early ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
-    });
+        let (_, doc) = home.json_as("dave-sigkill", &["ledger", "list", "--all"]);
+        if let Some(entry) = doc["entries"].as_array().and_then(|e| e.first()) {
+            if entry["state"] == "created" {
+                break entry["berth_id"].as_str().unwrap().to_owned();
+            }
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!(
+                "no created docker sandbox after 120 s; ledger: {doc}; runner said: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     // Let the command start inside the container, then kill berth outright.
     std::thread::sleep(Duration::from_millis(300));
     signal(&child, nix::sys::signal::Signal::SIGKILL);

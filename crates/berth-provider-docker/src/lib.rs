@@ -80,7 +80,7 @@ impl DockerConfig {
             state_dir,
             socket,
             supervisor,
-            ready_timeout: Duration::from_secs(20),
+            ready_timeout: Duration::from_secs(60),
             kill_grace: Duration::from_millis(500),
             stop_timeout_secs: 5,
         }

@@ -475,6 +475,22 @@ mod tests {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_first_opens_all_migrate_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("berth.db");
+        let mut opens = Vec::new();
+        for _ in 0..8 {
+            let path = path.clone();
+            opens.push(tokio::spawn(
+                async move { Store::open(&path).await.map(|_| ()) },
+            ));
+        }
+        for open in opens {
+            open.await.unwrap().unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn a_newer_database_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -42,6 +42,9 @@ pub enum StoreError {
         #[source]
         source: sqlx::migrate::MigrateError,
     },
+    /// The migration lock could not be taken.
+    #[error("cannot take the store's migration lock")]
+    Lock(#[source] std::io::Error),
     /// A query failed.
     #[error("store query failed: {what}")]
     Query {
@@ -82,6 +85,22 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        // Two processes opening a new database at once would race on switching it to WAL and on
+        // the first migration (one would fail): opening and migrating run under an exclusive
+        // lock on a sidecar file.
+        let lock_path = path.with_extension("migrate.lock");
+        let lock = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)?;
+            file.lock()?;
+            Ok(file)
+        })
+        .await
+        .map_err(|e| StoreError::Lock(std::io::Error::other(e)))?
+        .map_err(StoreError::Lock)?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
@@ -90,13 +109,12 @@ impl Store {
                 path: shown.clone(),
                 source,
             })?;
-        MIGRATOR
-            .run(&pool)
-            .await
-            .map_err(|source| StoreError::Migrate {
-                path: shown,
-                source,
-            })?;
+        let migrated = MIGRATOR.run(&pool).await;
+        drop(lock);
+        migrated.map_err(|source| StoreError::Migrate {
+            path: shown,
+            source,
+        })?;
         Ok(Store { pool })
     }
 
