@@ -80,7 +80,7 @@ fn assert_example_succeeded(home: &Path, id: &str) {
     assert_eq!(attempts[0]["status"]["status"], "rejected");
     assert_eq!(attempts[1]["status"]["status"], "accepted");
     assert_eq!(attempts[1]["status"]["finalized"], true);
-    assert_eq!(doc["events"], 15, "every event exactly once");
+    assert_eq!(doc["events"], 13, "every event exactly once");
 }
 
 #[test]
@@ -121,7 +121,7 @@ fn the_bundled_example_is_rejected_once_then_accepted() {
 #[test]
 fn a_kill_at_every_durable_boundary_resumes_to_the_same_result() {
     for boundary in ["kill-before-event", "kill-after-event"] {
-        for n in 1..=15 {
+        for n in 1..=13 {
             let home = home();
             let fault = format!("{boundary}:{n}");
             let out = berth(

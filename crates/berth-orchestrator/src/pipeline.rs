@@ -373,24 +373,16 @@ pub(crate) async fn advance(
         })
     };
     match status {
+        // Sandbox and staging are one durable step: adoption by name makes the sandbox half
+        // repeatable and staging starts from scratch, so a crash in between costs no event.
         AttemptStatus::InProgress {
-            phase: Phase::Claimed,
-        } => match ensure(orch, &provider, spec, &sandbox_name(key), None).await? {
-            Ok(id) => {
-                reached(
-                    Phase::SandboxReady,
-                    format!("sandbox {} ready", sandbox_name(key)),
-                    "sandbox",
-                    json!({ "sandbox": sandbox_name(key).0, "native_id": id.0 }),
-                )
-                .await
-            }
-            Err(reason) => reject(orch, provider.as_ref(), spec, record, seq, key, reason).await,
-        },
-        AttemptStatus::InProgress {
-            phase: Phase::SandboxReady,
+            phase: phase @ (Phase::Claimed | Phase::SandboxReady),
         } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
+            let id = if *phase == Phase::Claimed {
+                or_reject!(ensure(orch, &provider, spec, &sandbox_name(key), None).await?)
+            } else {
+                or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?)
+            };
             let (bundle, commit) = input_of(orch, spec, record, index);
             let staged = async {
                 let bytes = std::fs::read(&bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
@@ -412,13 +404,27 @@ pub(crate) async fn advance(
             .await;
             match staged {
                 Ok(()) => {
-                    reached(
-                        Phase::Staged,
-                        format!("repository staged at {}", &commit[..12.min(commit.len())]),
-                        "stage",
-                        json!({ "commit": commit }),
-                    )
-                    .await
+                    let event = Event::Reached {
+                        key: key.clone(),
+                        phase: Phase::Staged,
+                    };
+                    let facts = [
+                        (
+                            "sandbox",
+                            json!({ "sandbox": sandbox_name(key).0, "native_id": id.0 }),
+                        ),
+                        ("stage", json!({ "commit": commit })),
+                    ];
+                    orch.commit_event(mission, record, seq, &event, &facts)
+                        .await?;
+                    Ok(Step::Advanced {
+                        key: key.clone(),
+                        what: format!(
+                            "sandbox {} ready, repository staged at {}",
+                            sandbox_name(key),
+                            &commit[..12.min(commit.len())]
+                        ),
+                    })
                 }
                 Err(reason) => {
                     reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
