@@ -22,7 +22,7 @@ use berth_factory::{ProviderConfig, Registry};
 use berth_ledger::Ledger;
 use berth_mission::authority::{self, Event, MissionRecord, MissionState, Next};
 use berth_mission::file::MissionFile;
-use berth_store::Store;
+use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
 
 pub use pipeline::Step;
@@ -77,8 +77,8 @@ pub struct MissionSpec {
 /// Runs missions for one owner.
 #[derive(Debug)]
 pub struct Orchestrator<'a> {
-    /// The store.
-    pub store: &'a Store,
+    /// Durable mission state (SQLite by default; any [`MissionStore`]).
+    pub store: &'a dyn MissionStore,
     /// The ledger (every sandbox goes through it).
     pub ledger: &'a Ledger,
     /// Providers.

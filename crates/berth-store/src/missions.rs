@@ -87,6 +87,104 @@ pub struct Conflict {
     pub expected: i64,
 }
 
+/// What the mission service needs from durable storage. The SQLite [`Store`] implements it; a
+/// PostgreSQL backend implements the same contract:
+///
+/// - `mission_append` is atomic: the event, the new record and the facts land together or not
+///   at all, and only if the mission is still at `expected_seq` (a stale writer gets
+///   [`Conflict`] and changes nothing);
+/// - a committed append survives a crash of the process and of the machine;
+/// - reads see every committed append.
+#[async_trait::async_trait]
+pub trait MissionStore: Send + Sync + std::fmt::Debug {
+    /// Records a new mission at sequence 0.
+    async fn mission_insert(
+        &self,
+        id: &str,
+        name: &str,
+        owner: &str,
+        spec_json: &str,
+        record_json: &str,
+        state: &str,
+    ) -> Result<(), StoreError>;
+    /// Appends one event with its record and facts (see the trait contract).
+    async fn mission_append(
+        &self,
+        id: &str,
+        expected_seq: i64,
+        event_json: &str,
+        record_json: &str,
+        state: &str,
+        facts: &[(&str, &str, String)],
+    ) -> Result<Result<i64, Conflict>, StoreError>;
+    /// One mission.
+    async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError>;
+    /// An owner's missions, newest first.
+    async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError>;
+    /// A mission's event log, in order.
+    async fn mission_events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError>;
+    /// A mission's attempt facts, in order.
+    async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError>;
+}
+
+#[async_trait::async_trait]
+impl MissionStore for Store {
+    async fn mission_insert(
+        &self,
+        id: &str,
+        name: &str,
+        owner: &str,
+        spec_json: &str,
+        record_json: &str,
+        state: &str,
+    ) -> Result<(), StoreError> {
+        Store::mission_insert(self, id, name, owner, spec_json, record_json, state).await
+    }
+
+    async fn mission_append(
+        &self,
+        id: &str,
+        expected_seq: i64,
+        event_json: &str,
+        record_json: &str,
+        state: &str,
+        facts: &[(&str, &str, String)],
+    ) -> Result<Result<i64, Conflict>, StoreError> {
+        Store::mission_append(
+            self,
+            id,
+            expected_seq,
+            event_json,
+            record_json,
+            state,
+            facts,
+        )
+        .await
+    }
+
+    async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
+        Store::mission_get(self, id).await
+    }
+
+    async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError> {
+        Store::mission_list(self, owner).await
+    }
+
+    async fn mission_events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError> {
+        Store::mission_events(self, id).await
+    }
+
+    async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
+        Store::attempt_facts(self, mission).await
+    }
+}
+
 impl Store {
     /// Records a new mission.
     pub async fn mission_insert(
@@ -298,5 +396,33 @@ mod tests {
         assert_eq!(facts[0].kind, "agent");
         assert_eq!(store.mission_list("alice").await.unwrap().len(), 1);
         assert!(store.mission_list("bob").await.unwrap().is_empty());
+    }
+
+    /// The service sees the store only through the trait a PostgreSQL backend will implement.
+    #[tokio::test]
+    async fn the_trait_carries_the_same_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = Store::open(&dir.path().join("b.db")).await.unwrap();
+        let store: &dyn MissionStore = &sqlite;
+        store
+            .mission_insert("m", "n", "o", "{}", "{}", "running")
+            .await
+            .unwrap();
+        let first = store
+            .mission_append("m", 0, "{}", "{\"a\":1}", "running", &[])
+            .await
+            .unwrap();
+        assert_eq!(first.unwrap(), 1);
+        let stale = store
+            .mission_append("m", 0, "{}", "{\"a\":2}", "failed", &[])
+            .await
+            .unwrap();
+        assert!(stale.is_err());
+        assert_eq!(store.mission_get("m").await.unwrap().state, "running");
+        assert_eq!(store.mission_events("m").await.unwrap().len(), 1);
+        assert!(matches!(
+            store.mission_get("nope").await,
+            Err(StoreError::NotFound(_))
+        ));
     }
 }
