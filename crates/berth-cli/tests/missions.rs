@@ -385,3 +385,58 @@ fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
         "nothing registered: {doc}"
     );
 }
+
+#[test]
+fn a_mission_can_start_from_a_git_url() {
+    let home = home();
+    // A real repository reached by URL (file://), at a named branch.
+    let upstream = home.path().join("upstream");
+    let example_repo = example().parent().unwrap().join("repo");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(&example_repo)
+        .arg(&upstream)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    for args in [
+        vec!["init", "-q", "-b", "trunk"],
+        vec!["add", "-A"],
+        vec![
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@l",
+            "commit",
+            "-q",
+            "-m",
+            "upstream",
+        ],
+    ] {
+        assert!(Command::new("git")
+            .arg("-C")
+            .arg(&upstream)
+            .args(&args)
+            .status()
+            .unwrap()
+            .success());
+    }
+    let text = std::fs::read_to_string(example())
+        .unwrap()
+        .replace(
+            "path = \"repo\"",
+            &format!("url = \"file://{}\"", upstream.display()),
+        )
+        .replace("base = \"snapshot\"", "base = \"trunk\"");
+    let file = home.path().join("mission.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = only_mission(home.path());
+    assert_example_succeeded(home.path(), &id);
+}

@@ -173,20 +173,35 @@ impl Orchestrator<'_> {
                 file.sandbox.fallback.join(", ")
             )));
         }
-        let mut source = match (&file.repository.path, &file.repository.url) {
-            (Some(path), _) => file_path.parent().unwrap_or(Path::new(".")).join(path),
-            (None, Some(url)) => {
-                return Err(OrchestratorError::Unsupported(format!(
-                    "git URL repositories ({url}); clone it and use `path`"
-                )))
-            }
-            (None, None) => unreachable!("validated"),
-        };
         let id = new_mission_id(&file.name);
         let dir = self.mission_dir(&id);
         std::fs::create_dir_all(&dir).map_err(|e| {
             OrchestratorError::Repository(format!("cannot create {}: {e}", dir.display()))
         })?;
+        let mut source = match (&file.repository.path, &file.repository.url) {
+            (Some(path), _) => file_path.parent().unwrap_or(Path::new(".")).join(path),
+            // A URL is cloned once, when the mission is registered; attempts never touch it.
+            (None, Some(url)) => {
+                if file.repository.base == "snapshot" {
+                    return Err(OrchestratorError::Unsupported(
+                        "base = \"snapshot\" with a git URL; name a commit, branch or tag".into(),
+                    ));
+                }
+                let clone = dir.join("clone");
+                git(
+                    &dir,
+                    &[
+                        "clone",
+                        "--quiet",
+                        "--no-checkout",
+                        url,
+                        &clone.to_string_lossy(),
+                    ],
+                )?;
+                clone
+            }
+            (None, None) => unreachable!("validated"),
+        };
         // `base = "snapshot"`: the directory's current files become the base commit of a fresh
         // repository (for plain directories and examples).
         if file.repository.base == "snapshot" {
