@@ -358,7 +358,14 @@ fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
         stderr.contains("line 1") && stderr.contains("missing field `repository`"),
         "{stderr}"
     );
+}
 
+/// An unavailable provider falls back to the next; a provider that refuses the request (a
+/// missing image) does not.
+#[test]
+fn missions_fall_back_only_when_the_provider_is_unavailable() {
+    let home = home();
+    let dir = home.path().join("m");
     let file = write_mission(
         &dir,
         "true\n",
@@ -369,21 +376,82 @@ fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
     );
     let text = std::fs::read_to_string(&file).unwrap().replace(
         "provider = \"host\"",
-        "provider = \"host\"\nfallback = [\"docker\"]",
+        "provider = \"docker\"\nimage = \"berth/agent:bookworm\"\nfallback = [\"host\"]",
     );
     std::fs::write(&file, text).unwrap();
-    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
-    assert_eq!(
-        out.status.code(),
-        Some(4),
-        "fallback is refused, not ignored"
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("sandbox.fallback"));
-    let (_, doc) = json(home.path(), &["mission", "list"]);
+    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
     assert!(
-        doc["missions"].as_array().unwrap().is_empty(),
-        "nothing registered: {doc}"
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    let sandbox = doc["facts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "sandbox")
+        .unwrap()
+        .clone();
+    assert_eq!(sandbox["detail"]["provider"], "host", "{doc}");
+    let skipped = sandbox["detail"]["fallback_skipped"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        skipped.starts_with("docker:") && skipped.contains("not reachable"),
+        "{skipped}"
+    );
+    let (_, ledger) = json(home.path(), &["ledger", "list", "--all"]);
+    for row in ledger["entries"].as_array().unwrap() {
+        if row["provider"] == "host" {
+            assert_eq!(row["state"], "verified_gone", "{row}");
+        } else {
+            // Docker was unreachable: nothing was created, and the ledger cannot verify it gone.
+            assert_ne!(row["state"], "verified_gone", "{row}");
+        }
+    }
+
+    // A refused request is not a fallback reason: the attempt is rejected, host never tried.
+    let home = self::home();
+    let dir = home.path().join("m");
+    let file = write_mission(
+        &dir,
+        "true\n",
+        "echo ok > .berth-out",
+        "10s",
+        "\".berth-out\"",
+        1,
+    );
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "provider = \"host\"",
+        "provider = \"docker\"\nimage = \"berth/never-built:none\"\nfallback = [\"host\"]",
+    );
+    std::fs::write(&file, text).unwrap();
+    if Command::new("docker")
+        .arg("info")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+    {
+        let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(12));
+        let (_, reason, _) = first_reason(home.path());
+        assert!(reason.contains("never pulls"), "{reason}");
+        let (_, ledger) = json(home.path(), &["ledger", "list", "--all"]);
+        let rows = ledger["entries"].as_array().unwrap();
+        assert!(
+            rows.iter().all(|r| r["provider"] == "docker"),
+            "host was tried: {ledger}"
+        );
+    } else if std::env::var_os("BERTH_SKIP_DOCKER").is_none() {
+        panic!("docker engine missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+    }
 }
 
 #[test]

@@ -165,14 +165,6 @@ impl Orchestrator<'_> {
             OrchestratorError::Repository(format!("cannot read {}: {e}", file_path.display()))
         })?;
         let file = berth_mission::file::parse(&file_path.display().to_string(), &text)?;
-        if !file.sandbox.fallback.is_empty() {
-            // Refused rather than ignored: a mission must not silently run without the fallback
-            // its author asked for.
-            return Err(OrchestratorError::Unsupported(format!(
-                "sandbox.fallback ({}) in missions; remove it or run on one provider",
-                file.sandbox.fallback.join(", ")
-            )));
-        }
         let id = new_mission_id(&file.name);
         let dir = self.mission_dir(&id);
         std::fs::create_dir_all(&dir).map_err(|e| {

@@ -70,12 +70,93 @@ pub(crate) fn inputs(spec: &MissionSpec, task_id: &str) -> AttemptInputs {
     }
 }
 
+/// The providers an attempt may use, in order: the mission's provider, then its fallbacks.
+fn candidates(spec: &MissionSpec) -> Vec<String> {
+    std::iter::once(spec.file.sandbox.provider.clone())
+        .chain(spec.file.sandbox.fallback.iter().cloned())
+        .collect()
+}
+
+/// The attempt's sandbox name on candidate `choice` (0 = the mission's provider).
+fn main_name(key: &AttemptKey, choice: usize) -> SandboxName {
+    match choice {
+        0 => sandbox_name(key),
+        n => SandboxName(format!("{}-f{n}", sandbox_name(key).0)),
+    }
+}
+
+fn frozen_of(main: &SandboxName) -> SandboxName {
+    SandboxName(format!("{}-v", main.0))
+}
+
+/// The candidate whose sandbox this attempt created and still holds, if any (ledger rows say;
+/// a failed or gone row does not count).
+async fn placement(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    key: &AttemptKey,
+) -> Result<Option<(String, SandboxName)>, OrchestratorError> {
+    for (choice, provider) in candidates(spec).into_iter().enumerate() {
+        let name = main_name(key, choice);
+        match orch.ledger.row(&name.0).await {
+            Ok(row)
+                if !matches!(
+                    row.state,
+                    LedgerState::VerifiedGone | LedgerState::CreateFailed
+                ) =>
+            {
+                return Ok(Some((provider, name)))
+            }
+            Ok(_) | Err(LedgerError::Store(StoreError::NotFound(_))) => {}
+            Err(LedgerError::Store(e)) => return Err(e.into()),
+            Err(_) => {}
+        }
+    }
+    Ok(None)
+}
+
 fn sandbox_name(key: &AttemptKey) -> SandboxName {
     SandboxName(format!("bx-{}", key.0.trim_start_matches("at-")))
 }
 
-fn frozen_name(key: &AttemptKey) -> SandboxName {
-    SandboxName(format!("bx-{}-v", key.0.trim_start_matches("at-")))
+/// Creates the attempt's sandbox on the first candidate provider that can take it, moving on
+/// only for capacity, quota or unavailability (never for a request the provider refuses).
+/// Candidates tried before (their ledger rows exist) are not tried again. Returns the provider,
+/// the sandbox name and id, and why earlier candidates were passed over.
+#[allow(clippy::type_complexity)]
+async fn choose(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    key: &AttemptKey,
+) -> Result<
+    Result<(Arc<dyn Provider>, SandboxName, NativeId, Vec<String>), String>,
+    OrchestratorError,
+> {
+    let mut skipped = Vec::new();
+    for (choice, provider_id) in candidates(spec).into_iter().enumerate() {
+        let name = main_name(key, choice);
+        match orch.ledger.row(&name.0).await {
+            Ok(row) => {
+                skipped.push(format!("{provider_id}: tried before ({})", row.state));
+                continue;
+            }
+            Err(LedgerError::Store(StoreError::NotFound(_))) => {}
+            Err(LedgerError::Store(e)) => return Err(e.into()),
+            Err(e) => return Ok(Err(e.to_string())),
+        }
+        let provider = orch.registry.construct(&provider_id, orch.config)?;
+        match ensure(orch, &provider, spec, &name, None).await? {
+            Ok(id) => return Ok(Ok((provider, name, id, skipped))),
+            Err(reason) => match reason.strip_prefix(FALLBACK_MARK) {
+                Some(why) => skipped.push(format!("{provider_id}: {why}")),
+                None => return Ok(Err(reason)),
+            },
+        }
+    }
+    Ok(Err(format!(
+        "no provider could take the attempt: {}",
+        skipped.join("; ")
+    )))
 }
 
 fn tail(bytes: &[u8]) -> String {
@@ -180,9 +261,16 @@ async fn ensure(
     match created {
         Ok(tracked) => Ok(Ok(NativeId(tracked.native_id))),
         Err(LedgerError::Store(e)) => Err(e.into()),
+        Err(LedgerError::Provider { source, .. }) if source.kind().allows_fallback() => {
+            Ok(Err(format!("{FALLBACK_MARK}{source}")))
+        }
+        Err(LedgerError::Provider { source, .. }) => Ok(Err(source.to_string())),
         Err(e) => Ok(Err(e.to_string())),
     }
 }
+
+/// Prefix of an `ensure` failure that allows moving on to the next provider.
+const FALLBACK_MARK: &str = "fallback-eligible: ";
 
 /// Recovery: sandboxes of attempts that are over (rejected, or finalized and not kept) must be
 /// gone; a crash between an attempt's last event and its teardown leaves them, so every tick
@@ -209,48 +297,29 @@ pub(crate) async fn reconcile(
     if over.is_empty() {
         return Ok(());
     }
-    let mut provider = None;
     for (key, keep_main) in over {
-        for (name, keep) in [(frozen_name(&key), false), (sandbox_name(&key), keep_main)] {
-            if keep {
-                continue;
-            }
-            if let Ok(row) = orch.ledger.row(&name.0).await {
-                if row.state != LedgerState::VerifiedGone {
-                    let p = match &provider {
-                        Some(p) => Arc::clone(p),
-                        None => {
-                            let p = orch
-                                .registry
-                                .construct(&spec.file.sandbox.provider, orch.config)?;
-                            provider = Some(Arc::clone(&p));
-                            p
-                        }
-                    };
-                    let _ = orch.ledger.destroy_row(p.as_ref(), &row).await;
-                }
-            }
-        }
+        teardown(orch, spec, &key, keep_main).await;
     }
     Ok(())
 }
 
-/// Destroys the attempt's sandboxes (ledger-verified), unless the mission keeps them.
-async fn teardown(
-    orch: &Orchestrator<'_>,
-    provider: &dyn Provider,
-    key: &AttemptKey,
-    keep_main: bool,
-) {
-    let names = if keep_main {
-        vec![frozen_name(key)]
-    } else {
-        vec![frozen_name(key), sandbox_name(key)]
-    };
-    for name in names {
-        if let Ok(row) = orch.ledger.row(&name.0).await {
-            if row.state != LedgerState::VerifiedGone {
-                let _ = orch.ledger.destroy_row(provider, &row).await;
+/// Destroys the attempt's sandboxes on every candidate provider (ledger-verified), unless the
+/// mission keeps the main one.
+async fn teardown(orch: &Orchestrator<'_>, spec: &MissionSpec, key: &AttemptKey, keep_main: bool) {
+    for choice in 0..candidates(spec).len() {
+        let main = main_name(key, choice);
+        let names = if keep_main {
+            vec![frozen_of(&main)]
+        } else {
+            vec![frozen_of(&main), main]
+        };
+        for name in names {
+            if let Ok(row) = orch.ledger.row(&name.0).await {
+                if row.state != LedgerState::VerifiedGone {
+                    if let Ok(provider) = orch.registry.construct(&row.provider, orch.config) {
+                        let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+                    }
+                }
             }
         }
     }
@@ -325,9 +394,15 @@ pub(crate) async fn advance(
     key: &AttemptKey,
     status: &AttemptStatus,
 ) -> Result<Step, OrchestratorError> {
-    let provider = orch
-        .registry
-        .construct(&spec.file.sandbox.provider, orch.config)?;
+    // Which provider and sandbox this attempt uses: the one it already holds, or (before its
+    // sandbox exists) the mission's provider — fallbacks are tried when it is created.
+    let placed = placement(orch, spec, key).await?;
+    let (provider_id, main) = match &placed {
+        Some((provider, name)) => (provider.clone(), name.clone()),
+        None => (spec.file.sandbox.provider.clone(), main_name(key, 0)),
+    };
+    let frozen = frozen_of(&main);
+    let provider = orch.registry.construct(&provider_id, orch.config)?;
     let (index, task) = task_of(spec, record);
     let attempt = record.tasks[index]
         .attempts
@@ -338,7 +413,6 @@ pub(crate) async fn advance(
     if attempt.inputs != inputs(spec, &task.id) {
         return reject(
             orch,
-            provider.as_ref(),
             spec,
             record,
             seq,
@@ -352,9 +426,7 @@ pub(crate) async fn advance(
         ($found:expr) => {
             match $found {
                 Ok(id) => id,
-                Err(reason) => {
-                    return reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
+                Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
             }
         };
     }
@@ -378,10 +450,14 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: phase @ (Phase::Claimed | Phase::SandboxReady),
         } => {
-            let id = if *phase == Phase::Claimed {
-                or_reject!(ensure(orch, &provider, spec, &sandbox_name(key), None).await?)
+            let (provider, main, id, skipped) = if *phase == Phase::Claimed && placed.is_none() {
+                match choose(orch, spec, key).await? {
+                    Ok(chosen) => chosen,
+                    Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
+                }
             } else {
-                or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?)
+                let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
+                (provider.clone(), main.clone(), id, Vec::new())
             };
             let (bundle, commit) = input_of(orch, spec, record, index);
             let staged = async {
@@ -411,7 +487,12 @@ pub(crate) async fn advance(
                     let facts = [
                         (
                             "sandbox",
-                            json!({ "sandbox": sandbox_name(key).0, "native_id": id.0 }),
+                            json!({
+                                "sandbox": main.0.clone(),
+                                "native_id": id.0,
+                                "provider": provider.id(),
+                                "fallback_skipped": skipped,
+                            }),
                         ),
                         ("stage", json!({ "commit": commit })),
                     ];
@@ -421,20 +502,18 @@ pub(crate) async fn advance(
                         key: key.clone(),
                         what: format!(
                             "sandbox {} ready, repository staged at {}",
-                            sandbox_name(key),
+                            main,
                             &commit[..12.min(commit.len())]
                         ),
                     })
                 }
-                Err(reason) => {
-                    reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
+                Err(reason) => reject(orch, spec, record, seq, key, reason).await,
             }
         }
         AttemptStatus::InProgress {
             phase: Phase::Staged,
         } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
+            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
             let timeout = parse_duration(&task.agent_timeout).expect("validated");
             let req = ExecRequest::shell(spec.file.harness.command.clone())
                 .with_cwd("repo")
@@ -455,7 +534,6 @@ pub(crate) async fn advance(
                 Err(e) => {
                     reject(
                         orch,
-                        provider.as_ref(),
                         spec,
                         record,
                         seq,
@@ -469,26 +547,24 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::AgentStopped,
         } => {
-            let main = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
-            match ensure(orch, &provider, spec, &frozen_name(key), Some(&main)).await? {
+            let main = or_reject!(existing(orch, provider.as_ref(), &main).await?);
+            match ensure(orch, &provider, spec, &frozen, Some(&main)).await? {
                 Ok(frozen) => {
                     reached(
                         Phase::Frozen,
-                        format!("workspace frozen into {}", frozen_name(key)),
+                        format!("workspace frozen into {}", frozen),
                         "freeze",
                         json!({ "frozen": frozen.0 }),
                     )
                     .await
                 }
-                Err(reason) => {
-                    reject(orch, provider.as_ref(), spec, record, seq, key, reason).await
-                }
+                Err(reason) => reject(orch, spec, record, seq, key, reason).await,
             }
         }
         AttemptStatus::InProgress {
             phase: Phase::Frozen,
         } => {
-            let frozen = or_reject!(existing(orch, provider.as_ref(), &frozen_name(key)).await?);
+            let frozen = or_reject!(existing(orch, provider.as_ref(), &frozen).await?);
             let timeout = parse_duration(&task.validator.timeout).expect("validated");
             let req = ExecRequest::shell(task.validator.command.clone())
                 .with_cwd("repo")
@@ -498,7 +574,6 @@ pub(crate) async fn advance(
                 Err(e) => {
                     return reject(
                         orch,
-                        provider.as_ref(),
                         spec,
                         record,
                         seq,
@@ -556,7 +631,7 @@ pub(crate) async fn advance(
                 )
                 .await?;
             // The frozen copy has served its purpose.
-            if let Ok(row) = orch.ledger.row(&frozen_name(key).0).await {
+            if let Ok(row) = orch.ledger.row(&frozen.0).await {
                 let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
             }
             let status = &next.tasks[index]
@@ -567,7 +642,7 @@ pub(crate) async fn advance(
                 .status;
             match status {
                 AttemptStatus::Rejected { reason } => {
-                    teardown(orch, provider.as_ref(), key, false).await;
+                    teardown(orch, spec, key, false).await;
                     Ok(Step::Rejected {
                         key: key.clone(),
                         reason: reason.clone(),
@@ -580,7 +655,7 @@ pub(crate) async fn advance(
             }
         }
         AttemptStatus::Accepted { commit: None, .. } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
+            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
             let out = sh(
                 provider.as_ref(),
                 &id,
@@ -618,7 +693,7 @@ pub(crate) async fn advance(
         AttemptStatus::Accepted {
             checkpoint: None, ..
         } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
+            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
             let snapshots = provider
                 .require_snapshots()
                 .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
@@ -645,7 +720,7 @@ pub(crate) async fn advance(
         AttemptStatus::Accepted {
             finalized: false, ..
         } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &sandbox_name(key)).await?);
+            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
             let out = sh(
                 provider.as_ref(),
                 &id,
@@ -680,7 +755,7 @@ pub(crate) async fn advance(
                 &[("finalize", json!({ "bundle": path, "bytes": bytes.len() }))],
             )
             .await?;
-            teardown(orch, provider.as_ref(), key, spec.file.sandbox.keep).await;
+            teardown(orch, spec, key, spec.file.sandbox.keep).await;
             Ok(Step::Advanced {
                 key: key.clone(),
                 what: format!("finalized; task `{}` done", task.id),
@@ -694,8 +769,7 @@ pub(crate) async fn advance(
 
 async fn reject(
     orch: &Orchestrator<'_>,
-    provider: &dyn Provider,
-    _spec: &MissionSpec,
+    spec: &MissionSpec,
     record: &MissionRecord,
     seq: i64,
     key: &AttemptKey,
@@ -712,7 +786,7 @@ async fn reject(
         &[("rejected", json!({ "reason": reason }))],
     )
     .await?;
-    teardown(orch, provider, key, false).await;
+    teardown(orch, spec, key, false).await;
     Ok(Step::Rejected {
         key: key.clone(),
         reason,
