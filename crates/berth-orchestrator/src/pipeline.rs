@@ -694,65 +694,57 @@ pub(crate) async fn advance(
             checkpoint: None, ..
         } => {
             let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            let snapshots = provider
-                .require_snapshots()
-                .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
-            let snap = snapshots
-                .snapshot(&id)
-                .await
-                .map_err(|e| OrchestratorError::Repository(format!("checkpoint failed: {e}")))?;
+            // A provider snapshot where the provider has one; otherwise a workspace snapshot: the
+            // repository exported as a git bundle under the mission directory.
+            let (checkpoint, detail) = match provider.snapshots() {
+                Some(snapshots) => {
+                    let snap = snapshots.snapshot(&id).await.map_err(|e| {
+                        OrchestratorError::Repository(format!("checkpoint failed: {e}"))
+                    })?;
+                    (snap.handle.clone(), json!({ "snapshot": snap }))
+                }
+                None => {
+                    let path = orch.mission_dir(mission).join(format!(
+                        "{}.attempt-{}.checkpoint.bundle",
+                        task.id, attempt.ordinal
+                    ));
+                    export_bundle(provider.as_ref(), &id, &path).await?;
+                    (
+                        format!("bundle:{}", path.display()),
+                        json!({ "workspace_bundle": path }),
+                    )
+                }
+            };
             orch.commit_event(
                 mission,
                 record,
                 seq,
                 &Event::Checkpointed {
                     key: key.clone(),
-                    checkpoint: snap.handle.clone(),
+                    checkpoint: checkpoint.clone(),
                 },
-                &[("checkpoint", json!({ "snapshot": snap }))],
+                &[("checkpoint", detail)],
             )
             .await?;
             Ok(Step::Advanced {
                 key: key.clone(),
-                what: format!("checkpoint {}", snap.handle),
+                what: format!("checkpoint {checkpoint}"),
             })
         }
         AttemptStatus::Accepted {
             finalized: false, ..
         } => {
             let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            let out = sh(
-                provider.as_ref(),
-                &id,
-                "git bundle create -q ../.berth-output.bundle HEAD".into(),
-                Some("repo"),
-            )
-            .await
-            .map_err(OrchestratorError::Repository)?;
-            if !out.status.success() {
-                return Err(OrchestratorError::Repository(format!(
-                    "export failed: {}",
-                    tail(out.stderr.as_deref().unwrap_or_default())
-                )));
-            }
-            let bytes = provider
-                .require_files()
-                .map_err(|e| OrchestratorError::Repository(e.to_string()))?
-                .read(&id, ".berth-output.bundle")
-                .await
-                .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
             let path = orch
                 .mission_dir(mission)
                 .join(format!("{}.bundle", task.id));
-            std::fs::write(&path, &bytes).map_err(|e| {
-                OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
-            })?;
+            let bytes = export_bundle(provider.as_ref(), &id, &path).await?;
             orch.commit_event(
                 mission,
                 record,
                 seq,
                 &Event::Finalized { key: key.clone() },
-                &[("finalize", json!({ "bundle": path, "bytes": bytes.len() }))],
+                &[("finalize", json!({ "bundle": path, "bytes": bytes }))],
             )
             .await?;
             teardown(orch, spec, key, spec.file.sandbox.keep).await;
@@ -765,6 +757,38 @@ pub(crate) async fn advance(
             "attempt {key} is not open: {other:?}"
         ))),
     }
+}
+
+/// Exports the staged repository's HEAD as a git bundle to `path` on the host; returns its size.
+async fn export_bundle(
+    provider: &dyn Provider,
+    id: &NativeId,
+    path: &std::path::Path,
+) -> Result<usize, OrchestratorError> {
+    let out = sh(
+        provider,
+        id,
+        "git bundle create -q ../.berth-output.bundle HEAD".into(),
+        Some("repo"),
+    )
+    .await
+    .map_err(OrchestratorError::Repository)?;
+    if !out.status.success() {
+        return Err(OrchestratorError::Repository(format!(
+            "export failed: {}",
+            tail(out.stderr.as_deref().unwrap_or_default())
+        )));
+    }
+    let bytes = provider
+        .require_files()
+        .map_err(|e| OrchestratorError::Repository(e.to_string()))?
+        .read(id, ".berth-output.bundle")
+        .await
+        .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
+    std::fs::write(path, &bytes).map_err(|e| {
+        OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
+    })?;
+    Ok(bytes.len())
 }
 
 async fn reject(
