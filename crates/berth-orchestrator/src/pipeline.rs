@@ -656,23 +656,16 @@ pub(crate) async fn advance(
         }
         AttemptStatus::Accepted { commit: None, .. } => {
             let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            let out = sh(
+            let out = in_repo(
                 provider.as_ref(),
                 &id,
                 format!(
                     "git add -A && git -c user.name=berth -c user.email=berth@localhost commit -q --allow-empty -m 'berth: {} (attempt {})' && git rev-parse HEAD",
                     task.id, attempt.ordinal
                 ),
-                Some("repo"),
+                "commit",
             )
-            .await
-            .map_err(OrchestratorError::Repository)?;
-            if !out.status.success() {
-                return Err(OrchestratorError::Repository(format!(
-                    "commit failed: {}",
-                    tail(out.stderr.as_deref().unwrap_or_default())
-                )));
-            }
+            .await?;
             let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             orch.commit_event(
                 mission,
@@ -759,26 +752,39 @@ pub(crate) async fn advance(
     }
 }
 
+/// Runs a step's command in the staged repository; a failure is an orchestration error naming
+/// the step, with the command's stderr.
+async fn in_repo(
+    provider: &dyn Provider,
+    id: &NativeId,
+    line: String,
+    step: &str,
+) -> Result<ExecOutput, OrchestratorError> {
+    let out = sh(provider, id, line, Some("repo"))
+        .await
+        .map_err(OrchestratorError::Repository)?;
+    if !out.status.success() {
+        return Err(OrchestratorError::Repository(format!(
+            "{step} failed: {}",
+            tail(out.stderr.as_deref().unwrap_or_default())
+        )));
+    }
+    Ok(out)
+}
+
 /// Exports the staged repository's HEAD as a git bundle to `path` on the host; returns its size.
 async fn export_bundle(
     provider: &dyn Provider,
     id: &NativeId,
     path: &std::path::Path,
 ) -> Result<usize, OrchestratorError> {
-    let out = sh(
+    in_repo(
         provider,
         id,
         "git bundle create -q ../.berth-output.bundle HEAD".into(),
-        Some("repo"),
+        "export",
     )
-    .await
-    .map_err(OrchestratorError::Repository)?;
-    if !out.status.success() {
-        return Err(OrchestratorError::Repository(format!(
-            "export failed: {}",
-            tail(out.stderr.as_deref().unwrap_or_default())
-        )));
-    }
+    .await?;
     let bytes = provider
         .require_files()
         .map_err(|e| OrchestratorError::Repository(e.to_string()))?
