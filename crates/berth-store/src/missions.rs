@@ -132,62 +132,8 @@ pub trait MissionStore: Send + Sync + std::fmt::Debug {
 
 #[async_trait::async_trait]
 impl MissionStore for Store {
-    async fn mission_insert(
-        &self,
-        id: &str,
-        name: &str,
-        owner: &str,
-        spec_json: &str,
-        record_json: &str,
-        state: &str,
-    ) -> Result<(), StoreError> {
-        Store::mission_insert(self, id, name, owner, spec_json, record_json, state).await
-    }
-
-    async fn mission_append(
-        &self,
-        id: &str,
-        expected_seq: i64,
-        event_json: &str,
-        record_json: &str,
-        state: &str,
-        facts: &[(&str, &str, String)],
-    ) -> Result<Result<i64, Conflict>, StoreError> {
-        Store::mission_append(
-            self,
-            id,
-            expected_seq,
-            event_json,
-            record_json,
-            state,
-            facts,
-        )
-        .await
-    }
-
-    async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
-        Store::mission_get(self, id).await
-    }
-
-    async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError> {
-        Store::mission_list(self, owner).await
-    }
-
-    async fn mission_events(
-        &self,
-        id: &str,
-    ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError> {
-        Store::mission_events(self, id).await
-    }
-
-    async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
-        Store::attempt_facts(self, mission).await
-    }
-}
-
-impl Store {
     /// Records a new mission.
-    pub async fn mission_insert(
+    async fn mission_insert(
         &self,
         id: &str,
         name: &str,
@@ -218,7 +164,7 @@ impl Store {
     /// Appends one event, the record it produced and the attempt facts that explain it, in one
     /// transaction, if the mission is still at `expected_seq` (optimistic concurrency). Returns
     /// the new sequence number.
-    pub async fn mission_append(
+    async fn mission_append(
         &self,
         id: &str,
         expected_seq: i64,
@@ -276,7 +222,7 @@ impl Store {
     }
 
     /// One mission.
-    pub async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
+    async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
         let found = sqlx::query("SELECT * FROM missions WHERE id = ?")
             .bind(id)
             .fetch_optional(self.pool())
@@ -287,7 +233,7 @@ impl Store {
     }
 
     /// This owner's missions, newest first.
-    pub async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError> {
+    async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError> {
         sqlx::query("SELECT * FROM missions WHERE owner = ? ORDER BY created_at DESC, id")
             .bind(owner)
             .fetch_all(self.pool())
@@ -299,7 +245,7 @@ impl Store {
     }
 
     /// The event log of a mission, in order.
-    pub async fn mission_events(
+    async fn mission_events(
         &self,
         id: &str,
     ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError> {
@@ -327,7 +273,7 @@ impl Store {
     }
 
     /// Every fact of a mission's attempts, in order.
-    pub async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
+    async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
         let rows = sqlx::query("SELECT attempt_key, kind, detail_json, at FROM attempt_facts WHERE mission_id = ? ORDER BY rowid")
             .bind(mission)
             .fetch_all(self.pool())

@@ -3,6 +3,7 @@
 use anyhow::Result;
 use berth_mission::authority::{AttemptStatus, MissionRecord, MissionState, TaskState};
 use berth_orchestrator::{Boundary, Orchestrator, Step};
+use berth_store::MissionStore;
 use serde_json::json;
 
 use crate::app::App;
