@@ -39,6 +39,35 @@ pub struct ExecRequest {
     pub max_output_bytes: usize,
 }
 
+/// Environment variables Berth sets itself in every sandbox command; a request cannot set them.
+pub const RESERVED_ENV: &[&str] = &["BERTH_SANDBOX"];
+
+/// Checks a request's environment: names are `[A-Za-z_][A-Za-z0-9_]*`, not reserved; values
+/// carry no NUL byte. The error names the variable, never its value (it may be a secret).
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
+    for (name, value) in env {
+        let mut chars = name.chars();
+        let well_formed = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && name.len() <= 256;
+        if !well_formed {
+            return Err(format!(
+                "`{}` is not a valid variable name (letters, digits and `_`, not starting with a digit)",
+                name.escape_debug()
+            ));
+        }
+        if RESERVED_ENV.contains(&name.as_str()) {
+            return Err(format!("`{name}` is reserved by berth"));
+        }
+        if value.contains('\0') {
+            return Err(format!("the value of `{name}` contains a NUL byte"));
+        }
+    }
+    Ok(())
+}
+
 impl ExecRequest {
     /// A request for `command` with defaults.
     pub fn new(command: Command) -> Self {

@@ -25,8 +25,8 @@ pub mod state;
 pub use capability::{Capability, CapabilitySet, Support};
 pub use error::{ErrorKind, ProviderError, Result};
 pub use exec::{
-    Command, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink, Stream,
-    DEFAULT_MAX_OUTPUT_BYTES,
+    check_env, Command, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink, Stream,
+    DEFAULT_MAX_OUTPUT_BYTES, RESERVED_ENV,
 };
 pub use labels::{LabelFilter, Labels};
 pub use provider::{

@@ -6,13 +6,17 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use berth_contract::{ErrorKind, ProviderError, Result, SnapshotHandleKind, SnapshotRef};
 use sha2::{Digest, Sha256};
 
 use crate::classify::io_error;
+use crate::confine::Workspace;
 use crate::PROVIDER_ID;
 
 const PREFIX: &str = "sha256:";
@@ -35,51 +39,149 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
-/// Writes the archive of `root` to `out`; returns (hex sha256, byte length).
-fn write_archive(root: &Path, out: &File) -> io::Result<(String, u64)> {
+/// Writes the archive of the workspace to `out`; returns (hex sha256, byte length).
+fn write_archive(root: &Workspace, out: &File) -> Result<(String, u64)> {
     let mut builder = tar::Builder::new(HashingWriter {
         inner: io::BufWriter::new(out),
         hasher: Sha256::new(),
         len: 0,
     });
     builder.follow_symlinks(false);
-    append_tree(&mut builder, root, Path::new(""))?;
-    let mut writer = builder.into_inner()?;
-    writer.flush()?;
+    let top = rustix::fs::openat(
+        root.root(),
+        ".",
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_error("open workspace", e.into()))?;
+    append_tree(&mut builder, &top, Path::new(""))?;
+    let archive_error = |e| io_error("write archive", e);
+    let mut writer = builder.into_inner().map_err(archive_error)?;
+    writer.flush().map_err(archive_error)?;
     Ok((hex::encode(writer.hasher.finalize()), writer.len))
 }
 
-fn header_for(meta: &std::fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+/// Yields exactly `left` bytes or fails: a file that shrinks while it is archived must not
+/// produce an entry shorter than its header says.
+struct ExactReader<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for ExactReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && self.left > 0 && !buf.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "file shrank"));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn header_for(stat: &rustix::fs::Stat, kind: tar::EntryType, size: u64) -> tar::Header {
     let mut header = tar::Header::new_gnu();
     header.set_entry_type(kind);
-    header.set_mode(meta.mode() & 0o7777);
-    header.set_mtime(meta.mtime().max(0) as u64);
+    header.set_mode(stat.st_mode & 0o7777);
+    header.set_mtime(stat.st_mtime.max(0) as u64);
     header.set_uid(0);
     header.set_gid(0);
     header.set_size(size);
     header
 }
 
-fn append_tree<W: Write>(builder: &mut tar::Builder<W>, root: &Path, rel: &Path) -> io::Result<()> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join(rel))?
-        .map(|entry| entry.map(|e| e.file_name()))
-        .collect::<io::Result<_>>()?;
+fn changed(rel: &Path) -> ProviderError {
+    ProviderError::new(
+        ErrorKind::Conflict,
+        PROVIDER_ID,
+        format!(
+            "`{}` changed while the workspace was being archived; try again when the sandbox is quiet",
+            rel.display()
+        ),
+    )
+}
+
+/// Archives the directory open at `dir` (workspace-relative `rel`). Every entry is opened
+/// beneath its parent's handle without following symlinks, and its type is taken from the
+/// opened handle, so a sandbox swapping names meanwhile cannot make Berth read outside the
+/// workspace: at worst the snapshot fails with a conflict.
+fn append_tree<W: Write>(builder: &mut tar::Builder<W>, dir: &OwnedFd, rel: &Path) -> Result<()> {
+    let list_error =
+        |e: rustix::io::Errno| io_error(&format!("list `{}`", rel.display()), e.into());
+    let mut names: Vec<std::ffi::CString> = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir).map_err(list_error)? {
+        let entry = entry.map_err(list_error)?;
+        let name = entry.file_name();
+        if name.to_bytes() != b"." && name.to_bytes() != b".." {
+            names.push(name.to_owned());
+        }
+    }
     names.sort();
     for name in names {
-        let rel_path = rel.join(&name);
-        let full = root.join(&rel_path);
-        let meta = std::fs::symlink_metadata(&full)?;
-        let kind = meta.file_type();
-        if kind.is_symlink() {
-            let mut header = header_for(&meta, tar::EntryType::Symlink, 0);
-            builder.append_link(&mut header, &rel_path, std::fs::read_link(&full)?)?;
-        } else if kind.is_dir() {
-            let mut header = header_for(&meta, tar::EntryType::Directory, 0);
-            builder.append_data(&mut header, &rel_path, io::empty())?;
-            append_tree(builder, root, &rel_path)?;
-        } else if kind.is_file() {
-            let mut header = header_for(&meta, tar::EntryType::Regular, meta.len());
-            builder.append_data(&mut header, &rel_path, File::open(&full)?)?;
+        let rel_path = rel.join(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        let stat = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => stat,
+            Err(_) => return Err(changed(&rel_path)),
+        };
+        let archive_error = |e| io_error("write archive", e);
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(dir, name.as_c_str(), Vec::new())
+                    .map_err(|_| changed(&rel_path))?;
+                let mut header = header_for(&stat, tar::EntryType::Symlink, 0);
+                builder
+                    .append_link(
+                        &mut header,
+                        &rel_path,
+                        std::ffi::OsStr::from_bytes(target.to_bytes()),
+                    )
+                    .map_err(archive_error)?;
+            }
+            FileType::Directory => {
+                let child = rustix::fs::openat(
+                    dir,
+                    name.as_c_str(),
+                    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|_| changed(&rel_path))?;
+                let mut header = header_for(&stat, tar::EntryType::Directory, 0);
+                builder
+                    .append_data(&mut header, &rel_path, io::empty())
+                    .map_err(archive_error)?;
+                append_tree(builder, &child, &rel_path)?;
+            }
+            FileType::RegularFile => {
+                let fd = rustix::fs::openat(
+                    dir,
+                    name.as_c_str(),
+                    OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::CLOEXEC
+                        | OFlags::NOCTTY,
+                    Mode::empty(),
+                )
+                .map_err(|_| changed(&rel_path))?;
+                let opened = rustix::fs::fstat(&fd).map_err(|_| changed(&rel_path))?;
+                if FileType::from_raw_mode(opened.st_mode) != FileType::RegularFile
+                    || opened.st_ino != stat.st_ino
+                {
+                    return Err(changed(&rel_path));
+                }
+                let size = opened.st_size.max(0) as u64;
+                let mut header = header_for(&opened, tar::EntryType::Regular, size);
+                // Exactly `size` bytes, or the entry would not match its header.
+                let content = ExactReader {
+                    inner: File::from(fd).take(size),
+                    left: size,
+                };
+                builder
+                    .append_data(&mut header, &rel_path, content)
+                    .map_err(|_| changed(&rel_path))?;
+            }
+            // Sockets, FIFOs and devices are not workspace content.
+            _ => {}
         }
     }
     Ok(())
@@ -87,10 +189,10 @@ fn append_tree<W: Write>(builder: &mut tar::Builder<W>, root: &Path, rel: &Path)
 
 /// Archives `workspace` into the content-addressed `store`.
 pub(crate) fn snapshot(workspace: &Path, store: &Path) -> Result<SnapshotRef> {
+    let workspace = Workspace::open(workspace)?;
     let temp =
         tempfile::NamedTempFile::new_in(store).map_err(|e| io_error("create snapshot file", e))?;
-    let (digest, size) =
-        write_archive(workspace, temp.as_file()).map_err(|e| io_error("archive workspace", e))?;
+    let (digest, size) = write_archive(&workspace, temp.as_file())?;
     let path = store.join(format!("{digest}.tar"));
     if !path.exists() {
         temp.persist(&path)
@@ -105,9 +207,10 @@ pub(crate) fn snapshot(workspace: &Path, store: &Path) -> Result<SnapshotRef> {
 
 /// Archives `workspace` into a temporary file under `scratch` (removed when dropped).
 pub(crate) fn to_temp_file(workspace: &Path, scratch: &Path) -> Result<tempfile::NamedTempFile> {
+    let workspace = Workspace::open(workspace)?;
     let temp = tempfile::NamedTempFile::new_in(scratch)
         .map_err(|e| io_error("create scratch archive", e))?;
-    write_archive(workspace, temp.as_file()).map_err(|e| io_error("archive workspace", e))?;
+    write_archive(&workspace, temp.as_file())?;
     Ok(temp)
 }
 

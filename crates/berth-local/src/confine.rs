@@ -1,104 +1,364 @@
-//! Resolving a sandbox path without leaving the workspace.
+//! Sandbox paths, resolved beneath an opened workspace directory handle.
 //!
-//! Rule: a host sandbox path is relative to the workspace (an absolute path is accepted only
-//! when it already lies inside the workspace). `..` is refused outright. Every existing
-//! component is checked with `lstat`; a symlink is followed only if its target stays inside
-//! the workspace. The check and the later open are not atomic: a process running in the same
-//! sandbox could swap a component in between. The host provider isolates nothing, and its
-//! manifest says so; this guards Berth's own file API against mistakes and hostile paths.
+//! A process inside the sandbox can rename, swap (`renameat2(RENAME_EXCHANGE)`) or replace any
+//! path component at any moment, so nothing here checks a path and later opens it. Every open
+//! goes through `openat2` relative to the workspace's directory handle with
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV`: the kernel refuses, atomically,
+//! any resolution that would leave the workspace, follow a symlink or cross a mount. Symlinks in
+//! the workspace are therefore never followed by the file API (listing shows them; archives
+//! store them as links). Only regular files are read or replaced: a FIFO, socket or device is
+//! refused before any blocking open, and reads are bounded.
+//!
+//! Path rules: relative to the workspace (an absolute path is accepted only when it already
+//! lies inside the workspace, as the host sees it); `..` is refused outright.
 
-use std::io;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use berth_contract::{ErrorKind, ProviderError, Result};
+use berth_contract::{ErrorKind, FileEntry, FileKind, ProviderError, Result};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
 
 use crate::classify::io_error;
 use crate::PROVIDER_ID;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Every component must exist.
-    Existing,
-    /// Missing parent directories are created; the last component may be missing.
-    CreateParents,
-}
+/// The most the file API reads into memory from one sandbox file.
+pub const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
 
-fn escape(path: &str, why: &str) -> ProviderError {
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+    .union(ResolveFlags::NO_SYMLINKS)
+    .union(ResolveFlags::NO_XDEV)
+    .union(ResolveFlags::NO_MAGICLINKS);
+
+fn invalid(path: &str, why: &str) -> ProviderError {
     ProviderError::new(
         ErrorKind::InvalidRequest,
         PROVIDER_ID,
-        format!("path `{path}` {why}; host sandbox paths are relative to the workspace"),
+        format!("path `{path}` {why}; sandbox paths are relative to the workspace"),
     )
 }
 
-/// Resolves `path` inside `workspace`, returning a real path inside it.
-pub(crate) fn resolve(workspace: &Path, path: &str, mode: Mode) -> Result<PathBuf> {
-    if path.contains('\0') {
-        return Err(escape(path, "contains a NUL byte"));
+/// Classifies a resolution error for `path` (as the caller wrote it).
+fn resolve_error(path: &str, what: &str, err: rustix::io::Errno) -> ProviderError {
+    use rustix::io::Errno;
+    match err {
+        Errno::LOOP => invalid(
+            path,
+            "goes through a symlink, which the file API never follows",
+        ),
+        Errno::XDEV => invalid(path, "leads outside the workspace"),
+        Errno::NOENT => ProviderError::new(
+            ErrorKind::NotFound,
+            PROVIDER_ID,
+            format!("`{path}` does not exist in the workspace"),
+        ),
+        Errno::NOTDIR => invalid(path, "goes through something that is not a directory"),
+        Errno::NAMETOOLONG => invalid(path, "has a name that is too long"),
+        Errno::ISDIR => invalid(path, "is a directory, not a file"),
+        other => io_error(&format!("{what} `{path}`"), io::Error::from(other)),
     }
-    let root = workspace
-        .canonicalize()
-        .map_err(|e| io_error("resolve workspace", e))?;
+}
+
+/// A sandbox path checked for shape (no NUL, no `..`, inside the workspace when absolute) and
+/// turned into workspace-relative components. Empty means the workspace itself.
+pub(crate) fn components(workspace: &Path, path: &str) -> Result<Vec<PathBuf>> {
+    if path.contains('\0') {
+        return Err(invalid(path, "contains a NUL byte"));
+    }
     let requested = Path::new(path);
     let relative = if requested.is_absolute() {
+        let canonical = workspace.canonicalize().ok();
         requested
-            .strip_prefix(&root)
-            .or_else(|_| requested.strip_prefix(workspace))
-            .map_err(|_| escape(path, "is absolute and outside the workspace"))?
+            .strip_prefix(workspace)
+            .ok()
+            .or_else(|| {
+                canonical
+                    .as_deref()
+                    .and_then(|c| requested.strip_prefix(c).ok())
+            })
+            .ok_or_else(|| invalid(path, "is absolute and outside the workspace"))?
     } else {
         requested
     };
-    let components: Vec<Component<'_>> = relative.components().collect();
-    if components.contains(&Component::ParentDir) {
-        return Err(escape(path, "contains `..`"));
-    }
-    let mut current = root.clone();
-    for (index, component) in components.iter().enumerate() {
-        let last = index + 1 == components.len();
+    let mut parts = Vec::new();
+    for component in relative.components() {
         match component {
-            Component::CurDir => continue,
-            Component::ParentDir => return Err(escape(path, "contains `..`")),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(invalid(path, "contains `..`")),
             Component::RootDir | Component::Prefix(_) => {
-                return Err(escape(path, "is absolute and outside the workspace"))
+                return Err(invalid(path, "is absolute and outside the workspace"))
             }
-            Component::Normal(part) => {
-                let next = current.join(part);
-                match std::fs::symlink_metadata(&next) {
-                    Ok(meta) if meta.file_type().is_symlink() => {
-                        let target = match next.canonicalize() {
-                            Ok(target) => target,
-                            Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                                return Err(escape(path, "goes through a dangling symlink"))
-                            }
-                            Err(err) => return Err(io_error("resolve symlink", err)),
-                        };
-                        if !target.starts_with(&root) {
-                            return Err(escape(path, "goes through a symlink that leads outside"));
-                        }
-                        current = target;
-                    }
-                    Ok(_) => current = next,
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => match mode {
-                        Mode::CreateParents if last => current = next,
-                        Mode::CreateParents => {
-                            std::fs::create_dir(&next)
-                                .map_err(|e| io_error("create parent directory", e))?;
-                            current = next;
-                        }
-                        Mode::Existing => {
-                            return Err(ProviderError::new(
-                                ErrorKind::NotFound,
-                                PROVIDER_ID,
-                                format!("`{path}` does not exist in the workspace"),
-                            ))
-                        }
-                    },
-                    Err(err) => return Err(io_error("inspect path", err)),
-                }
-            }
+            Component::Normal(part) => parts.push(PathBuf::from(part)),
         }
     }
-    Ok(current)
+    Ok(parts)
+}
+
+/// An opened workspace: every operation resolves beneath this handle.
+#[derive(Debug)]
+pub(crate) struct Workspace {
+    root: OwnedFd,
+    host_path: PathBuf,
+}
+
+fn open_beneath(dir: impl AsFd, name: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+    // The kernel answers EAGAIN when a rename raced the resolution; trying again is safe
+    // because every attempt is confined the same way.
+    // openat2 refuses a mode unless the open may create.
+    let mode = if flags.contains(OFlags::CREATE) {
+        Mode::from_raw_mode(0o600)
+    } else {
+        Mode::empty()
+    };
+    // openat2 refuses anything but these beside O_PATH.
+    let extra = if flags.contains(OFlags::PATH) {
+        OFlags::CLOEXEC | OFlags::NOFOLLOW
+    } else {
+        OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY
+    };
+    let mut tries = 0;
+    loop {
+        match rustix::fs::openat2(dir.as_fd(), name, flags | extra, mode, RESOLVE) {
+            Err(rustix::io::Errno::AGAIN) if tries < 64 => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+fn join(parts: &[PathBuf]) -> PathBuf {
+    if parts.is_empty() {
+        PathBuf::from(".")
+    } else {
+        parts.iter().collect()
+    }
+}
+
+impl Workspace {
+    /// Opens the workspace directory of a sandbox (a host path Berth made).
+    pub(crate) fn open(host_path: &Path) -> Result<Self> {
+        let root = rustix::fs::open(
+            host_path,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| io_error("open workspace", io::Error::from(e)))?;
+        Ok(Workspace {
+            root,
+            host_path: host_path.to_owned(),
+        })
+    }
+
+    pub(crate) fn root(&self) -> &OwnedFd {
+        &self.root
+    }
+
+    /// Opens a directory beneath the workspace. With `create`, missing directories are made
+    /// one component at a time, each beneath the one opened before.
+    pub(crate) fn open_dir(&self, shown: &str, parts: &[PathBuf], create: bool) -> Result<OwnedFd> {
+        let flags = OFlags::DIRECTORY | OFlags::RDONLY;
+        if !create {
+            return open_beneath(&self.root, &join(parts), flags)
+                .map_err(|e| resolve_error(shown, "open", e));
+        }
+        let mut current = open_beneath(&self.root, Path::new("."), flags)
+            .map_err(|e| resolve_error(shown, "open", e))?;
+        for part in parts {
+            current = match open_beneath(&current, part, flags) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => {
+                    match rustix::fs::mkdirat(&current, part.as_path(), Mode::from_raw_mode(0o755))
+                    {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(resolve_error(shown, "create directory", e)),
+                    }
+                    open_beneath(&current, part, flags)
+                        .map_err(|e| resolve_error(shown, "open", e))?
+                }
+                Err(e) => return Err(resolve_error(shown, "open", e)),
+            };
+        }
+        Ok(current)
+    }
+
+    /// Checks that `path` names a directory in the workspace; returns it relative to the
+    /// workspace (empty for the workspace itself).
+    pub(crate) fn directory(&self, path: &str) -> Result<PathBuf> {
+        let parts = components(&self.host_path, path)?;
+        self.open_dir(path, &parts, false)?;
+        Ok(parts.iter().collect())
+    }
+
+    /// Reads a regular file, at most [`MAX_READ_BYTES`].
+    pub(crate) fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let parts = components(&self.host_path, path)?;
+        if parts.is_empty() {
+            return Err(invalid(path, "is the workspace directory, not a file"));
+        }
+        // O_NONBLOCK: opening a FIFO must not wait for a writer; the type is checked on the
+        // opened handle, so what is checked is what is read.
+        let target = join(&parts);
+        let fd = match open_beneath(&self.root, &target, OFlags::RDONLY | OFlags::NONBLOCK) {
+            Ok(fd) => fd,
+            // Sockets (and devices without a driver) cannot be opened for reading; name what
+            // it is from a path-only handle.
+            Err(err @ (rustix::io::Errno::NXIO | rustix::io::Errno::NODEV)) => {
+                let kind = open_beneath(&self.root, &target, OFlags::PATH)
+                    .and_then(rustix::fs::fstat)
+                    .map(|stat| FileType::from_raw_mode(stat.st_mode))
+                    .map_err(|_| resolve_error(path, "open", err))?;
+                return Err(special(path, kind));
+            }
+            Err(err) => return Err(resolve_error(path, "open", err)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(|e| resolve_error(path, "inspect", e))?;
+        require_regular(path, FileType::from_raw_mode(stat.st_mode))?;
+        let mut file = std::fs::File::from(fd);
+        let mut bytes = Vec::with_capacity((stat.st_size.max(0) as u64).min(1 << 20) as usize);
+        (&mut file)
+            .take(MAX_READ_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error(&format!("read `{path}`"), e))?;
+        if bytes.len() as u64 > MAX_READ_BYTES {
+            return Err(too_large(path));
+        }
+        Ok(bytes)
+    }
+
+    /// Replaces a regular file (or creates it, with missing parent directories). The bytes go
+    /// to a new file beneath the same directory handle, renamed over the old name: nothing is
+    /// ever written through an existing inode (a hard link) or a symlink.
+    pub(crate) fn write(&self, path: &str, bytes: &[u8]) -> Result<()> {
+        let mut parts = components(&self.host_path, path)?;
+        let Some(name) = parts.pop() else {
+            return Err(invalid(path, "is the workspace directory, not a file"));
+        };
+        let parent = self.open_dir(path, &parts, true)?;
+        let mode = match rustix::fs::statat(&parent, name.as_path(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => {
+                let kind = FileType::from_raw_mode(stat.st_mode);
+                if kind == FileType::Directory {
+                    return Err(invalid(path, "is a directory, not a file"));
+                }
+                if kind != FileType::RegularFile && kind != FileType::Symlink {
+                    return Err(special(path, kind));
+                }
+                Mode::from_raw_mode(stat.st_mode & 0o777)
+            }
+            Err(rustix::io::Errno::NOENT) => Mode::from_raw_mode(0o644),
+            Err(e) => return Err(resolve_error(path, "inspect", e)),
+        };
+        let temp = temp_name();
+        let fd = open_beneath(
+            &parent,
+            &temp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+        )
+        .map_err(|e| resolve_error(path, "create", e))?;
+        let written = (|| -> io::Result<()> {
+            rustix::fs::fchmod(&fd, mode)?;
+            let mut file = std::fs::File::from(fd);
+            file.write_all(bytes)?;
+            file.flush()
+        })();
+        let renamed = written
+            .map_err(|e| io_error(&format!("write `{path}`"), e))
+            .and_then(|()| {
+                rustix::fs::renameat_with(
+                    &parent,
+                    &temp,
+                    &parent,
+                    name.as_path(),
+                    RenameFlags::empty(),
+                )
+                .map_err(|e| resolve_error(path, "replace", e))
+            });
+        if renamed.is_err() {
+            let _ = rustix::fs::unlinkat(&parent, &temp, AtFlags::empty());
+        }
+        renamed
+    }
+
+    /// Lists a directory; symlinks are reported as symlinks, never followed.
+    pub(crate) fn list(&self, path: &str) -> Result<Vec<FileEntry>> {
+        let parts = components(&self.host_path, path)?;
+        let dir = self.open_dir(path, &parts, false)?;
+        let mut entries = Vec::new();
+        let listing =
+            rustix::fs::Dir::read_from(&dir).map_err(|e| resolve_error(path, "list", e))?;
+        for entry in listing {
+            let entry = entry.map_err(|e| resolve_error(path, "list", e))?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let stat = match rustix::fs::statat(&dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
+            {
+                Ok(stat) => stat,
+                // Removed between readdir and stat: it is not there any more.
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(resolve_error(path, "list", e)),
+            };
+            let kind = match FileType::from_raw_mode(stat.st_mode) {
+                FileType::Symlink => FileKind::Symlink,
+                FileType::Directory => FileKind::Dir,
+                FileType::RegularFile => FileKind::File,
+                _ => FileKind::Other,
+            };
+            entries.push(FileEntry {
+                name: String::from_utf8_lossy(name).into_owned(),
+                kind,
+                size: if kind == FileKind::File {
+                    stat.st_size.max(0) as u64
+                } else {
+                    0
+                },
+            });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+}
+
+/// A fresh name in the same directory, short whatever the final name's length.
+fn temp_name() -> PathBuf {
+    let mut random = [0u8; 8];
+    let _ = getrandom::fill(&mut random);
+    PathBuf::from(format!(".berth-write-{}", hex::encode(random)))
+}
+
+pub(crate) fn require_regular(path: &str, kind: FileType) -> Result<()> {
+    match kind {
+        FileType::RegularFile => Ok(()),
+        FileType::Directory => Err(invalid(path, "is a directory, not a file")),
+        other => Err(special(path, other)),
+    }
+}
+
+fn special(path: &str, kind: FileType) -> ProviderError {
+    let what = match kind {
+        FileType::Fifo => "a FIFO",
+        FileType::Socket => "a socket",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Symlink => "a symlink",
+        _ => "not a regular file",
+    };
+    ProviderError::new(
+        ErrorKind::InvalidRequest,
+        PROVIDER_ID,
+        format!("`{path}` is {what}; the file API reads and writes regular files only"),
+    )
+}
+
+fn too_large(path: &str) -> ProviderError {
+    ProviderError::new(
+        ErrorKind::InvalidRequest,
+        PROVIDER_ID,
+        format!(
+            "`{path}` is larger than the file API's limit of {} MiB",
+            MAX_READ_BYTES / (1024 * 1024)
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -106,77 +366,123 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn workspace() -> (tempfile::TempDir, PathBuf) {
+    fn workspace() -> (tempfile::TempDir, PathBuf, Workspace) {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
         std::fs::create_dir(&ws).unwrap();
-        (dir, ws)
+        let opened = Workspace::open(&ws).unwrap();
+        (dir, ws, opened)
     }
 
     #[test]
-    fn plain_relative_paths_resolve_inside() {
-        let (_dir, ws) = workspace();
-        let got = resolve(&ws, "a/b/c.txt", Mode::CreateParents).unwrap();
-        assert_eq!(got, ws.canonicalize().unwrap().join("a/b/c.txt"));
-        assert!(ws.join("a/b").is_dir());
-        assert_eq!(
-            resolve(&ws, ".", Mode::Existing).unwrap(),
-            ws.canonicalize().unwrap()
-        );
+    fn plain_relative_paths_write_and_read_inside() {
+        let (_dir, ws, opened) = workspace();
+        opened.write("a/b/c.txt", b"hello").unwrap();
+        assert_eq!(std::fs::read(ws.join("a/b/c.txt")).unwrap(), b"hello");
+        assert_eq!(opened.read("./a/b/c.txt").unwrap(), b"hello");
+        let abs = ws.join("a/b/c.txt");
+        assert_eq!(opened.read(abs.to_str().unwrap()).unwrap(), b"hello");
+        assert_eq!(opened.directory(".").unwrap(), PathBuf::new());
+        assert_eq!(opened.directory("a/b").unwrap(), PathBuf::from("a/b"));
     }
 
     #[test]
-    fn dot_dot_is_refused_even_when_it_would_stay_inside() {
-        let (_dir, ws) = workspace();
-        std::fs::create_dir(ws.join("a")).unwrap();
+    fn dot_dot_and_outside_absolute_paths_are_refused() {
+        let (_dir, _ws, opened) = workspace();
+        std::fs::create_dir(_ws.join("a")).unwrap();
         for path in ["../x", "a/../../x", "a/../b"] {
-            let err = resolve(&ws, path, Mode::CreateParents).unwrap_err();
+            let err = opened.write(path, b"x").unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidRequest);
             assert!(err.to_string().contains("contains `..`"), "{err}");
         }
-    }
-
-    #[test]
-    fn absolute_outside_is_refused_inside_is_accepted() {
-        let (_dir, ws) = workspace();
-        let err = resolve(&ws, "/etc/passwd", Mode::Existing).unwrap_err();
+        let err = opened.read("/etc/passwd").unwrap_err();
         assert!(err.to_string().contains("absolute and outside"), "{err}");
-        std::fs::write(ws.join("f"), b"x").unwrap();
-        let inside = ws.join("f");
-        assert!(resolve(&ws, inside.to_str().unwrap(), Mode::Existing).is_ok());
     }
 
     #[test]
-    fn symlink_escapes_are_refused() {
-        let (dir, ws) = workspace();
+    fn symlinks_are_never_followed_inside_or_out() {
+        let (dir, ws, opened) = workspace();
         let outside = dir.path().join("outside");
         std::fs::create_dir(&outside).unwrap();
         std::fs::write(outside.join("secret"), b"s").unwrap();
+        std::fs::create_dir(ws.join("real")).unwrap();
+        std::fs::write(ws.join("real/f"), b"inside").unwrap();
         symlink(&outside, ws.join("link-dir")).unwrap();
         symlink(outside.join("secret"), ws.join("link-file")).unwrap();
-        symlink("/nonexistent/target", ws.join("dangling")).unwrap();
-        for path in ["link-dir/secret", "link-file", "link-dir/new.txt"] {
-            let err = resolve(&ws, path, Mode::CreateParents).unwrap_err();
-            assert!(err.to_string().contains("leads outside"), "{path}: {err}");
+        symlink("real", ws.join("alias")).unwrap();
+        for path in ["link-dir/secret", "link-file", "alias/f"] {
+            let err = opened.read(path).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{path}: {err}");
         }
-        let err = resolve(&ws, "dangling", Mode::CreateParents).unwrap_err();
-        assert!(err.to_string().contains("dangling symlink"), "{err}");
+        for path in ["link-dir/new.txt", "alias/new.txt"] {
+            let err = opened.write(path, b"x").unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{path}: {err}");
+        }
         assert!(!outside.join("new.txt").exists());
+        // Writing over a symlink replaces the link itself, never its target.
+        opened.write("link-file", b"replaced").unwrap();
+        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"s");
+        assert!(!std::fs::symlink_metadata(ws.join("link-file"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        let listed = opened.list(".").unwrap();
+        let alias = listed.iter().find(|e| e.name == "alias").unwrap();
+        assert_eq!(alias.kind, FileKind::Symlink);
     }
 
     #[test]
-    fn symlinks_inside_are_followed() {
-        let (_dir, ws) = workspace();
-        std::fs::create_dir(ws.join("real")).unwrap();
-        symlink("real", ws.join("alias")).unwrap();
-        let got = resolve(&ws, "alias/file", Mode::CreateParents).unwrap();
-        assert_eq!(got, ws.canonicalize().unwrap().join("real/file"));
+    fn fifos_are_refused_without_blocking() {
+        let (_dir, ws, opened) = workspace();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            ws.join("fifo").as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let err = opened.read("fifo").unwrap_err();
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+        let err = opened.write("fifo", b"x").unwrap_err();
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+    }
+
+    #[test]
+    fn writes_keep_an_existing_mode_and_never_touch_a_hard_link() {
+        let (dir, ws, opened) = workspace();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(ws.join("run.sh"), b"old").unwrap();
+        std::fs::set_permissions(ws.join("run.sh"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        opened.write("run.sh", b"new").unwrap();
+        let meta = std::fs::metadata(ws.join("run.sh")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"keep").unwrap();
+        std::fs::hard_link(&other, ws.join("hard")).unwrap();
+        opened.write("hard", b"changed").unwrap();
+        assert_eq!(std::fs::read(&other).unwrap(), b"keep");
     }
 
     #[test]
     fn missing_path_is_not_found() {
-        let (_dir, ws) = workspace();
-        let err = resolve(&ws, "nope/file", Mode::Existing).unwrap_err();
+        let (_dir, _ws, opened) = workspace();
+        let err = opened.read("nope/file").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn overlong_names_are_invalid_input() {
+        let (_dir, _ws, opened) = workspace();
+        let long = "n".repeat(300);
+        assert_eq!(
+            opened.write(&long, b"x").unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
+        assert_eq!(
+            opened.read(&long).unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
     }
 }

@@ -155,21 +155,8 @@ fn prepare(cmd: &mut tokio::process::Command, spec: &Spec<'_>) -> Result<()> {
         .env("PATH", DEFAULT_PATH)
         .env("HOME", spec.home)
         .env("LANG", "C.UTF-8");
-    for (name, value) in &spec.req.env {
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(invalid(format!("`{name}` is not a valid variable name")));
-        }
-        if name == MARKER {
-            return Err(invalid(format!("`{MARKER}` is reserved by berth")));
-        }
-        if value.contains('\0') {
-            // Name only: the value may be a secret.
-            return Err(invalid(format!(
-                "the value of `{name}` contains a NUL byte"
-            )));
-        }
-        cmd.env(name, value);
-    }
+    berth_contract::check_env(&spec.req.env).map_err(invalid)?;
+    cmd.envs(&spec.req.env);
     cmd.env(MARKER, spec.sandbox)
         .current_dir(spec.cwd)
         .stdin(Stdio::null())

@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_contract::{
     CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
-    ExecRequest, ExecSummary, FileEntry, FileKind, Files, Fork, LabelFilter, Listed, Listing,
-    NativeId, NetworkMode, Observation, OutputSink, Provider, ProviderError, Result, SnapshotRef,
-    Snapshots, StreamingExec,
+    ExecRequest, ExecSummary, FileEntry, Files, Fork, LabelFilter, Listed, Listing, NativeId,
+    NetworkMode, Observation, OutputSink, Provider, ProviderError, Result, SnapshotRef, Snapshots,
+    StreamingExec,
 };
 
 use crate::classify::io_error;
@@ -145,15 +145,11 @@ impl<L: Launcher> LocalProvider<L> {
             None => (workspace.clone(), String::new()),
             Some(path) => {
                 let relative = self.sandbox_path(path);
-                let dir = confine::resolve(&workspace, relative, confine::Mode::Existing)?;
-                if !dir.is_dir() {
-                    return Err(invalid(format!("cwd `{path}` is not a directory")));
-                }
-                let root = workspace
-                    .canonicalize()
-                    .map_err(|e| io_error("resolve workspace", e))?;
-                let inside = dir.strip_prefix(&root).unwrap_or(Path::new(""));
-                (dir.clone(), inside.to_string_lossy().into_owned())
+                let inside = confine::Workspace::open(&workspace)?.directory(relative)?;
+                (
+                    workspace.join(&inside),
+                    inside.to_string_lossy().into_owned(),
+                )
             }
         };
         let home = match self.launcher.workspace_alias() {
@@ -262,67 +258,21 @@ impl<L: Launcher> LocalProvider<L> {
 
     async fn read_inner(&self, id: &NativeId, path: &str) -> Result<Vec<u8>> {
         let workspace = self.ready_workspace(id)?;
-        let shown = path.to_owned();
         let path = self.sandbox_path(path).to_owned();
-        blocking(move || {
-            let file = confine::resolve(&workspace, &path, confine::Mode::Existing)?;
-            if file.is_dir() {
-                return Err(invalid(format!("`{shown}` is a directory, not a file")));
-            }
-            std::fs::read(&file).map_err(|e| io_error(&format!("read `{shown}`"), e))
-        })
-        .await
+        blocking(move || confine::Workspace::open(&workspace)?.read(&path)).await
     }
 
     async fn write_inner(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
         let workspace = self.ready_workspace(id)?;
-        let shown = path.to_owned();
         let path = self.sandbox_path(path).to_owned();
         let bytes = bytes.to_vec();
-        blocking(move || {
-            let file = confine::resolve(&workspace, &path, confine::Mode::CreateParents)?;
-            if file.is_dir() {
-                return Err(invalid(format!("`{shown}` is a directory, not a file")));
-            }
-            std::fs::write(&file, &bytes).map_err(|e| io_error(&format!("write `{shown}`"), e))
-        })
-        .await
+        blocking(move || confine::Workspace::open(&workspace)?.write(&path, &bytes)).await
     }
 
     async fn list_inner(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
         let workspace = self.ready_workspace(id)?;
-        let shown = path.to_owned();
         let path = self.sandbox_path(path).to_owned();
-        blocking(move || {
-            let dir = confine::resolve(&workspace, &path, confine::Mode::Existing)?;
-            let listing_error = |e| io_error(&format!("list `{shown}`"), e);
-            let mut entries = Vec::new();
-            for entry in std::fs::read_dir(&dir).map_err(listing_error)? {
-                let entry = entry.map_err(listing_error)?;
-                let meta = entry.metadata().map_err(listing_error)?;
-                let kind = if meta.is_symlink() {
-                    FileKind::Symlink
-                } else if meta.is_dir() {
-                    FileKind::Dir
-                } else if meta.is_file() {
-                    FileKind::File
-                } else {
-                    FileKind::Other
-                };
-                entries.push(FileEntry {
-                    name: entry.file_name().to_string_lossy().into_owned(),
-                    kind,
-                    size: if kind == FileKind::File {
-                        meta.len()
-                    } else {
-                        0
-                    },
-                });
-            }
-            entries.sort_by(|a, b| a.name.cmp(&b.name));
-            Ok(entries)
-        })
-        .await
+        blocking(move || confine::Workspace::open(&workspace)?.list(&path)).await
     }
 
     async fn snapshot_inner(&self, id: &NativeId) -> Result<SnapshotRef> {
@@ -499,10 +449,6 @@ fn not_found(name: &str) -> ProviderError {
         PROVIDER_ID,
         format!("no sandbox `{name}`"),
     )
-}
-
-pub(crate) fn invalid(message: String) -> ProviderError {
-    ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, message)
 }
 
 fn join_error(err: tokio::task::JoinError) -> ProviderError {

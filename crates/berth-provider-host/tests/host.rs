@@ -383,7 +383,10 @@ async fn files_round_trip_binary_and_list() {
             ("top.txt", FileKind::File)
         ]
     );
-    assert_eq!(files.read(&id, "link").await.unwrap(), b"top");
+    // The file API never follows a symlink, even one that stays inside.
+    let link_err = files.read(&id, "link").await.unwrap_err();
+    assert_eq!(link_err.kind(), ErrorKind::InvalidRequest);
+    assert!(link_err.to_string().contains("symlink"), "{link_err}");
     let seen = sh(&f.host, &id, "cat deep/dir/blob.bin | wc -c").await;
     assert_eq!(text(&seen.stdout).trim(), "70000");
     let dir_err = files.read(&id, "deep").await.unwrap_err();
@@ -408,8 +411,8 @@ async fn hostile_paths_are_rejected_with_clear_errors() {
         ("../escape.txt", "contains `..`"),
         ("a/../../escape.txt", "contains `..`"),
         ("/etc/passwd", "absolute and outside"),
-        ("escape/secret", "leads outside"),
-        ("escape/new.txt", "leads outside"),
+        ("escape/secret", "symlink"),
+        ("escape/new.txt", "symlink"),
     ];
     for (path, why) in cases {
         let read = files.read(&id, path).await.unwrap_err();
@@ -432,6 +435,112 @@ async fn hostile_paths_are_rejected_with_clear_errors() {
         outside.path().join("secret").exists(),
         "destroy followed a symlink out"
     );
+}
+
+/// Swaps `ws/d` (a directory) and `ws/s` (a symlink to a host directory) with
+/// `renameat2(RENAME_EXCHANGE)` as fast as it can until `stop` is set — what a process in the
+/// sandbox can do while the operator runs `berth cp`.
+fn exchange_loop(ws: &Path, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let mut swaps = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            ws.join("d").as_path(),
+            rustix::fs::CWD,
+            ws.join("s").as_path(),
+            rustix::fs::RenameFlags::EXCHANGE,
+        )
+        .unwrap();
+        swaps += 1;
+    }
+    swaps
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_api_is_race_free_against_a_swapping_sandbox() {
+    let f = fixture();
+    let id = create(&f.host, "bx-race").await;
+    let files = f.host.require_files().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("f"), b"HOST-SECRET").unwrap();
+    let ws = f.host.workspace_dir(&id).unwrap();
+    std::fs::create_dir(ws.join("d")).unwrap();
+    std::fs::write(ws.join("d/f"), b"inside").unwrap();
+    std::os::unix::fs::symlink(outside.path(), ws.join("s")).unwrap();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let (ws, stop) = (ws.clone(), stop.clone());
+        std::thread::spawn(move || exchange_loop(&ws, &stop))
+    };
+    let (mut reads_ok, mut refused) = (0, 0);
+    for round in 0..1500 {
+        match files.read(&id, "d/f").await {
+            Ok(bytes) => {
+                assert_eq!(bytes, b"inside", "round {round}: read a host file");
+                reads_ok += 1;
+            }
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+                refused += 1;
+            }
+        }
+        let _ = files.write(&id, &format!("d/new-{round}"), b"x").await;
+        let _ = files.list(&id, "d").await;
+        if round % 100 == 0 {
+            // Snapshots walk the same tree; they store the link, never what it points at.
+            let snapshots = f.host.require_snapshots().unwrap();
+            if let Ok(snap) = snapshots.snapshot(&id).await {
+                snapshots.delete_snapshot(&snap).await.unwrap();
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swaps = attacker.join().unwrap();
+    let leaked: Vec<_> = std::fs::read_dir(outside.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|name| name != "f")
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "wrote into the host directory: {leaked:?}"
+    );
+    assert_eq!(
+        std::fs::read(outside.path().join("f")).unwrap(),
+        b"HOST-SECRET"
+    );
+    assert!(swaps > 1000, "the attacker barely ran ({swaps} swaps)");
+    assert!(
+        reads_ok > 0 && refused > 0,
+        "race not exercised: {reads_ok} ok, {refused} refused"
+    );
+    f.host.destroy(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn special_files_are_refused_not_waited_on() {
+    let f = fixture();
+    let id = create(&f.host, "bx-fifo").await;
+    let files = f.host.require_files().unwrap();
+    let made = sh(&f.host, &id, "mkfifo pipe && python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.bind(\"sock\")'").await;
+    assert_eq!(
+        made.status,
+        ExitStatus::Exited { code: 0 },
+        "{:?}",
+        made.stderr
+    );
+    for (path, what) in [("pipe", "a FIFO"), ("sock", "a socket")] {
+        let read = tokio::time::timeout(Duration::from_secs(10), files.read(&id, path))
+            .await
+            .expect("reading a special file must not block")
+            .unwrap_err();
+        assert_eq!(read.kind(), ErrorKind::InvalidRequest, "{read:?}");
+        assert!(read.to_string().contains(what), "{read}");
+        let write = files.write(&id, path, b"x").await.unwrap_err();
+        assert!(write.to_string().contains(what), "{write}");
+    }
+    f.host.destroy(&id).await.unwrap();
 }
 
 #[tokio::test]
