@@ -225,7 +225,7 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
     if let Some(e) = cause.downcast_ref::<berth_orchestrator::OrchestratorError>() {
         use berth_orchestrator::OrchestratorError as O;
         return match e {
-            O::File(_) | O::Repository(_) => Some((
+            O::File(_) | O::Repository(_) | O::Unreadable(_) => Some((
                 "invalid_request",
                 code::INVALID,
                 Some("fix the mission file (`berth schema mission` shows its format)".into()),
@@ -234,6 +234,11 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 "unsupported",
                 code::UNSUPPORTED,
                 Some("see README, Missions, for what missions support today".into()),
+            )),
+            O::UnknownProvider(_) => Some((
+                "invalid_request",
+                code::INVALID,
+                Some("`berth providers` lists the providers this build has".into()),
             )),
             O::Factory(inner) => classify_one(inner),
             O::Store(inner) => classify_one(inner),

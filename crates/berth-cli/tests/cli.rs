@@ -279,7 +279,7 @@ fn exit_codes_timeouts_and_errors_are_documented_values() {
     assert!(doc["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("leads outside"));
+        .contains("symlink"));
     // Unknown things: not found, with a hint.
     let (code, doc) = home.json(&["status", "bx-nope"]);
     assert_eq!(code, 3);
@@ -1022,4 +1022,80 @@ fn provider_scaffold_compiles_passes_its_tests_and_the_catalog_check() {
     let caps = &doc["providers"][0]["capabilities"];
     assert_eq!(caps["core"]["status"], "UNKNOWN");
     assert_eq!(caps["files"]["status"], "UNSUPPORTED");
+}
+
+/// Hostile or absurd input anywhere a user can type it: a typed refusal with exit 5 and
+/// nothing persisted, never a panic, a hang or an unbounded read.
+#[test]
+fn hostile_input_is_invalid_input_everywhere_and_leaves_nothing() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let refused = |args: &[&str], needle: &str| {
+        let (code, doc) = home.json(args);
+        // exec passes the command's codes through, so berth's own failures there are 125.
+        let expected = if args[0] == "exec" { 125 } else { 5 };
+        assert_eq!(code, expected, "{args:?}: {doc}");
+        assert_eq!(doc["error"]["kind"], "invalid_request", "{args:?}: {doc}");
+        let message = doc["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(needle), "{args:?}: {message}");
+    };
+    refused(&["exec", &id, "--timeout", "99999999999999999999", "--", "true"], "not a duration");
+    refused(&["create", "--ttl", "300000000d"], "not a duration");
+    refused(&["exec", &id, "--env", "A B=1", "--", "true"], "not a valid variable name");
+    refused(&["exec", &id, "--env", "BERTH_SANDBOX=bx-other", "--", "true"], "reserved");
+    let long = "n".repeat(300);
+    refused(&["cp", "-", &format!("{id}:{long}")], "too long");
+    refused(&["cp", &format!("{id}:{long}"), "-"], "too long");
+
+    // Mission files: unbounded sources, unknown providers and hostile fallbacks are refused
+    // before anything is durable.
+    refused(&["mission", "run", "/dev/zero"], "not a regular file");
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test/mission.toml"),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("repo")).unwrap();
+    let cases = [
+        (example.replace("provider = \"host\"", "provider = \"nope\""), "no adapter"),
+        (example.replace("fallback = []", "fallback = [\"nope\", \"../x\"]"), "not a provider id"),
+        (example.replace("agent_timeout = \"60s\"", "agent_timeout = \"99999999999999999999h\""), "not a duration"),
+        (
+            example.replace("instructions = \"", &format!("instructions = \"{}", "x".repeat(300_000))),
+            "too large",
+        ),
+    ];
+    for (text, needle) in cases {
+        let file = dir.path().join("mission.toml");
+        std::fs::write(&file, text).unwrap();
+        refused(&["mission", "run", file.to_str().unwrap()], needle);
+    }
+    let missions = home.path().join("missions");
+    let left = std::fs::read_dir(&missions).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "a refused registration left a directory behind");
+    let (_, listed) = home.json(&["mission", "list"]);
+    assert_eq!(listed["missions"].as_array().map(Vec::len).unwrap_or(0), 0, "{listed}");
+
+    // Evidence: binary garbage and unknown keys are invalid input, not a verdict.
+    let evidence = dir.path().join("evidence");
+    std::fs::create_dir(&evidence).unwrap();
+    std::fs::write(evidence.join("host.json"), [0xffu8, 0xfe, 0, 1, 2, 3]).unwrap();
+    refused(&["catalog", "show", "--evidence", evidence.to_str().unwrap()], "not valid");
+    home.run(&["destroy", &id]);
+}
+
+#[test]
+fn docker_names_that_would_change_an_engine_url_are_refused() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    for image in ["../../x", "a/../../containers/json", "/abs"] {
+        let (code, doc) = home.json_as(
+            "tester-docker-names",
+            &["create", "-p", "docker", "--image", image],
+        );
+        assert_eq!(code, 5, "{image}: {doc}");
+        assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
+    }
 }

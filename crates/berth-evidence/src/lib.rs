@@ -85,6 +85,7 @@ pub enum Metric {
 
 /// Where the adapter's knowledge of the provider came from, for this run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Provenance {
     /// Manifest provenance source.
     pub source: String,
@@ -96,6 +97,7 @@ pub struct Provenance {
 
 /// The machine the evidence was produced on (no secrets, no user names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Environment {
     /// `linux`.
     pub os: String,
@@ -109,6 +111,7 @@ pub struct Environment {
 
 /// One evidence record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct EvidenceRecord {
     /// [`EVIDENCE_SCHEMA`].
     pub schema: String,

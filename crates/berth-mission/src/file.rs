@@ -155,22 +155,41 @@ pub enum MissionFileError {
     },
 }
 
-/// Parses a duration such as `500ms`, `30s`, `2m`, `1h`.
+/// The largest mission file Berth reads.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+/// Bounds on single fields: what is stored and handed to every attempt stays small.
+const MAX_NAME: usize = 64;
+const MAX_COMMAND: usize = 64 * 1024;
+const MAX_INSTRUCTIONS: usize = 256 * 1024;
+const MAX_TASKS: usize = 1000;
+const MAX_EVIDENCE: usize = 256;
+const MAX_PATH: usize = 4096;
+
+/// The longest duration Berth accepts anywhere (timeouts, TTLs): a year.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
+
+/// Parses a duration such as `500ms`, `30s`, `2m`, `1h`, `1d`; a bare number is seconds.
+/// `None` for anything else, for zero, and for more than [`MAX_DURATION`] — never a panic.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
+    if number.len() > 32 {
+        return None;
+    }
     let value: f64 = number.parse().ok()?;
     let seconds = match unit {
         "ms" => value / 1000.0,
         "s" | "" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
+        "d" => value * 86_400.0,
         _ => return None,
     };
-    (seconds.is_finite() && seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+    (seconds.is_finite() && seconds > 0.0 && seconds <= MAX_DURATION.as_secs_f64())
+        .then(|| Duration::from_secs_f64(seconds))
 }
 
 /// The line of `key` inside the `index`-th `[[tasks]]` block (or of the block, or of a
@@ -204,6 +223,15 @@ fn line_of(text: &str, section: &str, index: Option<usize>, key: &str) -> usize 
 
 /// Parses and validates a mission file.
 pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> {
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(MissionFileError::Syntax {
+            origin: origin.into(),
+            message: format!(
+                "the file is {} bytes; mission files are at most {MAX_FILE_BYTES} bytes",
+                text.len()
+            ),
+        });
+    }
     #[derive(Deserialize)]
     struct Probe {
         schema_version: Option<u32>,
@@ -237,6 +265,76 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     };
+    let provider_id = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 64
+            && s.chars().all(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == ':'
+            })
+    };
+    for (key, field, value) in std::iter::once((
+        "provider",
+        "sandbox.provider".to_owned(),
+        &file.sandbox.provider,
+    ))
+    .chain(
+        file.sandbox
+            .fallback
+            .iter()
+            .enumerate()
+            .map(|(i, f)| ("fallback", format!("sandbox.fallback[{i}]"), f)),
+    ) {
+        if !provider_id(value) {
+            return Err(invalid(
+                "sandbox",
+                None,
+                key,
+                field,
+                format!(
+                    "`{}` is not a provider id (lowercase letters, digits, `-`, `_`, `:`)",
+                    value.escape_debug()
+                ),
+            ));
+        }
+    }
+    if let Some(image) = &file.sandbox.image {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "._-/:@".contains(c);
+        if image.is_empty()
+            || image.len() > 255
+            || !image.chars().all(allowed)
+            || image.split('/').any(|p| p == ".." || p == ".")
+        {
+            return Err(invalid(
+                "sandbox",
+                None,
+                "image",
+                "sandbox.image".into(),
+                "is not an image reference (letters, digits, `.`, `_`, `-`, `/`, `:`, `@`; no `..`)".into(),
+            ));
+        }
+    }
+    let limits = [
+        ("", "name", "name", file.name.len(), MAX_NAME),
+        (
+            "harness",
+            "command",
+            "harness.command",
+            file.harness.command.len(),
+            MAX_COMMAND,
+        ),
+        ("", "name", "tasks", file.tasks.len(), MAX_TASKS),
+    ];
+    for (section, key, field, len, max) in limits {
+        if len > max {
+            return Err(invalid(
+                section,
+                None,
+                key,
+                field.into(),
+                format!("is too large ({len}; at most {max})"),
+            ));
+        }
+    }
     if !slug(&file.name) {
         return Err(invalid(
             "",
@@ -290,6 +388,43 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
                 problem,
             )
         };
+        let sizes = [
+            ("id", "id", task.id.len(), MAX_NAME),
+            (
+                "instructions",
+                "instructions",
+                task.instructions.len(),
+                MAX_INSTRUCTIONS,
+            ),
+            (
+                "command",
+                "validator.command",
+                task.validator.command.len(),
+                MAX_COMMAND,
+            ),
+            (
+                "evidence",
+                "validator.evidence",
+                task.validator.evidence.len(),
+                MAX_EVIDENCE,
+            ),
+        ];
+        for (key, field, len, max) in sizes {
+            if len > max {
+                return Err(at(
+                    key,
+                    field,
+                    format!("is too large ({len}; at most {max})"),
+                ));
+            }
+        }
+        if let Some(long) = task.validator.evidence.iter().find(|e| e.len() > MAX_PATH) {
+            return Err(at(
+                "evidence",
+                "validator.evidence",
+                format!("has a path of {} bytes; at most {MAX_PATH}", long.len()),
+            ));
+        }
         if !slug(&task.id) {
             return Err(at("id", "id", "must be letters, digits, `-` or `_`".into()));
         }
@@ -312,7 +447,7 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
                 "agent_timeout",
                 "agent_timeout",
                 format!(
-                    "`{}` is not a duration (e.g. `90s`, `2m`)",
+                    "`{}` is not a duration between 1ms and 366d (e.g. `90s`, `2m`)",
                     task.agent_timeout
                 ),
             ));
@@ -321,7 +456,10 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             return Err(at(
                 "timeout",
                 "validator.timeout",
-                format!("`{}` is not a duration", task.validator.timeout),
+                format!(
+                    "`{}` is not a duration between 1ms and 366d (e.g. `90s`, `2m`)",
+                    task.validator.timeout
+                ),
             ));
         }
         if task.validator.evidence.is_empty() {
@@ -456,6 +594,79 @@ evidence = [".berth/notes"]
             parse("m.toml", &future),
             Err(MissionFileError::SchemaVersion { found: 2, .. })
         ));
+    }
+
+    #[test]
+    fn hostile_values_are_field_errors_not_panics() {
+        let cases = [
+            (
+                GOOD.replacen(
+                    "agent_timeout = \"2m\"",
+                    "agent_timeout = \"99999999999999999999h\"",
+                    1,
+                ),
+                "agent_timeout",
+            ),
+            (
+                GOOD.replacen("timeout = \"1m\"", "timeout = \"99999999999999999999\"", 1),
+                "validator.timeout",
+            ),
+            (
+                GOOD.replacen("provider = \"host\"", "provider = \"../x\"", 1),
+                "sandbox.provider",
+            ),
+            (
+                GOOD.replacen(
+                    "provider = \"host\"",
+                    "provider = \"host\"\nfallback = [\"docker\", \"../x\"]",
+                    1,
+                ),
+                "sandbox.fallback[1]",
+            ),
+            (
+                GOOD.replacen(
+                    "instructions = \"",
+                    &format!("instructions = \"{}", "x".repeat(MAX_INSTRUCTIONS + 1)),
+                    1,
+                ),
+                "instructions",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = parse("m.toml", &text).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("`{field}`")) || err.contains(&format!(".{field}`")),
+                "{field}: {err}"
+            );
+        }
+        let huge = "#".repeat(MAX_FILE_BYTES as usize + 1);
+        assert!(parse("m.toml", &huge)
+            .unwrap_err()
+            .to_string()
+            .contains("at most"));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn durations_parse_or_refuse_never_panic(text in "\\PC{0,40}", digits in "[0-9.]{1,40}", unit in "(ms|s|m|h|d|)") {
+            let _ = parse_duration(&text);
+            if let Some(d) = parse_duration(&format!("{digits}{unit}")) {
+                proptest::prop_assert!(d > Duration::ZERO && d <= MAX_DURATION);
+            }
+        }
+
+        #[test]
+        fn mission_files_parse_or_refuse_never_panic(text in "\\PC{0,400}", at in 0usize..2000, insert in "\\PC{0,40}") {
+            let _ = parse("m.toml", &text);
+            // Mutations of a valid file: a typed error or a file, never a panic.
+            let mut mutated = GOOD.to_owned();
+            let mut at = at.min(mutated.len());
+            while !mutated.is_char_boundary(at) { at -= 1; }
+            mutated.insert_str(at, &insert);
+            let _ = parse("m.toml", &mutated);
+        }
     }
 
     /// `BERTH_BLESS=1 cargo test -p berth-mission` regenerates the published schema.

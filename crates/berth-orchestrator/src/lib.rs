@@ -58,6 +58,35 @@ pub enum OrchestratorError {
     /// A stored record could not be read.
     #[error("stored mission is unreadable: {0}")]
     Corrupt(String),
+    /// The mission file names a provider this build has no adapter for.
+    #[error("provider `{0}` has no adapter in this build (see `berth providers`)")]
+    UnknownProvider(String),
+    /// The mission file could not be read (missing, not a regular file, too large).
+    #[error("{0}")]
+    Unreadable(String),
+}
+
+/// Reads a mission file: a regular file of at most [`berth_mission::file::MAX_FILE_BYTES`].
+fn read_mission_file(path: &Path) -> Result<String, OrchestratorError> {
+    use std::io::Read;
+    let shown = path.display();
+    let fail = |why: String| OrchestratorError::Unreadable(format!("cannot read {shown}: {why}"));
+    let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    let max = berth_mission::file::MAX_FILE_BYTES;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(e.to_string()))?;
+    if bytes.len() as u64 > max {
+        return Err(fail(format!(
+            "larger than {max} bytes, the limit for mission files"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))
 }
 
 /// What is stored beside the authority's record: the mission file plus what was resolved when
@@ -160,16 +189,37 @@ impl Orchestrator<'_> {
 
     /// Registers a mission from its file: resolves the base commit, bundles the repository,
     /// and records the initial state. Nothing runs yet.
+    ///
+    /// Every field is checked (including that each provider exists in this build) before
+    /// anything is written; a registration that fails leaves no directory behind.
     pub async fn create(&self, file_path: &Path) -> Result<String, OrchestratorError> {
-        let text = std::fs::read_to_string(file_path).map_err(|e| {
-            OrchestratorError::Repository(format!("cannot read {}: {e}", file_path.display()))
-        })?;
+        let text = read_mission_file(file_path)?;
         let file = berth_mission::file::parse(&file_path.display().to_string(), &text)?;
+        for provider in std::iter::once(&file.sandbox.provider).chain(&file.sandbox.fallback) {
+            if !self.registry.has_adapter(provider) {
+                return Err(OrchestratorError::UnknownProvider(provider.clone()));
+            }
+        }
         let id = new_mission_id(&file.name);
         let dir = self.mission_dir(&id);
         std::fs::create_dir_all(&dir).map_err(|e| {
             OrchestratorError::Repository(format!("cannot create {}: {e}", dir.display()))
         })?;
+        let registered = self.register(file_path, file, &id, &dir).await;
+        if registered.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        registered
+    }
+
+    async fn register(
+        &self,
+        file_path: &Path,
+        file: berth_mission::file::MissionFile,
+        id: &str,
+        dir: &Path,
+    ) -> Result<String, OrchestratorError> {
+        let (id, dir) = (id.to_owned(), dir.to_owned());
         let mut source = match (&file.repository.path, &file.repository.url) {
             (Some(path), _) => file_path.parent().unwrap_or(Path::new(".")).join(path),
             // A URL is cloned once, when the mission is registered; attempts never touch it.

@@ -201,6 +201,30 @@ fn container_path(path: &str) -> Result<PathBuf> {
         .collect())
 }
 
+/// An image reference, image id or container name/id made safe for an Engine API URL path.
+/// Anything that could change the path (`..`, `.`, empty segments, a leading `/`, bytes
+/// outside the reference alphabet) is refused, not escaped: such a name is invalid input.
+fn path_name(value: &str) -> Result<String> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"._-/:@+".contains(&b);
+    let well_formed = !value.is_empty()
+        && value.len() <= 512
+        && value.bytes().all(allowed)
+        && !value.starts_with(['/', '-', '.'])
+        && value
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    if !well_formed {
+        return Err(err(
+            ErrorKind::InvalidRequest,
+            format!(
+                "`{}` is not an image or container name (letters, digits, `.`, `_`, `-`, `/`, `:`, `@`; no `..` or empty segments)",
+                value.escape_debug()
+            ),
+        ));
+    }
+    Ok(query_escape(value))
+}
+
 fn query_escape(value: &str) -> String {
     let mut out = String::new();
     for byte in value.bytes() {
@@ -269,7 +293,7 @@ impl DockerProvider {
     }
 
     async fn inspect(&self, id: &str) -> Result<Option<Inspect>> {
-        let path = format!("/containers/{}/json", query_escape(id));
+        let path = format!("/containers/{}/json", path_name(id)?);
         let response = self.engine.request(Method::GET, &path, None).await?;
         if response.status == StatusCode::NOT_FOUND {
             return Ok(None);
@@ -281,7 +305,7 @@ impl DockerProvider {
     }
 
     async fn image_present(&self, image: &str) -> Result<()> {
-        let path = format!("/images/{}/json", query_escape(image));
+        let path = format!("/images/{}/json", path_name(image)?);
         let response = self.engine.request(Method::GET, &path, None).await?;
         if response.status == StatusCode::NOT_FOUND {
             return Err(err(
@@ -343,7 +367,7 @@ impl DockerProvider {
     async fn log_tail(&self, name: &str) -> String {
         let path = format!(
             "/containers/{}/logs?stdout=1&stderr=1&tail=20",
-            query_escape(name)
+            path_name(name).unwrap_or_else(|_| "invalid-name".into())
         );
         match self.engine.request(Method::GET, &path, None).await {
             Ok(response) => String::from_utf8_lossy(&demux_logs(&response.body))
@@ -409,7 +433,7 @@ impl DockerProvider {
         self.engine
             .expect(
                 Method::POST,
-                &format!("/containers/{}/start", query_escape(name)),
+                &format!("/containers/{}/start", path_name(name)?),
                 None,
                 &[StatusCode::NOT_MODIFIED],
             )
@@ -571,7 +595,7 @@ impl DockerProvider {
     async fn archive_get(&self, id: &NativeId, path: &Path) -> Result<Vec<u8>> {
         let uri = format!(
             "/containers/{}/archive?path={}",
-            query_escape(&id.0),
+            path_name(&id.0)?,
             query_escape(&path.to_string_lossy())
         );
         let response = self.engine.request(Method::GET, &uri, None).await?;
@@ -603,15 +627,8 @@ fn prepare(req: &ExecRequest) -> Result<(Vec<String>, String, BTreeMap<String, S
         ("HOME".to_owned(), WORKSPACE.to_owned()),
         ("LANG".to_owned(), "C.UTF-8".to_owned()),
     ]);
-    for (name, value) in &req.env {
-        if name.is_empty() || name.contains('=') || name.contains('\0') {
-            return Err(err(
-                ErrorKind::InvalidRequest,
-                format!("`{name}` is not a valid variable name"),
-            ));
-        }
-        env.insert(name.clone(), value.clone());
-    }
+    berth_contract::check_env(&req.env).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
+    env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     Ok((argv, cwd, env))
 }
 
@@ -704,7 +721,7 @@ impl Provider for DockerProvider {
         self.engine
             .expect(
                 Method::DELETE,
-                &format!("/containers/{}?force=true&v=true", query_escape(&id.0)),
+                &format!("/containers/{}?force=true&v=true", path_name(&id.0)?),
                 None,
                 &[StatusCode::NOT_FOUND],
             )
@@ -715,7 +732,7 @@ impl Provider for DockerProvider {
                 .engine
                 .request(
                     Method::DELETE,
-                    &format!("/images/{}", query_escape(image)),
+                    &format!("/images/{}", path_name(image)?),
                     None,
                 )
                 .await;
@@ -968,7 +985,7 @@ impl Files for DockerProvider {
                 Method::PUT,
                 &format!(
                     "/containers/{}/archive?path={}",
-                    query_escape(&id.0),
+                    path_name(&id.0)?,
                     query_escape(&parent.to_string_lossy())
                 ),
                 Some(("application/x-tar", tar)),
@@ -1032,7 +1049,7 @@ impl StopStart for DockerProvider {
                 Method::POST,
                 &format!(
                     "/containers/{}/stop?t={}",
-                    query_escape(&id.0),
+                    path_name(&id.0)?,
                     self.config.stop_timeout_secs
                 ),
                 None,
@@ -1046,7 +1063,7 @@ impl StopStart for DockerProvider {
         self.engine
             .expect(
                 Method::POST,
-                &format!("/containers/{}/start", query_escape(&id.0)),
+                &format!("/containers/{}/start", path_name(&id.0)?),
                 None,
                 &[StatusCode::NOT_MODIFIED],
             )
@@ -1062,7 +1079,7 @@ impl SuspendResume for DockerProvider {
         self.engine
             .expect(
                 Method::POST,
-                &format!("/containers/{}/pause", query_escape(&id.0)),
+                &format!("/containers/{}/pause", path_name(&id.0)?),
                 None,
                 &[],
             )
@@ -1074,7 +1091,7 @@ impl SuspendResume for DockerProvider {
         self.engine
             .expect(
                 Method::POST,
-                &format!("/containers/{}/unpause", query_escape(&id.0)),
+                &format!("/containers/{}/unpause", path_name(&id.0)?),
                 None,
                 &[],
             )
@@ -1104,7 +1121,7 @@ impl Snapshots for DockerProvider {
             .engine
             .json::<ImageInfo>(
                 Method::GET,
-                &format!("/images/{}/json", query_escape(&image)),
+                &format!("/images/{}/json", path_name(&image)?),
                 None,
             )
             .await
@@ -1127,7 +1144,7 @@ impl Snapshots for DockerProvider {
         self.engine
             .expect(
                 Method::DELETE,
-                &format!("/images/{}", query_escape(&snapshot.handle)),
+                &format!("/images/{}", path_name(&snapshot.handle)?),
                 None,
                 &[StatusCode::NOT_FOUND],
             )
@@ -1150,7 +1167,7 @@ impl Fork for DockerProvider {
                     .engine
                     .request(
                         Method::DELETE,
-                        &format!("/images/{}", query_escape(&image)),
+                        &format!("/images/{}", path_name(&image)?),
                         None,
                     )
                     .await;
@@ -1256,6 +1273,20 @@ mod tests {
     #[test]
     fn query_values_are_escaped() {
         assert_eq!(query_escape("/work space/a&b"), "/work%20space/a%26b");
+        for bad in [
+            "../../x", "a/../b", "/abs", "a//b", ".", "x?y", "a b", "", "-rm",
+        ] {
+            let refused = path_name(bad).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::InvalidRequest, "{bad}");
+        }
+        for good in [
+            "berth/agent:bookworm",
+            "sha256:0cf72f01",
+            "bx-1a2b",
+            "r.io/a/b@sha256:ab",
+        ] {
+            assert!(path_name(good).is_ok(), "{good}");
+        }
         assert_eq!(
             query_escape("{\"label\":[\"a=b\"]}"),
             "%7B%22label%22%3A%5B%22a%3Db%22%5D%7D"

@@ -14,18 +14,35 @@ use crate::config::Config;
 use crate::errors::{code, CliError};
 use crate::output::emit;
 
+/// The largest evidence record read; real records are a few KiB.
+const MAX_EVIDENCE_BYTES: u64 = 4 * 1024 * 1024;
+
 fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
+    use std::io::Read;
     let path = dir.join(format!("{id}.json"));
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some(serde_json::from_str(&text).map_err(|e| {
-            CliError::invalid(
-                format!("evidence record {} is not valid: {e}", path.display()),
-                "regenerate it with `berth verify`",
-            )
-        })?)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    let invalid = |why: String| {
+        CliError::invalid(
+            format!("evidence record {} is not valid: {why}", path.display()),
+            "regenerate it with `berth verify`",
+        )
+    };
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    if !file.metadata()?.is_file() {
+        return Err(invalid("not a regular file".into()).into());
     }
+    let mut bytes = Vec::new();
+    file.take(MAX_EVIDENCE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if bytes.len() as u64 > MAX_EVIDENCE_BYTES {
+        return Err(invalid(format!("larger than {MAX_EVIDENCE_BYTES} bytes")).into());
+    }
+    let record = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    Ok(Some(record))
 }
 
 /// One provider's row of the catalog.
