@@ -1039,10 +1039,26 @@ fn hostile_input_is_invalid_input_everywhere_and_leaves_nothing() {
         let message = doc["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(needle), "{args:?}: {message}");
     };
-    refused(&["exec", &id, "--timeout", "99999999999999999999", "--", "true"], "not a duration");
+    refused(
+        &[
+            "exec",
+            &id,
+            "--timeout",
+            "99999999999999999999",
+            "--",
+            "true",
+        ],
+        "not a duration",
+    );
     refused(&["create", "--ttl", "300000000d"], "not a duration");
-    refused(&["exec", &id, "--env", "A B=1", "--", "true"], "not a valid variable name");
-    refused(&["exec", &id, "--env", "BERTH_SANDBOX=bx-other", "--", "true"], "reserved");
+    refused(
+        &["exec", &id, "--env", "A B=1", "--", "true"],
+        "not a valid variable name",
+    );
+    refused(
+        &["exec", &id, "--env", "BERTH_SANDBOX=bx-other", "--", "true"],
+        "reserved",
+    );
     let long = "n".repeat(300);
     refused(&["cp", "-", &format!("{id}:{long}")], "too long");
     refused(&["cp", &format!("{id}:{long}"), "-"], "too long");
@@ -1057,11 +1073,26 @@ fn hostile_input_is_invalid_input_everywhere_and_leaves_nothing() {
     .unwrap();
     std::fs::create_dir(dir.path().join("repo")).unwrap();
     let cases = [
-        (example.replace("provider = \"host\"", "provider = \"nope\""), "no adapter"),
-        (example.replace("fallback = []", "fallback = [\"nope\", \"../x\"]"), "not a provider id"),
-        (example.replace("agent_timeout = \"60s\"", "agent_timeout = \"99999999999999999999h\""), "not a duration"),
         (
-            example.replace("instructions = \"", &format!("instructions = \"{}", "x".repeat(300_000))),
+            example.replace("provider = \"host\"", "provider = \"nope\""),
+            "no adapter",
+        ),
+        (
+            example.replace("fallback = []", "fallback = [\"nope\", \"../x\"]"),
+            "not a provider id",
+        ),
+        (
+            example.replace(
+                "agent_timeout = \"60s\"",
+                "agent_timeout = \"99999999999999999999h\"",
+            ),
+            "not a duration",
+        ),
+        (
+            example.replace(
+                "instructions = \"",
+                &format!("instructions = \"{}", "x".repeat(300_000)),
+            ),
             "too large",
         ),
     ];
@@ -1074,13 +1105,20 @@ fn hostile_input_is_invalid_input_everywhere_and_leaves_nothing() {
     let left = std::fs::read_dir(&missions).map(|d| d.count()).unwrap_or(0);
     assert_eq!(left, 0, "a refused registration left a directory behind");
     let (_, listed) = home.json(&["mission", "list"]);
-    assert_eq!(listed["missions"].as_array().map(Vec::len).unwrap_or(0), 0, "{listed}");
+    assert_eq!(
+        listed["missions"].as_array().map(Vec::len).unwrap_or(0),
+        0,
+        "{listed}"
+    );
 
     // Evidence: binary garbage and unknown keys are invalid input, not a verdict.
     let evidence = dir.path().join("evidence");
     std::fs::create_dir(&evidence).unwrap();
     std::fs::write(evidence.join("host.json"), [0xffu8, 0xfe, 0, 1, 2, 3]).unwrap();
-    refused(&["catalog", "show", "--evidence", evidence.to_str().unwrap()], "not valid");
+    refused(
+        &["catalog", "show", "--evidence", evidence.to_str().unwrap()],
+        "not valid",
+    );
     home.run(&["destroy", &id]);
 }
 

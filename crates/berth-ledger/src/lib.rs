@@ -385,10 +385,12 @@ impl Ledger {
         if scope.expired_only {
             rows.retain(|row| row.expires_at.is_some_and(|t| t <= now));
         }
-        for provider_id in &scope.discover {
-            rows.extend(self.discover(registry, config, provider_id).await?);
-        }
         let mut report = SweepReport::default();
+        for provider_id in &scope.discover {
+            report
+                .entries
+                .extend(self.discover(registry, config, provider_id).await?);
+        }
         let mut providers: Vec<(String, std::sync::Arc<dyn Provider>)> = Vec::new();
         for row in rows {
             let provider = match providers.iter().find(|(id, _)| *id == row.provider) {
@@ -421,15 +423,16 @@ impl Ledger {
         Ok(report)
     }
 
-    /// Resources listed under this owner's label that the ledger has no open row for (the
-    /// ledger was lost, or a crash hit between create and record). They get a row, origin
-    /// `discovered`, so the sweep destroys them like any other.
+    /// Resources listed under this owner's label that this ledger has no row for. They are
+    /// reported, never destroyed: a label can be forged, and another `BERTH_HOME` with the same
+    /// owner holds live resources with tokens this store never issued. (Intent is recorded
+    /// before every create, so a crash cannot produce a resource without a row.)
     async fn discover(
         &self,
         registry: &Registry,
         config: &ProviderConfig,
         provider_id: &str,
-    ) -> Result<Vec<LedgerRow>, LedgerError> {
+    ) -> Result<Vec<SweepEntry>, LedgerError> {
         let provider = registry.construct(provider_id, config)?;
         let Some(listing) = provider.listing() else {
             return Ok(Vec::new());
@@ -465,31 +468,16 @@ impl Ledger {
                 .get(SANDBOX)
                 .cloned()
                 .unwrap_or_else(|| item.native_id.0.clone());
-            let inserted = self
-                .store
-                .ledger_insert_intent(&NewLedgerRow {
-                    berth_id: berth_id.clone(),
-                    provider: provider_id.to_owned(),
-                    owner: owner.clone(),
-                    run_id: labels
-                        .get(berth_contract::labels::RUN)
-                        .cloned()
-                        .unwrap_or_default(),
-                    ledger_token: token.clone(),
-                    labels: labels.clone(),
-                    origin: "discovered".into(),
-                    expires_at: None,
-                })
-                .await;
-            // An existing (e.g. verified-gone) row with this id: the token differs, so the
-            // listed resource is not the one the row describes; leave it to a human.
-            if inserted.is_err() {
-                continue;
-            }
-            self.store
-                .ledger_mark_created(&berth_id, &item.native_id.0)
-                .await?;
-            found.push(self.store.ledger_get(&berth_id).await?);
+            found.push(SweepEntry {
+                berth_id,
+                provider: provider_id.to_owned(),
+                action: SweepAction::SkippedForeign {
+                    reason: format!(
+                        "labelled with owner `{owner}` but no row in this ledger carries its token \
+                         (another BERTH_HOME, or a forged label); not destroyed"
+                    ),
+                },
+            });
         }
         Ok(found)
     }

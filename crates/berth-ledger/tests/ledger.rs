@@ -234,23 +234,27 @@ async fn sandboxes_without_berth_labels_survive_discovery() {
     assert!(present(&w.host, "bx-outsider").await);
 }
 
+/// Another store with the same owner (a second `BERTH_HOME`, or a forged owner label with an
+/// invented token): discovery reports the sandbox and never destroys it — only what a row of
+/// this store names is destroyed.
 #[tokio::test]
-async fn discovery_recovers_sandboxes_the_ledger_lost() {
+async fn discovery_never_destroys_what_no_row_of_this_store_names() {
     let w = world().await;
     let alice = ledger(&w, "alice", "run-a").await;
-    let lost = create(&alice, &w.host).await;
-    // A fresh database: the ledger lost its rows, the sandbox still carries alice's labels.
-    let fresh = Ledger::new(
-        Store::open(&w.db.with_file_name("fresh.db")).await.unwrap(),
+    let live = create(&alice, &w.host).await;
+    let other_home = Ledger::new(
+        Store::open(&w.db.with_file_name("other-home.db"))
+            .await
+            .unwrap(),
         "alice",
         "run-z",
     );
-    let plain = fresh
+    let plain = other_home
         .sweep(&w.registry, &w.config, &SweepScope::default())
         .await
         .unwrap();
     assert!(plain.entries.is_empty());
-    let report = fresh
+    let report = other_home
         .sweep(
             &w.registry,
             &w.config,
@@ -262,10 +266,23 @@ async fn discovery_recovers_sandboxes_the_ledger_lost() {
         .await
         .unwrap();
     assert_eq!(report.entries.len(), 1);
-    assert_eq!(report.entries[0].berth_id, lost);
-    assert_eq!(report.entries[0].action, SweepAction::Destroyed);
-    assert_eq!(fresh.row(&lost).await.unwrap().origin, "discovered");
-    assert!(!present(&w.host, &lost).await);
+    assert_eq!(report.entries[0].berth_id, live);
+    assert!(
+        matches!(&report.entries[0].action, SweepAction::SkippedForeign { reason } if reason.contains("no row in this ledger")),
+        "{:?}",
+        report.entries[0].action
+    );
+    assert!(
+        other_home.row(&live).await.is_err(),
+        "discovery wrote a row"
+    );
+    assert!(
+        present(&w.host, &live).await,
+        "another home's live sandbox was destroyed"
+    );
+    // Its own ledger still destroys it.
+    alice.cleanup_run(&w.registry, &w.config).await.unwrap();
+    assert!(!present(&w.host, &live).await);
 }
 
 #[tokio::test]

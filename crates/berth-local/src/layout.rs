@@ -18,6 +18,7 @@ use crate::classify::io_error;
 use crate::PROVIDER_ID;
 
 const META_SCHEMA_VERSION: u32 = 1;
+const WORKSPACE_DIR: &str = "workspace";
 const META_FILE: &str = "sandbox.json";
 
 /// Lifecycle phase recorded in metadata.
@@ -92,7 +93,7 @@ impl Layout {
     }
 
     pub(crate) fn workspace(&self, name: &str) -> PathBuf {
-        self.sandbox(name).join("workspace")
+        self.sandbox(name).join(WORKSPACE_DIR)
     }
 
     pub(crate) fn snapshots(&self) -> PathBuf {
@@ -103,8 +104,18 @@ impl Layout {
         self.root.join("scratch")
     }
 
-    /// Makes the directory (failing with `Conflict` if the name is taken) and writes
-    /// `creating` metadata.
+    /// Where a sandbox is assembled before it gets its name: hidden, so listings skip it.
+    pub(crate) fn staging(&self, name: &str) -> PathBuf {
+        self.root
+            .join("sandboxes")
+            .join(format!(".creating-{name}"))
+    }
+
+    /// Makes the sandbox (failing with `Conflict` if the name is taken) with `creating`
+    /// metadata. The directory is assembled under a hidden staging name — workspace and
+    /// labelled metadata first — and only then renamed (without replacing) to its name, so a
+    /// sandbox directory never exists without Berth's labels, whenever the process dies. A
+    /// staging directory left by a crash is removed by the next create or destroy of the name.
     pub(crate) fn create_sandbox(
         &self,
         name: &str,
@@ -112,28 +123,49 @@ impl Layout {
         extra_labels: BTreeMap<String, String>,
         network: NetworkMode,
     ) -> Result<()> {
-        let dir = self.sandbox(name);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-                return Err(ProviderError::new(
-                    ErrorKind::Conflict,
-                    PROVIDER_ID,
-                    format!("a sandbox named `{name}` already exists"),
-                ))
-            }
-            Err(err) => return Err(io_error("create sandbox directory", err)),
+        let conflict = || {
+            ProviderError::new(
+                ErrorKind::Conflict,
+                PROVIDER_ID,
+                format!("a sandbox named `{name}` already exists"),
+            )
+        };
+        if self.sandbox(name).exists() {
+            return Err(conflict());
         }
-        std::fs::create_dir(self.workspace(name))
-            .map_err(|e| io_error("create workspace directory", e))?;
-        self.write_meta(&SandboxMeta {
-            schema_version: META_SCHEMA_VERSION,
-            name: name.to_owned(),
-            phase: SandboxPhase::Creating,
-            labels,
-            extra_labels,
-            network,
-        })
+        let staging = self.staging(name);
+        force_remove_dir(&staging).map_err(|e| io_error("remove stale staging directory", e))?;
+        std::fs::create_dir(&staging).map_err(|e| io_error("create sandbox directory", e))?;
+        let assembled = (|| {
+            std::fs::create_dir(staging.join(WORKSPACE_DIR))
+                .map_err(|e| io_error("create workspace directory", e))?;
+            write_meta_in(
+                &staging,
+                &SandboxMeta {
+                    schema_version: META_SCHEMA_VERSION,
+                    name: name.to_owned(),
+                    phase: SandboxPhase::Creating,
+                    labels,
+                    extra_labels,
+                    network,
+                },
+            )?;
+            match rustix::fs::renameat_with(
+                rustix::fs::CWD,
+                staging.as_path(),
+                rustix::fs::CWD,
+                self.sandbox(name).as_path(),
+                rustix::fs::RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => Ok(()),
+                Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => Err(conflict()),
+                Err(e) => Err(io_error("name the sandbox directory", e.into())),
+            }
+        })();
+        if assembled.is_err() {
+            let _ = force_remove_dir(&staging);
+        }
+        assembled
     }
 
     pub(crate) fn read_meta(&self, name: &str) -> Result<Option<SandboxMeta>> {
@@ -180,16 +212,13 @@ impl Layout {
 
     /// Atomic replace: write a temp file, then rename over.
     fn write_meta(&self, meta: &SandboxMeta) -> Result<()> {
-        let dir = self.sandbox(&meta.name);
-        let text = serde_json::to_vec_pretty(meta).expect("metadata serializes");
-        let temp = dir.join(".sandbox.json.tmp");
-        std::fs::write(&temp, text).map_err(|e| io_error("write sandbox metadata", e))?;
-        std::fs::rename(&temp, dir.join(META_FILE))
-            .map_err(|e| io_error("write sandbox metadata", e))
+        write_meta_in(&self.sandbox(&meta.name), meta)
     }
 
     pub(crate) fn remove_sandbox(&self, name: &str) -> Result<()> {
-        force_remove_dir(&self.sandbox(name)).map_err(|e| io_error("remove sandbox directory", e))
+        force_remove_dir(&self.staging(name))
+            .and_then(|()| force_remove_dir(&self.sandbox(name)))
+            .map_err(|e| io_error("remove sandbox directory", e))
     }
 
     pub(crate) fn all_meta(&self) -> Result<Vec<SandboxMeta>> {
@@ -212,6 +241,13 @@ impl Layout {
         metas.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(metas)
     }
+}
+
+fn write_meta_in(dir: &Path, meta: &SandboxMeta) -> Result<()> {
+    let text = serde_json::to_vec_pretty(meta).expect("metadata serializes");
+    let temp = dir.join(".sandbox.json.tmp");
+    std::fs::write(&temp, text).map_err(|e| io_error("write sandbox metadata", e))?;
+    std::fs::rename(&temp, dir.join(META_FILE)).map_err(|e| io_error("write sandbox metadata", e))
 }
 
 /// `remove_dir_all` that also copes with directories a command made read-only.
@@ -248,6 +284,33 @@ fn make_writable(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_directory_never_exists_without_its_labels() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().to_owned());
+        layout.ensure().unwrap();
+        // A create that died mid-way left a staging directory (no metadata yet): it is not a
+        // sandbox, listings skip it, and the next create of the name replaces it.
+        std::fs::create_dir_all(layout.staging("bx-1").join("workspace")).unwrap();
+        assert!(layout.all_meta().unwrap().is_empty());
+        assert!(!layout.sandbox("bx-1").exists());
+        let labels = BTreeMap::from([("berth.owner".to_owned(), "alice".to_owned())]);
+        layout
+            .create_sandbox("bx-1", labels.clone(), BTreeMap::new(), NetworkMode::None)
+            .unwrap();
+        let meta = layout.read_meta("bx-1").unwrap().unwrap();
+        assert_eq!(meta.labels, labels);
+        assert!(!layout.staging("bx-1").exists());
+        let again = layout
+            .create_sandbox("bx-1", labels, BTreeMap::new(), NetworkMode::None)
+            .unwrap_err();
+        assert_eq!(again.kind(), ErrorKind::Conflict);
+        // Destroy removes a leftover staging directory too.
+        std::fs::create_dir_all(layout.staging("bx-1")).unwrap();
+        layout.remove_sandbox("bx-1").unwrap();
+        assert!(!layout.staging("bx-1").exists() && !layout.sandbox("bx-1").exists());
+    }
 
     #[test]
     fn names_cannot_escape() {
