@@ -235,6 +235,11 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::UNSUPPORTED,
                 Some("see README, Missions, for what missions support today".into()),
             )),
+            O::Leased(_) | O::LeaseLost(_) | O::Conflict(_) => Some((
+                "conflict",
+                code::CONFLICT,
+                Some("another runner is driving this mission; `berth mission status` shows its progress".into()),
+            )),
             O::UnknownProvider(_) => Some((
                 "invalid_request",
                 code::INVALID,

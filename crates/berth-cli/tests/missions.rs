@@ -508,3 +508,81 @@ fn a_mission_can_start_from_a_git_url() {
     let id = only_mission(home.path());
     assert_example_succeeded(home.path(), &id);
 }
+
+/// One runner per mission: while a runner holds the lease, concurrent `mission resume`s exit 8
+/// at once without running an agent; the first runner finishes with exactly one agent run.
+#[test]
+fn concurrent_runners_exit_8_and_run_nothing() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("agent-runs");
+    std::fs::create_dir(&runs).unwrap();
+    // The agent leaves a mark outside the sandbox (host isolates nothing), then works slowly.
+    let agent = format!(
+        "touch {}/run-$$; sleep 3; mkdir -p .berth; echo ok > .berth/verdict\n",
+        runs.display()
+    );
+    let file = write_mission(
+        dir.path(),
+        &agent,
+        "test -f .berth/verdict",
+        "30s",
+        "\".berth/verdict\"",
+        1,
+    );
+    let mut first = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the first runner's agent is running (it holds the lease by then).
+    for _ in 0..600 {
+        if std::fs::read_dir(&runs).unwrap().count() > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_dir(&runs).unwrap().count(),
+        1,
+        "agent never started"
+    );
+    let id = only_mission(home.path());
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            berth(home.path(), &["--json", "mission", "resume", &id])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for other in others {
+        let out = other.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(8),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["error"]["kind"], "conflict", "{doc}");
+    }
+    assert!(first.wait().unwrap().success());
+    assert_eq!(
+        std::fs::read_dir(&runs).unwrap().count(),
+        1,
+        "a second agent ran"
+    );
+    let (code, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(code, 0);
+    assert_eq!(doc["mission"]["state"]["state"], "succeeded", "{doc}");
+    // The lease is released: a later resume of the finished mission is not refused.
+    let again = run(home.path(), &["mission", "resume", &id]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+}

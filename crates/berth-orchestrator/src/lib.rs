@@ -58,6 +58,12 @@ pub enum OrchestratorError {
     /// A stored record could not be read.
     #[error("stored mission is unreadable: {0}")]
     Corrupt(String),
+    /// Another runner holds the mission's lease.
+    #[error(transparent)]
+    Leased(#[from] berth_store::LeaseHeld),
+    /// This runner's lease was taken over (it stopped renewing in time); it stops at once.
+    #[error("mission `{0}`: this runner lost its lease to another runner and stopped")]
+    LeaseLost(String),
     /// The mission file names a provider this build has no adapter for.
     #[error("provider `{0}` has no adapter in this build (see `berth providers`)")]
     UnknownProvider(String),
@@ -119,6 +125,57 @@ pub struct Orchestrator<'a> {
     /// Called at every durable boundary (before and after each event is stored). Tests use it
     /// to kill the process at each boundary and prove `resume` completes the mission.
     pub boundary: Option<fn(Boundary)>,
+    /// The fencing token of the mission lease [`Orchestrator::run`] holds (0: none held).
+    pub lease: MissionLease,
+}
+
+/// The fencing token of a held mission lease; events are appended under it.
+#[derive(Debug, Default)]
+pub struct MissionLease(std::sync::atomic::AtomicI64);
+
+impl MissionLease {
+    fn fence(&self) -> Option<i64> {
+        Some(self.0.load(std::sync::atomic::Ordering::SeqCst)).filter(|f| *f > 0)
+    }
+}
+
+/// How long a runner's lease lasts without renewal; it renews at a third of this.
+pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// This process as a lease holder: host, pid and the pid's start time (so a reused pid is not
+/// mistaken for the runner that died).
+fn this_runner() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let pid = std::process::id();
+    format!(
+        "host {} pid {pid} start {}",
+        host.trim(),
+        process_start(pid).unwrap_or_default()
+    )
+}
+
+fn process_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime); fields after the command's closing parenthesis start at 3.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// True when `holder` names a runner on this host whose process is gone (or whose pid now
+/// belongs to a different process). Runners on other hosts are never presumed dead.
+fn runner_is_dead(holder: &str) -> bool {
+    let ours = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let parts: Vec<&str> = holder.split(' ').collect();
+    let ["host", host, "pid", pid, "start", start] = parts.as_slice() else {
+        return false;
+    };
+    if *host != ours.trim() {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    process_start(pid).as_deref() != Some(*start)
 }
 
 /// A durable step boundary.
@@ -358,6 +415,7 @@ impl Orchestrator<'_> {
             .mission_append(
                 id,
                 seq,
+                self.lease.fence(),
                 &serde_json::to_string(event).expect("event serializes"),
                 &serde_json::to_string(&next).expect("record serializes"),
                 state_name(&next.state),
@@ -398,8 +456,52 @@ impl Orchestrator<'_> {
         }
     }
 
-    /// Ticks until the mission finishes, reporting every step.
+    /// Ticks until the mission finishes, reporting every step, as the mission's only runner:
+    /// it takes the mission lease first (another live runner: [`OrchestratorError::Leased`]
+    /// before anything runs; a runner on this host that died: taken over at once), renews it
+    /// while it works, appends every event under its fencing token, and releases it at the end.
     pub async fn run(
+        &self,
+        id: &str,
+        progress: &mut (dyn FnMut(&Step) + Send),
+    ) -> Result<MissionState, OrchestratorError> {
+        let me = this_runner();
+        let fence = match self
+            .store
+            .mission_lease_acquire(id, &me, LEASE_TTL, None)
+            .await?
+        {
+            Ok(fence) => fence,
+            Err(held) if runner_is_dead(&held.holder) => {
+                self.store
+                    .mission_lease_acquire(id, &me, LEASE_TTL, Some(&held.holder))
+                    .await??
+            }
+            Err(held) => return Err(held.into()),
+        };
+        self.lease
+            .0
+            .store(fence, std::sync::atomic::Ordering::SeqCst);
+        let keep = async {
+            loop {
+                tokio::time::sleep(LEASE_TTL / 3).await;
+                if !self.store.mission_lease_renew(id, fence, LEASE_TTL).await? {
+                    return Err(OrchestratorError::LeaseLost(id.to_owned()));
+                }
+            }
+        };
+        let outcome = tokio::select! {
+            done = self.run_ticks(id, progress) => done,
+            lost = keep => lost,
+        };
+        self.lease.0.store(0, std::sync::atomic::Ordering::SeqCst);
+        let released = self.store.mission_lease_release(id, fence).await;
+        let state = outcome?;
+        released?;
+        Ok(state)
+    }
+
+    async fn run_ticks(
         &self,
         id: &str,
         progress: &mut (dyn FnMut(&Step) + Send),

@@ -18,7 +18,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::SqlitePool;
 
 pub use ledger::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow};
-pub use missions::{AttemptFact, Conflict, MissionRow, MissionStore};
+pub use missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
 
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]

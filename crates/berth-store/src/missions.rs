@@ -87,6 +87,18 @@ pub struct Conflict {
     pub expected: i64,
 }
 
+/// A mission's lease is held by another runner.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("mission `{mission}` is being run by {holder} (lease until {expires_at})")]
+pub struct LeaseHeld {
+    /// Mission.
+    pub mission: String,
+    /// Who holds it.
+    pub holder: String,
+    /// When the lease lapses unless renewed.
+    pub expires_at: String,
+}
+
 /// What the mission service needs from durable storage. The SQLite [`Store`] implements it; a
 /// PostgreSQL backend implements the same contract:
 ///
@@ -107,11 +119,32 @@ pub trait MissionStore: Send + Sync + std::fmt::Debug {
         record_json: &str,
         state: &str,
     ) -> Result<(), StoreError>;
-    /// Appends one event with its record and facts (see the trait contract).
+    /// Takes the mission's lease for `holder` until `now + ttl` when it is free, lapsed, or
+    /// held by `steal_from` (a holder the caller proved dead). Returns the new fencing token.
+    async fn mission_lease_acquire(
+        &self,
+        id: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+        steal_from: Option<&str>,
+    ) -> Result<Result<i64, LeaseHeld>, StoreError>;
+    /// Extends a lease still held with `fence`; false when it was lost.
+    async fn mission_lease_renew(
+        &self,
+        id: &str,
+        fence: i64,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError>;
+    /// Gives the lease up (no-op when `fence` no longer holds it).
+    async fn mission_lease_release(&self, id: &str, fence: i64) -> Result<(), StoreError>;
+    /// Appends one event with its record and facts (see the trait contract). With a fence, the
+    /// append succeeds only while that fence still holds the lease.
+    #[allow(clippy::too_many_arguments)] // one atomic write: its inputs travel together
     async fn mission_append(
         &self,
         id: &str,
         expected_seq: i64,
+        fence: Option<i64>,
         event_json: &str,
         record_json: &str,
         state: &str,
@@ -164,10 +197,94 @@ impl MissionStore for Store {
     /// Appends one event, the record it produced and the attempt facts that explain it, in one
     /// transaction, if the mission is still at `expected_seq` (optimistic concurrency). Returns
     /// the new sequence number.
+    async fn mission_lease_acquire(
+        &self,
+        id: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+        steal_from: Option<&str>,
+    ) -> Result<Result<i64, LeaseHeld>, StoreError> {
+        let now = Utc::now();
+        let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let fmt = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let taken = sqlx::query(
+            "UPDATE missions SET lease_holder = ?, lease_fence = lease_fence + 1, lease_expires_at = ? \
+             WHERE id = ? AND (lease_holder IS NULL OR lease_expires_at < ? OR lease_holder = ?) \
+             RETURNING lease_fence",
+        )
+        .bind(holder)
+        .bind(fmt(until))
+        .bind(id)
+        .bind(fmt(now))
+        .bind(steal_from.unwrap_or("\u{0}"))
+        .fetch_optional(self.pool())
+        .await
+        .map_err(q("take mission lease"))?;
+        if let Some(row) = taken {
+            return Ok(Ok(row
+                .try_get("lease_fence")
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?));
+        }
+        let held = sqlx::query("SELECT lease_holder, lease_expires_at FROM missions WHERE id = ?")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read mission lease"))?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        Ok(Err(LeaseHeld {
+            mission: id.to_owned(),
+            holder: held
+                .try_get::<Option<String>, _>("lease_holder")
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+            expires_at: held
+                .try_get::<Option<String>, _>("lease_expires_at")
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+        }))
+    }
+
+    async fn mission_lease_renew(
+        &self,
+        id: &str,
+        fence: i64,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let until = Utc::now() + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let renewed = sqlx::query(
+            "UPDATE missions SET lease_expires_at = ? \
+             WHERE id = ? AND lease_fence = ? AND lease_holder IS NOT NULL",
+        )
+        .bind(until.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .bind(id)
+        .bind(fence)
+        .execute(self.pool())
+        .await
+        .map_err(q("renew mission lease"))?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    async fn mission_lease_release(&self, id: &str, fence: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE missions SET lease_holder = NULL, lease_expires_at = NULL \
+             WHERE id = ? AND lease_fence = ?",
+        )
+        .bind(id)
+        .bind(fence)
+        .execute(self.pool())
+        .await
+        .map_err(q("release mission lease"))?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn mission_append(
         &self,
         id: &str,
         expected_seq: i64,
+        fence: Option<i64>,
         event_json: &str,
         record_json: &str,
         state: &str,
@@ -177,13 +294,15 @@ impl MissionStore for Store {
         let mut tx = self.pool().begin().await.map_err(q("begin transaction"))?;
         let updated = sqlx::query(
             "UPDATE missions SET record_json = ?, state = ?, seq = seq + 1, updated_at = ? \
-             WHERE id = ? AND seq = ?",
+             WHERE id = ? AND seq = ? AND (? IS NULL OR (lease_fence = ? AND lease_holder IS NOT NULL))",
         )
         .bind(record_json)
         .bind(state)
         .bind(&at)
         .bind(id)
         .bind(expected_seq)
+        .bind(fence)
+        .bind(fence)
         .execute(&mut *tx)
         .await
         .map_err(q("update mission"))?;
@@ -312,6 +431,7 @@ mod tests {
             .mission_append(
                 "m1",
                 0,
+                None,
                 "{\"e\":1}",
                 "{\"v\":1}",
                 "running",
@@ -326,6 +446,7 @@ mod tests {
             .mission_append(
                 "m1",
                 0,
+                None,
                 "{\"e\":2}",
                 "{\"v\":2}",
                 "running",
@@ -355,12 +476,12 @@ mod tests {
             .await
             .unwrap();
         let first = store
-            .mission_append("m", 0, "{}", "{\"a\":1}", "running", &[])
+            .mission_append("m", 0, None, "{}", "{\"a\":1}", "running", &[])
             .await
             .unwrap();
         assert_eq!(first.unwrap(), 1);
         let stale = store
-            .mission_append("m", 0, "{}", "{\"a\":2}", "failed", &[])
+            .mission_append("m", 0, None, "{}", "{\"a\":2}", "failed", &[])
             .await
             .unwrap();
         assert!(stale.is_err());
@@ -370,5 +491,61 @@ mod tests {
             store.mission_get("nope").await,
             Err(StoreError::NotFound(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn one_lease_holder_and_a_fenced_out_writer_changes_nothing() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
+        store
+            .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        let first = store
+            .mission_lease_acquire("m1", "a", ttl, None)
+            .await
+            .unwrap()
+            .unwrap();
+        let held = store
+            .mission_lease_acquire("m1", "b", ttl, None)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(held.holder, "a");
+        // A holder proved dead can be replaced at once; its fence no longer writes.
+        let second = store
+            .mission_lease_acquire("m1", "b", ttl, Some("a"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(second > first);
+        assert!(!store.mission_lease_renew("m1", first, ttl).await.unwrap());
+        let stale = store
+            .mission_append("m1", 0, Some(first), "{}", "{\"v\":1}", "running", &[])
+            .await
+            .unwrap();
+        assert!(stale.is_err(), "a fenced-out runner appended");
+        let ok = store
+            .mission_append("m1", 0, Some(second), "{}", "{\"v\":1}", "running", &[])
+            .await
+            .unwrap();
+        assert_eq!(ok.unwrap(), 1);
+        assert!(store.mission_lease_renew("m1", second, ttl).await.unwrap());
+        store.mission_lease_release("m1", second).await.unwrap();
+        // Released: free for the next runner; a lapsed lease is free too.
+        let third = store
+            .mission_lease_acquire("m1", "c", Duration::from_millis(1), None)
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let fourth = store
+            .mission_lease_acquire("m1", "d", ttl, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(fourth > third);
     }
 }

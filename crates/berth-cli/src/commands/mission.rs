@@ -35,6 +35,7 @@ pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
         config: &app.provider_config,
         home: &app.config.home,
         boundary: Some(crash_at),
+        lease: Default::default(),
     }
 }
 
