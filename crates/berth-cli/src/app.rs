@@ -31,6 +31,8 @@ impl App {
         let provider_config = ProviderConfig {
             state_dir: config.state_dir(),
             env: config.env.clone(),
+            // `berth` itself runs the per-exec reaper (`berth __reap …`).
+            reaper: std::env::current_exe().ok(),
         };
         let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
         Ok(App {

@@ -1137,3 +1137,69 @@ fn docker_names_that_would_change_an_engine_url_are_refused() {
         assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
     }
 }
+
+/// A `berth exec` killed with SIGKILL takes its command's whole tree with it on host —
+/// including a child that left the process group with `setsid`.
+#[test]
+fn a_killed_exec_takes_its_command_tree_with_it() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let ws = home.sandbox_dir(&id).join("workspace");
+    let mut exec = home
+        .command(
+            "tester",
+            &[
+                "exec",
+                &id,
+                "-c",
+                "setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' </dev/null >/dev/null 2>&1 & \
+                 echo $$ > leader.pid; sleep 300",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let read = |name: &str| -> Option<i32> {
+        std::fs::read_to_string(ws.join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let mut pids = None;
+    for _ in 0..500 {
+        if let (Some(a), Some(b)) = (read("leader.pid"), read("daemon.pid")) {
+            pids = Some((a, b));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (leader, daemon) = pids.expect("the command never started");
+    exec.kill().unwrap();
+    exec.wait().unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    let mut gone = false;
+    for _ in 0..250 {
+        if !alive(leader) && !alive(daemon) {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        gone,
+        "leader {leader} or setsid daemon {daemon} outlived a SIGKILLed exec"
+    );
+    home.run(&["destroy", &id]);
+}

@@ -37,6 +37,10 @@ pub struct ProviderConfig {
     pub state_dir: PathBuf,
     /// The environment snapshot (credentials are read from here by name).
     pub env: Environment,
+    /// A program that runs a command under Berth's per-exec reaper when called as
+    /// `PROGRAM __reap ARGV…` (the `berth` binary itself, or `berth-supervisor`). Host execs
+    /// use it so nothing a command starts outlives the exec; `None`: process groups only.
+    pub reaper: Option<PathBuf>,
 }
 
 /// Builds an adapter.
@@ -374,7 +378,10 @@ fn construct_host(
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     let provider = berth_provider_host::new(
         config.state_dir.join("host"),
-        berth_provider_host::HostConfig::default(),
+        berth_provider_host::HostConfig {
+            reaper: config.reaper.clone(),
+            ..Default::default()
+        },
     )?;
     Ok(Arc::new(provider))
 }

@@ -41,6 +41,7 @@ fn config() -> (tempfile::TempDir, ProviderConfig) {
     let config = ProviderConfig {
         state_dir: dir.path().to_owned(),
         env: Environment::empty(),
+        reaper: None,
     };
     (dir, config)
 }

@@ -25,6 +25,7 @@ async fn world() -> World {
     let config = ProviderConfig {
         state_dir: dir.path().join("state"),
         env: Environment::empty(),
+        reaper: None,
     };
     let registry = Registry::builtin().unwrap();
     let host = registry.construct("host", &config).unwrap();

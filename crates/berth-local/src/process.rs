@@ -10,9 +10,10 @@ use berth_contract::{
     Command, ErrorKind, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink,
     ProviderError, Result, Stream,
 };
+use berth_supervisor::reaper::Report;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
 use crate::classify::io_error;
 use crate::PROVIDER_ID;
@@ -39,6 +40,8 @@ pub(crate) struct Spec<'a> {
     pub(crate) cwd: &'a Path,
     pub(crate) req: &'a ExecRequest,
     pub(crate) kill_grace: Duration,
+    /// Run the command under this reaper program (`PROGRAM __reap ARGV…`).
+    pub(crate) reaper: Option<&'a Path>,
 }
 
 /// A finished process, before it becomes an exec result.
@@ -78,18 +81,65 @@ impl Finished {
     }
 }
 
-/// Kills the process group if the exec future is dropped (caller cancelled, Ctrl-C).
+/// Kills the process group if the exec future is dropped (caller cancelled, Ctrl-C). Under a
+/// reaper, dropping its control channel does it instead: the reaper then kills its whole
+/// subtree (killing the reaper first would orphan what left the group).
 struct GroupGuard {
     pgid: Pid,
     armed: bool,
+    reaped: bool,
 }
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if self.armed {
+        if self.armed && !self.reaped {
             let _ = killpg(self.pgid, Signal::SIGKILL);
         }
     }
+}
+
+/// The caller's end of a reaper's control channel.
+struct Control {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl Control {
+    async fn send(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        let _ = self.writer.write_all(format!("{line}\n").as_bytes()).await;
+    }
+
+    async fn report(&mut self) -> Option<Report> {
+        match self.lines.next_line().await {
+            Ok(Some(line)) => Report::parse(&line),
+            _ => None,
+        }
+    }
+}
+
+/// Wraps `cmd` so it runs under `reaper`; returns the control channel's two ends (ours, and
+/// the one that becomes the reaper's stdin).
+#[allow(clippy::type_complexity)]
+fn under_reaper(
+    cmd: tokio::process::Command,
+    reaper: &Path,
+) -> Result<(
+    tokio::process::Command,
+    (
+        std::os::unix::net::UnixStream,
+        std::os::unix::net::UnixStream,
+    ),
+)> {
+    let std_cmd = cmd.as_std();
+    let mut wrapped = tokio::process::Command::new(reaper);
+    wrapped
+        .arg(berth_supervisor::reaper::REAP_ARG)
+        .arg(std_cmd.get_program())
+        .args(std_cmd.get_args());
+    let pair = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| io_error("create the reaper's control channel", e))?;
+    Ok((wrapped, pair))
 }
 
 const STDERR_HEAD: usize = 512;
@@ -179,12 +229,58 @@ pub(crate) async fn run(
     spec: Spec<'_>,
     sink: Sink<'_>,
 ) -> Result<Finished> {
+    let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+    let mut channel = None;
+    if let Some(reaper) = spec.reaper {
+        let (wrapped, pair) = under_reaper(cmd, reaper)?;
+        cmd = wrapped;
+        channel = Some(pair);
+    }
     prepare(&mut cmd, &spec)?;
+    let control_end = channel.map(|(ours, theirs)| {
+        // Under a reaper its stdin is the control channel; the command still gets /dev/null.
+        cmd.stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)));
+        ours
+    });
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|err| {
-        let program = cmd.as_std().get_program().to_string_lossy().into_owned();
-        io_error(&format!("start `{program}`"), err)
-    })?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|err| io_error(&format!("start `{program}`"), err))?;
+    drop(cmd);
+    let mut control = match control_end {
+        None => None,
+        Some(ours) => {
+            ours.set_nonblocking(true)
+                .map_err(|e| io_error("use the reaper's control channel", e))?;
+            let stream = tokio::net::UnixStream::from_std(ours)
+                .map_err(|e| io_error("use the reaper's control channel", e))?;
+            let (read, writer) = stream.into_split();
+            let mut control = Control {
+                lines: tokio::io::BufReader::new(read).lines(),
+                writer,
+            };
+            match control.report().await {
+                Some(Report::Started) => Some(control),
+                Some(Report::Failed { kind, message }) => {
+                    let _ = child.wait().await;
+                    let kind = match kind.as_str() {
+                        "not_found" => ErrorKind::NotFound,
+                        "permission_denied" => ErrorKind::InvalidRequest,
+                        _ => ErrorKind::Unknown,
+                    };
+                    return Err(ProviderError::new(kind, PROVIDER_ID, message));
+                }
+                other => {
+                    let _ = child.kill().await;
+                    return Err(ProviderError::new(
+                        ErrorKind::Unknown,
+                        PROVIDER_ID,
+                        format!("the reaper did not start `{program}` (said {other:?})"),
+                    ));
+                }
+            }
+        }
+    };
     let pid = child.id().ok_or_else(|| {
         ProviderError::new(
             ErrorKind::Unknown,
@@ -193,7 +289,11 @@ pub(crate) async fn run(
         )
     })?;
     let pgid = Pid::from_raw(pid as i32);
-    let mut guard = GroupGuard { pgid, armed: true };
+    let mut guard = GroupGuard {
+        pgid,
+        armed: true,
+        reaped: control.is_some(),
+    };
     let mut stdout = child.stdout.take().expect("stdout piped");
     let mut stderr = child.stderr.take().expect("stderr piped");
     let mut collector = Collector {
@@ -233,19 +333,42 @@ pub(crate) async fn run(
             },
             _ = sleep_until(deadline), if !timed_out && exit.is_none() => {
                 timed_out = true;
-                let _ = killpg(pgid, Signal::SIGTERM);
+                match control.as_mut() {
+                    // The reaper signals its whole subtree, not just the group.
+                    Some(control) => control.send(&format!("term {}", spec.kill_grace.as_millis())).await,
+                    None => { let _ = killpg(pgid, Signal::SIGTERM); }
+                }
                 kill_at = Some(Instant::now() + spec.kill_grace);
             },
             _ = sleep_until(kill_at), if kill_at.is_some() && exit.is_none() => {
-                let _ = killpg(pgid, Signal::SIGKILL);
+                match control.as_mut() {
+                    Some(control) => control.send("kill").await,
+                    None => { let _ = killpg(pgid, Signal::SIGKILL); }
+                }
                 kill_at = None;
             },
         }
     }
     guard.armed = false;
     let exit = exit.expect("loop ends only after exit");
+    // Under a reaper, the command's own status comes over the control channel; the reaper's
+    // exit code is never taken for the command's.
+    let reported = match control.as_mut() {
+        Some(control) => Some(control.report().await),
+        None => None,
+    };
     let status = if timed_out {
         ExitStatus::TimedOut
+    } else if let Some(report) = reported {
+        match report {
+            Some(Report::Exited(code)) => ExitStatus::Exited { code },
+            Some(Report::Signalled(signal)) => ExitStatus::Signalled { signal },
+            other => ExitStatus::Unknown {
+                reason: format!(
+                    "the reaper ended ({exit:?}) without reporting the command's status (said {other:?})"
+                ),
+            },
+        }
     } else if let Some(code) = exit.code() {
         ExitStatus::Exited { code }
     } else if let Some(signal) = exit.signal() {

@@ -59,12 +59,18 @@ pub trait Launcher: Send + Sync + fmt::Debug + 'static {
 pub struct LocalConfig {
     /// How long a timed-out process group gets between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// A program that runs commands under the per-exec reaper (`PROGRAM __reap ARGV…`; see
+    /// `berth_supervisor::reaper`): with it, nothing a command starts outlives the exec, even
+    /// after `setsid`, and a caller that dies takes its command's whole tree with it. Without
+    /// it, only the command's process group is killed.
+    pub reaper: Option<PathBuf>,
 }
 
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
             kill_grace: Duration::from_millis(500),
+            reaper: None,
         }
     }
 }
@@ -176,6 +182,7 @@ impl<L: Launcher> LocalProvider<L> {
                 cwd: &cwd,
                 req,
                 kill_grace: self.config.kill_grace,
+                reaper: self.config.reaper.as_deref(),
             },
             sink,
         )

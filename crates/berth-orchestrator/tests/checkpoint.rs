@@ -74,6 +74,7 @@ async fn providers_without_snapshots_checkpoint_the_workspace() {
     let config = ProviderConfig {
         state_dir: home.path().join("state"),
         env: Environment::empty(),
+        reaper: None,
     };
     let store = Store::open(&home.path().join("berth.db")).await.unwrap();
     let ledger = Ledger::new(store.clone(), "orch-tester", "run-1");

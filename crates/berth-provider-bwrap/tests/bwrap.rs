@@ -20,8 +20,10 @@ fn fixture() -> Option<Fixture> {
         .prefix("berth-test-bwrap-")
         .tempdir()
         .unwrap();
+    // bwrap's own PID namespace ends with the command: no reaper needed.
     let config = BwrapConfig {
         kill_grace: Duration::from_millis(300),
+        reaper: None,
     };
     match berth_provider_bwrap::new(state.path(), config) {
         Ok(bwrap) => Some(Fixture {
@@ -268,6 +270,15 @@ async fn timeout_kills_everything_and_nothing_outlives_an_exec() {
         wait_no_marked(&id.0),
         "a background process outlived the exec"
     );
+    // Leaving the group does not help: the sandbox's PID namespace ends with the command.
+    let daemon = sh(
+        &f,
+        &id,
+        "setsid sh -c 'exec sleep 300' </dev/null >/dev/null 2>&1 & echo started",
+    )
+    .await;
+    assert_eq!(text(&daemon.stdout), "started\n");
+    assert!(wait_no_marked(&id.0), "a setsid child outlived the exec");
     f.bwrap.destroy(&id).await.unwrap();
 }
 

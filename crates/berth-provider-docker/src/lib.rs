@@ -499,7 +499,8 @@ impl DockerProvider {
                     format!("supervisor refused the request: {message}"),
                 ))
             }
-            supervise::Outcome::Lost(reason) => ExitStatus::Unknown { reason },
+            supervise::Outcome::Lost(reason)
+            | supervise::Outcome::Exit(Exit::Unknown { reason }) => ExitStatus::Unknown { reason },
             supervise::Outcome::Exit(other) => ExitStatus::Unknown {
                 reason: format!("supervisor answered exec with {other:?}"),
             },

@@ -221,6 +221,35 @@ async fn timeout_kills_the_process_tree_inside_the_container() {
         )
         .await;
     assert_eq!(text(&check.stdout), "gone\n");
+    // A child that left the process group (`setsid`) dies with the timed-out exec too, and one
+    // that daemonized from an exec that ended normally dies with that exec.
+    let daemon = "setsid sh -c 'echo $$ > /tmp/{f}; exec sleep 60' </dev/null >/dev/null 2>&1 & \
+                  while [ ! -s /tmp/{f} ]; do sleep 0.01; done";
+    let out = f
+        .docker
+        .exec(
+            &id,
+            &ExecRequest::shell(format!("{}; sleep 60", daemon.replace("{f}", "timed")))
+                .with_timeout(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::TimedOut);
+    let ended = f.sh(&id, &daemon.replace("{f}", "ended")).await;
+    assert_eq!(ended.status, ExitStatus::Exited { code: 0 });
+    for file in ["timed", "ended"] {
+        let check = f
+            .sh(
+                &id,
+                &format!("sleep 0.3; pid=$(cat /tmp/{file}); test -d /proc/$pid && echo alive || echo gone"),
+            )
+            .await;
+        assert_eq!(
+            text(&check.stdout),
+            "gone\n",
+            "setsid child of the {file} exec survived"
+        );
+    }
     // A caller that gives up mid-exec takes the command with it.
     let leader = ExecRequest::shell("echo $$ > /tmp/leader; sleep 60");
     let slow = f.docker.exec(&id, &leader);

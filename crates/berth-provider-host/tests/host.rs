@@ -16,7 +16,34 @@ struct Fixture {
     host: HostProvider,
 }
 
+/// The per-exec reaper: `berth-supervisor __reap` (the static build scripts/test exports as
+/// BERTH_SUPERVISOR, or a debug build next to this test binary).
+fn reaper() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("berth-supervisor");
+    if !path.is_file() {
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "berth-supervisor"])
+            .status()
+            .unwrap();
+        assert!(built.success(), "cannot build berth-supervisor");
+    }
+    path
+}
+
 fn fixture() -> Fixture {
+    fixture_with(Some(reaper()))
+}
+
+fn fixture_with(reaper: Option<std::path::PathBuf>) -> Fixture {
     let state = tempfile::Builder::new()
         .prefix("berth-test-host-")
         .tempdir()
@@ -25,6 +52,7 @@ fn fixture() -> Fixture {
         state.path(),
         HostConfig {
             kill_grace: Duration::from_millis(300),
+            reaper,
         },
     )
     .unwrap();
@@ -257,9 +285,44 @@ async fn processes_do_not_outlive_an_exec() {
     f.host.destroy(&id).await.unwrap();
 }
 
+/// `setsid` and double forks leave the process group; under the reaper they still die with
+/// their exec — when it ends, and when it times out.
+#[tokio::test]
+async fn processes_that_left_the_group_die_with_their_exec() {
+    let f = fixture();
+    let id = create(&f.host, "bx-setsid").await;
+    let daemon = "setsid sh -c 'echo $$ > {file}; exec sleep 300' </dev/null >/dev/null 2>&1 & \
+                  while [ ! -s {file} ]; do sleep 0.01; done";
+    let out = sh(&f.host, &id, &daemon.replace("{file}", "ended.pid")).await;
+    assert_eq!(out.status, ExitStatus::Exited { code: 0 });
+    let escaped = read_pid(&f.host, &id, "ended.pid");
+    assert!(
+        wait_gone(escaped),
+        "setsid child {escaped} outlived its exec"
+    );
+
+    let line = format!("{}; sleep 300", daemon.replace("{file}", "timed.pid"));
+    let out = f
+        .host
+        .exec(
+            &id,
+            &ExecRequest::shell(line).with_timeout(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::TimedOut);
+    let escaped = read_pid(&f.host, &id, "timed.pid");
+    assert!(
+        wait_gone(escaped),
+        "setsid child {escaped} survived the timeout"
+    );
+    f.host.destroy(&id).await.unwrap();
+}
+
+/// Without a reaper (library use), destroy still finds processes that left the group.
 #[tokio::test]
 async fn destroy_kills_processes_that_left_the_group() {
-    let f = fixture();
+    let f = fixture_with(None);
     let id = create(&f.host, "bx-escape").await;
     sh(
         &f.host,

@@ -16,6 +16,7 @@
 //! This crate has no tokio: the server is threads and blocking I/O, to stay small. Clients
 //! (the docker provider) speak the protocol with [`write_frame`]/[`read_frame`] semantics.
 
+pub mod reaper;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -112,6 +113,12 @@ pub enum Exit {
         kind: String,
         /// The OS error.
         message: String,
+    },
+    /// The command ran, but how it ended is not known (the reaper was killed before it
+    /// reported). Never guessed.
+    Unknown {
+        /// Why.
+        reason: String,
     },
     /// The request was malformed.
     BadRequest {

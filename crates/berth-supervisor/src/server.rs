@@ -14,6 +14,7 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+use crate::reaper::Report;
 use crate::{write_frame, Exit, Request, PROTOCOL_VERSION, TAG_EXIT, TAG_STDERR, TAG_STDOUT};
 
 /// Longest request line accepted.
@@ -122,19 +123,65 @@ fn exec(
             message: "empty argv".into(),
         };
     };
-    let spawned = Command::new(program)
-        .args(args)
-        .env_clear()
-        .envs(env)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn();
+    // The command runs under this binary's reaper mode: it is a child subreaper, so what the
+    // command starts cannot leave the exec by `setsid` or double-forking (see `reaper`).
+    let (control, reaper_end) = match UnixStream::pair() {
+        Ok(pair) => pair,
+        Err(err) => return spawn_failure(program, cwd, &err),
+    };
+    let spawned = std::env::current_exe().and_then(|exe| {
+        Command::new(exe)
+            .arg(crate::reaper::REAP_ARG)
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .current_dir(cwd)
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(reaper_end)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+    });
     let mut child = match spawned {
         Ok(child) => child,
         Err(err) => return spawn_failure(program, cwd, &err),
+    };
+    let mut reports = match control.try_clone() {
+        Ok(read) => BufReader::new(read).lines(),
+        Err(err) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return spawn_failure(program, cwd, &err);
+        }
+    };
+    let mut next_report = move || {
+        reports
+            .next()
+            .and_then(|line| line.ok())
+            .and_then(|line| Report::parse(&line))
+    };
+    match next_report() {
+        Some(Report::Started) => {}
+        Some(Report::Failed { kind, message }) => {
+            let _ = child.wait();
+            return Exit::SpawnFailed { kind, message };
+        }
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Exit::SpawnFailed {
+                kind: "other".into(),
+                message: format!("the reaper did not start `{program}` (said {other:?})"),
+            };
+        }
+    }
+    let tell = {
+        let control = Mutex::new(control);
+        Arc::new(move |line: &str| {
+            let mut control = control.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = std::io::Write::write_all(&mut *control, format!("{line}\n").as_bytes());
+        })
     };
     let pgid = Pid::from_raw(child.id() as i32);
     let finished = Arc::new(AtomicBool::new(false));
@@ -148,6 +195,7 @@ fn exec(
     ];
     for (tag, mut pipe) in pipes {
         let out = Arc::clone(out);
+        let tell = Arc::clone(&tell);
         readers.push(std::thread::spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -156,7 +204,7 @@ fn exec(
                     Ok(n) => {
                         let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
                         if write_frame(&mut *out, tag, &buf[..n]).is_err() {
-                            let _ = killpg(pgid, Signal::SIGKILL);
+                            tell("kill");
                         }
                     }
                 }
@@ -168,37 +216,34 @@ fn exec(
     // up. A client that went away takes its command with it.
     if let Ok(mut watch) = stream.try_clone() {
         let finished = Arc::clone(&finished);
+        let tell = Arc::clone(&tell);
         std::thread::spawn(move || {
             let mut byte = [0u8; 1];
             let _ = watch.read(&mut byte);
             if !finished.load(Ordering::SeqCst) {
-                let _ = killpg(pgid, Signal::SIGKILL);
+                tell("kill");
             }
         });
     }
 
-    // Deadline: SIGTERM to the group, SIGKILL after the grace period.
+    // Deadline: the reaper sends SIGTERM to the whole subtree, SIGKILL after the grace period.
     let (cancel, cancelled) = mpsc::channel::<()>();
     let timer = timeout_ms.map(|ms| {
         let timed_out = Arc::clone(&timed_out);
+        let tell = Arc::clone(&tell);
         std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) =
                 cancelled.recv_timeout(Duration::from_millis(ms))
             {
                 timed_out.store(true, Ordering::SeqCst);
-                let _ = killpg(pgid, Signal::SIGTERM);
-                if let Err(mpsc::RecvTimeoutError::Timeout) =
-                    cancelled.recv_timeout(Duration::from_millis(grace_ms))
-                {
-                    let _ = killpg(pgid, Signal::SIGKILL);
-                }
+                tell(&format!("term {grace_ms}"));
             }
         })
     });
 
     let status = child.wait();
     finished.store(true, Ordering::SeqCst);
-    // Nothing outlives an exec: whatever is left in the group would also hold the pipes open.
+    // The reaper has already killed and reaped its subtree; the group is empty.
     let _ = killpg(pgid, Signal::SIGKILL);
     drop(cancel);
     if let Some(timer) = timer {
@@ -207,7 +252,22 @@ fn exec(
     for reader in readers {
         let _ = reader.join();
     }
-    status_to_exit(status, timed_out.load(Ordering::SeqCst))
+    if timed_out.load(Ordering::SeqCst) {
+        return Exit::TimedOut;
+    }
+    match next_report() {
+        Some(Report::Exited(code)) => Exit::Exited { code },
+        Some(Report::Signalled(signal)) => Exit::Signalled { signal },
+        other => Exit::Unknown {
+            reason: format!(
+                "the reaper ended ({}) without reporting the command's status (said {other:?})",
+                match status {
+                    Ok(status) => format!("{status}"),
+                    Err(err) => err.to_string(),
+                }
+            ),
+        },
+    }
 }
 
 /// Detached processes: started in their own process group, reaped by a waiter thread that

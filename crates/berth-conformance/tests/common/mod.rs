@@ -26,6 +26,7 @@ pub async fn subject(
     let config = ProviderConfig {
         state_dir: state.path().to_owned(),
         env,
+        reaper: None,
     };
     let registry = Registry::builtin().unwrap();
     let manifest = registry.manifest(id).unwrap().clone();

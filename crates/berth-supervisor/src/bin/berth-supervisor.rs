@@ -1,6 +1,13 @@
 //! `berth-supervisor serve --socket PATH`: the in-sandbox supervisor (see the library docs).
 
 fn main() {
+    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if raw
+        .get(1)
+        .is_some_and(|a| a == berth_supervisor::reaper::REAP_ARG)
+    {
+        std::process::exit(berth_supervisor::reaper::run(&raw[2..]));
+    }
     let args: Vec<String> = std::env::args().collect();
     let socket = match args.as_slice() {
         [_, serve, flag, path] if serve == "serve" && flag == "--socket" => path.clone(),

@@ -1,0 +1,224 @@
+//! The per-exec reaper: a small process that runs one command and makes sure nothing it
+//! started outlives it.
+//!
+//! A process group does not hold a command's descendants: one that calls `setsid` leaves the
+//! group, and one whose parent dies is re-parented away from it. The reaper marks itself a
+//! child subreaper (`PR_SET_CHILD_SUBREAPER`), so every descendant that loses its parent is
+//! re-parented to the reaper and stays in its subtree, wherever it moves in sessions and groups.
+//! When the command ends, times out, or its caller goes away, the reaper signals every process
+//! in its subtree and reaps until none is left; only then does it exit.
+//!
+//! It is spawned with its stdin connected to a Unix socket (the control channel; the command
+//! itself gets `/dev/null`). Lines on it:
+//!
+//! - reaper → caller: `started`, or `failed <not_found|permission_denied|other> <message>`;
+//!   at the end `exited <code>` or `signalled <signal>` — the command's own status, so the
+//!   caller never reads the reaper's exit code as the command's.
+//! - caller → reaper: `term <grace_ms>` (SIGTERM to the subtree, SIGKILL after the grace), or
+//!   `kill`. End of file (the caller exited or was killed): SIGKILL to the subtree.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
+/// The argument that selects reaper mode in the binaries that embed it.
+pub const REAP_ARG: &str = "__reap";
+
+/// The direct children of `pid`, from `/proc/<pid>/task/*/children`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    children
+}
+
+/// Every live process whose parent chain leads to `root` (not `root` itself).
+fn descendants(root: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut queue = vec![root];
+    while let Some(pid) = queue.pop() {
+        for child in children_of(pid) {
+            if seen.insert(child) {
+                found.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    found
+}
+
+fn signal_subtree(signal: Signal) {
+    for pid in descendants(std::process::id() as i32) {
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+fn say(control: &UnixStream, line: &str) {
+    let mut out = control;
+    let _ = out.write_all(format!("{line}\n").as_bytes());
+}
+
+/// Runs `argv` as the reaper (see the module docs); returns the reaper's own exit code.
+pub fn run(argv: &[OsString]) -> i32 {
+    let control: UnixStream = match io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => fd.into(),
+        Err(err) => {
+            eprintln!("berth-reap: no control channel on stdin: {err}");
+            return 2;
+        }
+    };
+    let Some((program, args)) = argv.split_first() else {
+        say(&control, "failed other empty argv");
+        return 2;
+    };
+    if let Err(err) = nix::sys::prctl::set_child_subreaper(true) {
+        say(
+            &control,
+            &format!("failed other cannot become a subreaper: {err}"),
+        );
+        return 2;
+    }
+    let child = match Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(err) => {
+            let kind = match err.kind() {
+                io::ErrorKind::NotFound => "not_found",
+                io::ErrorKind::PermissionDenied => "permission_denied",
+                _ => "other",
+            };
+            let message = format!("cannot start `{}`: {err}", program.to_string_lossy());
+            say(
+                &control,
+                &format!("failed {kind} {}", message.replace('\n', " ")),
+            );
+            return 0;
+        }
+    };
+    let root = Pid::from_raw(child.id() as i32);
+    // The handle is not waited on through std: this thread reaps every child with waitpid.
+    drop(child);
+    say(&control, "started");
+
+    // Commands from the caller; end of file means the caller is gone.
+    if let Ok(reader) = control.try_clone() {
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(reader).lines();
+            loop {
+                match lines.next() {
+                    Some(Ok(line)) if line.starts_with("term ") => {
+                        let grace = line[5..].trim().parse::<u64>().unwrap_or(0);
+                        signal_subtree(Signal::SIGTERM);
+                        std::thread::sleep(Duration::from_millis(grace));
+                        signal_subtree(Signal::SIGKILL);
+                    }
+                    Some(Ok(line)) if line == "kill" => signal_subtree(Signal::SIGKILL),
+                    Some(Ok(_)) => {}
+                    // EOF or a broken channel: nobody will read the result.
+                    _ => loop {
+                        signal_subtree(Signal::SIGKILL);
+                        std::thread::sleep(Duration::from_millis(20));
+                    },
+                }
+            }
+        });
+    }
+
+    let mut status: Option<String> = None;
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == root => {
+                status = Some(format!("exited {code}"));
+                signal_subtree(Signal::SIGKILL);
+            }
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == root => {
+                status = Some(format!("signalled {}", signal as i32));
+                signal_subtree(Signal::SIGKILL);
+            }
+            Ok(_) => {
+                if status.is_some() {
+                    signal_subtree(Signal::SIGKILL);
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::ECHILD) => {
+                // No child left to reap; a descendant whose parent is still alive is not our
+                // child yet. Kill it and wait for it to be re-parented to us.
+                if descendants(std::process::id() as i32).is_empty() {
+                    break;
+                }
+                signal_subtree(Signal::SIGKILL);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => break,
+        }
+    }
+    say(
+        &control,
+        status
+            .as_deref()
+            .unwrap_or("failed other the command's status was lost"),
+    );
+    0
+}
+
+/// What the reaper said about its command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// The command is running.
+    Started,
+    /// The command could not be started.
+    Failed {
+        /// `not_found`, `permission_denied` or `other`.
+        kind: String,
+        /// Why.
+        message: String,
+    },
+    /// The command exited.
+    Exited(i32),
+    /// The command was killed by a signal.
+    Signalled(i32),
+}
+
+impl Report {
+    /// Parses one control line from the reaper.
+    pub fn parse(line: &str) -> Option<Report> {
+        let line = line.trim_end();
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        Some(match word {
+            "started" => Report::Started,
+            "failed" => {
+                let (kind, message) = rest.split_once(' ').unwrap_or((rest, ""));
+                Report::Failed {
+                    kind: kind.to_owned(),
+                    message: message.to_owned(),
+                }
+            }
+            "exited" => Report::Exited(rest.parse().ok()?),
+            "signalled" => Report::Signalled(rest.parse().ok()?),
+            _ => return None,
+        })
+    }
+}
