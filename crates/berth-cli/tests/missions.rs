@@ -586,3 +586,85 @@ fn concurrent_runners_exit_8_and_run_nothing() {
         String::from_utf8_lossy(&again.stderr)
     );
 }
+
+/// SIGKILL `mission run` at points spread over the whole run (inside steps, not only at event
+/// boundaries), sometimes sweep the ledger as an operator would, then resume: with one attempt
+/// allowed and an agent that is always right, the mission succeeds every time, and nothing is
+/// left behind.
+fn kill_anywhere(provider: &str, image: Option<&str>, kills: u64, step_ms: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_mission(
+        dir.path(),
+        "printf right > answer.txt\n",
+        "test \"$(cat answer.txt)\" = right && mkdir -p .berth && echo pass > .berth/verdict",
+        "60s",
+        "\".berth/verdict\"",
+        1,
+    );
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text = text.replace("provider = \"host\"", &format!("provider = \"{provider}\""));
+    if let Some(image) = image {
+        text = text.replace("[harness]", &format!("image = \"{image}\"\n[harness]"));
+    }
+    std::fs::write(&file, text).unwrap();
+    for round in 0..kills {
+        let home = home();
+        let delay = std::time::Duration::from_millis(round * step_ms);
+        let mut child = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        let (_, listed) = json(home.path(), &["mission", "list"]);
+        let Some(id) = listed["missions"][0]["id"].as_str().map(str::to_owned) else {
+            continue; // killed before the mission was registered: nothing to resume
+        };
+        if round % 2 == 1 {
+            let swept = run(home.path(), &["ledger", "sweep"]);
+            assert!(swept.status.success(), "round {round}: sweep failed");
+        }
+        let resumed = run(home.path(), &["mission", "resume", &id]);
+        let (_, doc) = json(home.path(), &["mission", "status", &id]);
+        assert!(
+            resumed.status.success(),
+            "round {round} ({delay:?}): resume failed: {}{}\n{doc}",
+            String::from_utf8_lossy(&resumed.stdout),
+            String::from_utf8_lossy(&resumed.stderr)
+        );
+        assert_eq!(
+            doc["mission"]["state"]["state"], "succeeded",
+            "round {round}: {doc}"
+        );
+        let swept = run(home.path(), &["ledger", "sweep"]);
+        assert!(swept.status.success());
+        let (_, ledger) = json(home.path(), &["ledger", "list"]);
+        assert_eq!(
+            ledger["entries"].as_array().map(Vec::len).unwrap_or(0),
+            0,
+            "round {round}: open ledger rows after the mission: {ledger}"
+        );
+    }
+}
+
+#[test]
+fn a_kill_anywhere_never_costs_an_attempt_on_host() {
+    kill_anywhere("host", None, 40, 13);
+}
+
+#[test]
+fn a_kill_anywhere_never_costs_an_attempt_on_docker() {
+    let image = Command::new("docker")
+        .args(["image", "inspect", "berth/agent:bookworm"])
+        .output();
+    if !matches!(image, Ok(ref o) if o.status.success()) {
+        if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+            eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
+            return;
+        }
+        panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+    }
+    kill_anywhere("docker", Some("berth/agent:bookworm"), 10, 350);
+}

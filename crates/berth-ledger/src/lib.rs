@@ -386,6 +386,24 @@ impl Ledger {
             rows.retain(|row| row.expires_at.is_some_and(|t| t <= now));
         }
         let mut report = SweepReport::default();
+        // What a mission that is still running will adopt on resume is not swept from under
+        // it: `berth mission resume` continues with it (a finished mission's rows are swept).
+        let mut kept = Vec::new();
+        for row in std::mem::take(&mut rows) {
+            match self.running_mission_of(&row).await? {
+                Some(mission) => kept.push(SweepEntry {
+                    berth_id: row.berth_id.clone(),
+                    provider: row.provider.clone(),
+                    action: SweepAction::SkippedForeign {
+                        reason: format!(
+                            "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
+                        ),
+                    },
+                }),
+                None => rows.push(row),
+            }
+        }
+        report.entries.extend(kept);
         for provider_id in &scope.discover {
             report
                 .entries
@@ -421,6 +439,23 @@ impl Ledger {
             });
         }
         Ok(report)
+    }
+
+    /// The mission a row belongs to (its origin says `mission ID …`), if it is still running.
+    async fn running_mission_of(&self, row: &LedgerRow) -> Result<Option<String>, LedgerError> {
+        use berth_store::MissionStore;
+        let Some(mission) = row
+            .origin
+            .strip_prefix("mission ")
+            .and_then(|rest| rest.split_whitespace().next())
+        else {
+            return Ok(None);
+        };
+        match self.store.mission_get(mission).await {
+            Ok(found) if found.state == "running" => Ok(Some(mission.to_owned())),
+            Ok(_) | Err(berth_store::StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Resources listed under this owner's label that this ledger has no row for. They are

@@ -215,10 +215,27 @@ impl Layout {
         write_meta_in(&self.sandbox(&meta.name), meta)
     }
 
+    /// Where a sandbox goes while it is being removed: hidden, so it is absent at once.
+    fn removing(&self, name: &str) -> PathBuf {
+        self.root
+            .join("sandboxes")
+            .join(format!(".destroying-{name}"))
+    }
+
+    /// Removes a sandbox: first renamed out of its name (atomic: from then on it is absent,
+    /// and a crash mid-removal never leaves a half-deleted sandbox without its labels), then
+    /// deleted. Leftovers of an earlier interrupted create or removal of the name go too.
     pub(crate) fn remove_sandbox(&self, name: &str) -> Result<()> {
-        force_remove_dir(&self.staging(name))
-            .and_then(|()| force_remove_dir(&self.sandbox(name)))
-            .map_err(|e| io_error("remove sandbox directory", e))
+        let removing = self.removing(name);
+        let fail = |e| io_error("remove sandbox directory", e);
+        force_remove_dir(&self.staging(name)).map_err(fail)?;
+        force_remove_dir(&removing).map_err(fail)?;
+        match std::fs::rename(self.sandbox(name), &removing) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(fail(err)),
+        }
+        force_remove_dir(&removing).map_err(fail)
     }
 
     pub(crate) fn all_meta(&self) -> Result<Vec<SandboxMeta>> {

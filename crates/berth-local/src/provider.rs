@@ -242,10 +242,11 @@ impl<L: Launcher> LocalProvider<L> {
 
     async fn destroy_inner(&self, id: &NativeId) -> Result<DestroyOutcome> {
         let name = layout::checked_name(&id.0)?;
-        // A create that died before naming its sandbox left only a staging directory.
-        layout::force_remove_dir(&self.layout.staging(&name))
-            .map_err(|e| io_error("remove staging directory", e))?;
         if !self.layout.sandbox(&name).exists() {
+            // What an interrupted create or removal left under hidden names goes too.
+            let layout = self.layout.clone();
+            let leftover = name.clone();
+            blocking(move || layout.remove_sandbox(&leftover)).await?;
             return Ok(DestroyOutcome::VerifiedGone {
                 already_absent: true,
             });

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_contract::{
-    ExecOutput, ExecRequest, ExitStatus, NativeId, Observation, Provider, ProviderExt, SandboxName,
+    CanonicalState, ExecOutput, ExecRequest, ExitStatus, NativeId, Observation, Provider,
+    ProviderExt, SandboxName,
 };
 use berth_ledger::LedgerError;
 use berth_mission::authority::{
@@ -85,8 +86,49 @@ fn main_name(key: &AttemptKey, choice: usize) -> SandboxName {
     }
 }
 
-fn frozen_of(main: &SandboxName) -> SandboxName {
-    SandboxName(format!("{}-v", main.0))
+/// Generation `n` (1-based) of the attempt's frozen copy. A freeze interrupted by a crash is
+/// not adopted half-made: it is destroyed and the next generation is made under a new name (a
+/// ledger name is never reused).
+fn frozen_gen(main: &SandboxName, n: usize) -> SandboxName {
+    match n {
+        1 => SandboxName(format!("{}-v", main.0)),
+        n => SandboxName(format!("{}-v{n}", main.0)),
+    }
+}
+
+/// Most freezes one attempt may start before it is rejected (each crash mid-freeze costs one).
+const MAX_FREEZES: usize = 8;
+
+/// Every frozen-copy generation with a ledger row, oldest first.
+async fn frozen_rows(
+    orch: &Orchestrator<'_>,
+    main: &SandboxName,
+) -> Result<Vec<berth_store::LedgerRow>, OrchestratorError> {
+    let mut rows = Vec::new();
+    for n in 1..=MAX_FREEZES {
+        match orch.ledger.row(&frozen_gen(main, n).0).await {
+            Ok(row) => rows.push(row),
+            Err(LedgerError::Store(StoreError::NotFound(_))) => break,
+            Err(LedgerError::Store(e)) => return Err(e.into()),
+            Err(_) => break,
+        }
+    }
+    Ok(rows)
+}
+
+/// The current frozen copy's name: the newest generation with a row (the first when none).
+async fn frozen_of(
+    orch: &Orchestrator<'_>,
+    main: &SandboxName,
+) -> Result<SandboxName, OrchestratorError> {
+    let rows = frozen_rows(orch, main).await?;
+    Ok(frozen_gen(main, rows.len().max(1)))
+}
+
+/// The origin recorded on a mission's ledger rows: names the mission, so a sweep leaves what
+/// a mission that is still running will adopt.
+pub(crate) fn mission_origin(mission: &str, role: &str) -> String {
+    format!("mission {mission} {role}")
 }
 
 /// The candidate whose sandbox this attempt created and still holds, if any (ledger rows say;
@@ -127,6 +169,7 @@ fn sandbox_name(key: &AttemptKey) -> SandboxName {
 async fn choose(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
+    mission: &str,
     key: &AttemptKey,
 ) -> Result<
     Result<(Arc<dyn Provider>, SandboxName, NativeId, Vec<String>), String>,
@@ -145,7 +188,7 @@ async fn choose(
             Err(e) => return Ok(Err(e.to_string())),
         }
         let provider = orch.registry.construct(&provider_id, orch.config)?;
-        match ensure(orch, &provider, spec, &name, None).await? {
+        match ensure(orch, &provider, spec, mission, &name, None).await? {
             Ok(id) => return Ok(Ok((provider, name, id, skipped))),
             Err(reason) => match reason.strip_prefix(FALLBACK_MARK) {
                 Some(why) => skipped.push(format!("{provider_id}: {why}")),
@@ -209,6 +252,7 @@ async fn ensure(
     orch: &Orchestrator<'_>,
     provider: &Arc<dyn Provider>,
     spec: &MissionSpec,
+    mission: &str,
     name: &SandboxName,
     fork_of: Option<&NativeId>,
 ) -> Result<Result<NativeId, String>, OrchestratorError> {
@@ -220,8 +264,8 @@ async fn ensure(
     }
     let image = spec.file.sandbox.image.clone();
     let origin = match fork_of {
-        Some(source) => format!("mission-freeze:{source}"),
-        None => "mission-attempt".to_owned(),
+        Some(source) => mission_origin(mission, &format!("freeze of {source}")),
+        None => mission_origin(mission, "attempt"),
     };
     let created = match fork_of {
         None => {
@@ -269,6 +313,18 @@ async fn ensure(
     }
 }
 
+/// The row's resource is present and running (not absent, not still being created).
+async fn is_ready(provider: &dyn Provider, row: &berth_store::LedgerRow) -> bool {
+    row.state != LedgerState::VerifiedGone
+        && matches!(
+            provider.observe(&berth_ledger::native_id(row)).await,
+            Ok(Observation::Present {
+                state: CanonicalState::Running,
+                ..
+            })
+        )
+}
+
 /// Prefix of an `ensure` failure that allows moving on to the next provider.
 const FALLBACK_MARK: &str = "fallback-eligible: ";
 
@@ -308,18 +364,23 @@ pub(crate) async fn reconcile(
 async fn teardown(orch: &Orchestrator<'_>, spec: &MissionSpec, key: &AttemptKey, keep_main: bool) {
     for choice in 0..candidates(spec).len() {
         let main = main_name(key, choice);
-        let names = if keep_main {
-            vec![frozen_of(&main)]
-        } else {
-            vec![frozen_of(&main), main]
-        };
-        for name in names {
-            if let Ok(row) = orch.ledger.row(&name.0).await {
-                if row.state != LedgerState::VerifiedGone {
-                    if let Ok(provider) = orch.registry.construct(&row.provider, orch.config) {
-                        let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
-                    }
-                }
+        let mut rows = frozen_rows(orch, &main).await.unwrap_or_default();
+        if !keep_main {
+            if let Ok(row) = orch.ledger.row(&main.0).await {
+                rows.push(row);
+            }
+        }
+        for row in rows {
+            let Ok(provider) = orch.registry.construct(&row.provider, orch.config) else {
+                continue;
+            };
+            if row.state != LedgerState::VerifiedGone {
+                let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+            } else {
+                // Verified gone, but an engine may finish work a killed runner asked for after
+                // that (a fork's image committed late): destroying again is idempotent and
+                // removes it.
+                let _ = provider.destroy(&berth_ledger::native_id(&row)).await;
             }
         }
     }
@@ -401,7 +462,7 @@ pub(crate) async fn advance(
         Some((provider, name)) => (provider.clone(), name.clone()),
         None => (spec.file.sandbox.provider.clone(), main_name(key, 0)),
     };
-    let frozen = frozen_of(&main);
+    let frozen = frozen_of(orch, &main).await?;
     let provider = orch.registry.construct(&provider_id, orch.config)?;
     let (index, task) = task_of(spec, record);
     let attempt = record.tasks[index]
@@ -448,10 +509,32 @@ pub(crate) async fn advance(
         // Sandbox and staging are one durable step: adoption by name makes the sandbox half
         // repeatable and staging starts from scratch, so a crash in between costs no event.
         AttemptStatus::InProgress {
-            phase: phase @ (Phase::Claimed | Phase::SandboxReady),
+            phase: Phase::Claimed | Phase::SandboxReady,
         } => {
-            let (provider, main, id, skipped) = if *phase == Phase::Claimed && placed.is_none() {
-                match choose(orch, spec, key).await? {
+            // A sandbox a crash left half-made (intent recorded, absent or still creating) holds
+            // nothing yet: it is destroyed, its name retired, and the attempt places again —
+            // the crash costs no attempt.
+            let mut placed = placed;
+            if let Some((_, name)) = &placed {
+                if let Ok(row) = orch.ledger.row(&name.0).await {
+                    if !is_ready(provider.as_ref(), &row).await {
+                        if row.state != LedgerState::VerifiedGone {
+                            orch.ledger
+                                .destroy_row(provider.as_ref(), &row)
+                                .await
+                                .map_err(|e| {
+                                    OrchestratorError::Repository(format!(
+                                        "cannot remove the interrupted sandbox `{name}`: {e}"
+                                    ))
+                                })?;
+                        }
+                        orch.ledger.store().ledger_retire(&name.0).await?;
+                        placed = None;
+                    }
+                }
+            }
+            let (provider, main, id, skipped) = if placed.is_none() {
+                match choose(orch, spec, mission, key).await? {
                     Ok(chosen) => chosen,
                     Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
                 }
@@ -547,8 +630,35 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::AgentStopped,
         } => {
-            let main = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            match ensure(orch, &provider, spec, &frozen, Some(&main)).await? {
+            let main_id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
+            // A freeze a crash interrupted (intent recorded, fork absent or still being made) is
+            // destroyed and made again under the next generation's name: it costs no attempt.
+            let mut frozen = frozen;
+            if let Ok(row) = orch.ledger.row(&frozen.0).await {
+                if !is_ready(provider.as_ref(), &row).await {
+                    let generations = frozen_rows(orch, &main).await?.len();
+                    if generations >= MAX_FREEZES {
+                        return reject(
+                            orch,
+                            spec,
+                            record,
+                            seq,
+                            key,
+                            format!("the workspace could not be frozen in {MAX_FREEZES} tries"),
+                        )
+                        .await;
+                    }
+                    if row.state != LedgerState::VerifiedGone {
+                        if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
+                            return Err(OrchestratorError::Repository(format!(
+                                "cannot remove the interrupted freeze `{frozen}`: {e}"
+                            )));
+                        }
+                    }
+                    frozen = frozen_gen(&main, generations + 1);
+                }
+            }
+            match ensure(orch, &provider, spec, mission, &frozen, Some(&main_id)).await? {
                 Ok(frozen) => {
                     reached(
                         Phase::Frozen,
@@ -660,7 +770,7 @@ pub(crate) async fn advance(
                 provider.as_ref(),
                 &id,
                 format!(
-                    "git add -A && git -c user.name=berth -c user.email=berth@localhost commit -q --allow-empty -m 'berth: {} (attempt {})' && git rev-parse HEAD",
+                    "rm -f .git/index.lock && git add -A && git -c user.name=berth -c user.email=berth@localhost commit -q --allow-empty -m 'berth: {} (attempt {})' && git rev-parse HEAD",
                     task.id, attempt.ordinal
                 ),
                 "commit",
@@ -781,7 +891,8 @@ async fn export_bundle(
     in_repo(
         provider,
         id,
-        "git bundle create -q ../.berth-output.bundle HEAD".into(),
+        // A run killed mid-export leaves git's lock file; the export starts from scratch.
+        "rm -f ../.berth-output.bundle ../.berth-output.bundle.lock && git bundle create -q ../.berth-output.bundle HEAD".into(),
         "export",
     )
     .await?;

@@ -712,6 +712,7 @@ impl Provider for DockerProvider {
     async fn destroy(&self, id: &NativeId) -> Result<DestroyOutcome> {
         let labels = match self.inspect(&id.0).await? {
             None => {
+                self.remove_fork_image(&id.0).await?;
                 let _ = std::fs::remove_dir_all(self.run_dir(&id.0)?);
                 return Ok(DestroyOutcome::VerifiedGone {
                     already_absent: true,
@@ -738,6 +739,7 @@ impl Provider for DockerProvider {
                 )
                 .await;
         }
+        self.remove_fork_image(&id.0).await?;
         let _ = std::fs::remove_dir_all(self.run_dir(&id.0)?);
         match self.inspect(&id.0).await? {
             None => Ok(DestroyOutcome::VerifiedGone {
@@ -1101,6 +1103,28 @@ impl SuspendResume for DockerProvider {
     }
 }
 
+/// The tag (in the `berth-snapshot` repository) of the image a fork named `fork` starts from.
+fn fork_image_tag(fork: &str) -> String {
+    format!("fork-{fork}")
+}
+
+impl DockerProvider {
+    /// Removes the fork image named after `fork`, if there is one (404: none; 409: a
+    /// container still uses it, and it stays).
+    async fn remove_fork_image(&self, fork: &str) -> Result<()> {
+        let reference = format!("berth-snapshot:{}", fork_image_tag(fork));
+        self.engine
+            .expect(
+                Method::DELETE,
+                &format!("/images/{}", path_name(&reference)?),
+                None,
+                &[StatusCode::NOT_FOUND, StatusCode::CONFLICT],
+            )
+            .await
+            .map(|_| ())
+    }
+}
+
 fn snapshot_tag(id: &NativeId) -> String {
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1157,9 +1181,13 @@ impl Snapshots for DockerProvider {
 #[async_trait]
 impl Fork for DockerProvider {
     async fn fork(&self, id: &NativeId, req: &CreateRequest) -> Result<Created> {
-        let image = self
-            .commit(id, &format!("fork-{}", snapshot_tag(id)))
-            .await?;
+        // The fork's image is named after the fork, so the fork's own ledger row (recorded
+        // before this call) covers it: destroying the fork by name removes the image even when
+        // a crash came between the commit and the container. A leftover from such a crash is
+        // removed first, so a retried fork never strands an untagged image.
+        let tag = fork_image_tag(&req.name.0);
+        self.remove_fork_image(&req.name.0).await?;
+        let image = self.commit(id, &tag).await?;
         let labels = BTreeMap::from([(FORK_IMAGE_LABEL.to_owned(), image.clone())]);
         match self.create_container(req, &image, labels).await {
             Ok(created) => Ok(created),

@@ -267,6 +267,19 @@ impl Store {
         .await
     }
 
+    /// Frees a name whose resource is verified gone, so it can be created again: the row keeps
+    /// its history under `NAME~TOKEN`. Fails with `NotFound` unless the row is verified gone.
+    pub async fn ledger_retire(&self, berth_id: &str) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        self.update(
+            "retire ledger row",
+            "UPDATE ledger SET berth_id = berth_id || '~' || ledger_token, updated_at = ? \
+             WHERE state = 'verified_gone' AND berth_id = ?",
+            &[Some(&now), Some(berth_id)],
+        )
+        .await
+    }
+
     /// Records a destroy outcome.
     pub async fn ledger_mark_destroy_result(
         &self,
