@@ -30,9 +30,10 @@ pub use exec::{
 };
 pub use labels::{LabelFilter, Labels};
 pub use provider::{
-    implemented_capabilities, Access, AccessInfo, DetachedExec, FileEntry, FileKind, Files, Fork,
-    Listed, Listing, MemorySnapshots, ProcessHandle, ProcessStatus, Provider, ProviderExt,
-    SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec, SuspendResume, Ttl,
+    check_snapshot_key, implemented_capabilities, Access, AccessInfo, DetachedExec, FileEntry,
+    FileKind, Files, Fork, Listed, Listing, MemorySnapshots, ProcessHandle, ProcessStatus,
+    Provider, ProviderExt, SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec,
+    SuspendResume, Ttl,
 };
 pub use spec::{CreateRequest, Created, NativeId, NetworkMode, Resources, SandboxName};
 pub use state::{CanonicalState, DestroyOutcome, Observation, Transition};

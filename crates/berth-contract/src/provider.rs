@@ -266,10 +266,33 @@ pub struct SnapshotRef {
 pub trait Snapshots: Send + Sync {
     /// Captures a snapshot.
     async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef>;
+    /// Captures a snapshot under `key` (letters, digits, `-`, `_`, `.`; at most 100 bytes),
+    /// replacing any earlier snapshot this provider took under the same key. A caller that
+    /// was interrupted after a snapshot but before it recorded the handle retries with the
+    /// same key and leaves no duplicate behind.
+    async fn snapshot_keyed(&self, id: &NativeId, key: &str) -> Result<SnapshotRef>;
     /// Creates a new sandbox from a snapshot.
     async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created>;
     /// Deletes a snapshot.
     async fn delete_snapshot(&self, snapshot: &SnapshotRef) -> Result<()>;
+}
+
+/// Checks a snapshot key (see [`Snapshots::snapshot_keyed`]).
+pub fn check_snapshot_key(key: &str) -> std::result::Result<(), String> {
+    let ok = !key.is_empty()
+        && key.len() <= 100
+        && !key.starts_with(['.', '-'])
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` is not a snapshot key (letters, digits, `-`, `_`, `.`; at most 100 bytes)",
+            key.escape_debug()
+        ))
+    }
 }
 
 /// Memory snapshots (processes included).

@@ -412,6 +412,23 @@ impl<L: Launcher> Snapshots for LocalProvider<L> {
         self.snapshot_inner(id).await.map_err(|e| self.own(e))
     }
 
+    async fn snapshot_keyed(&self, id: &NativeId, key: &str) -> Result<SnapshotRef> {
+        berth_contract::check_snapshot_key(key).map_err(|m| {
+            self.own(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                PROVIDER_ID,
+                m,
+            ))
+        })?;
+        let snap = self.snapshot_inner(id).await.map_err(|e| self.own(e))?;
+        let store = self.layout.snapshots();
+        let (key, handle) = (key.to_owned(), snap.handle.clone());
+        blocking(move || archive::name_snapshot(&store, &key, &handle))
+            .await
+            .map_err(|e| self.own(e))?;
+        Ok(snap)
+    }
+
     async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {
         self.restore_inner(snapshot, req)
             .await

@@ -801,9 +801,14 @@ pub(crate) async fn advance(
             // repository exported as a git bundle under the mission directory.
             let (checkpoint, detail) = match provider.snapshots() {
                 Some(snapshots) => {
-                    let snap = snapshots.snapshot(&id).await.map_err(|e| {
-                        OrchestratorError::Repository(format!("checkpoint failed: {e}"))
-                    })?;
+                    // Keyed by the attempt: a checkpoint a crash interrupted is replaced, not
+                    // duplicated.
+                    let snap = snapshots
+                        .snapshot_keyed(&id, &format!("ck-{}", key.0))
+                        .await
+                        .map_err(|e| {
+                            OrchestratorError::Repository(format!("checkpoint failed: {e}"))
+                        })?;
                     (snap.handle.clone(), json!({ "snapshot": snap }))
                 }
                 None => {

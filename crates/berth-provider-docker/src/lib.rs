@@ -1133,10 +1133,27 @@ fn snapshot_tag(id: &NativeId) -> String {
     format!("{}-{millis}", id.0)
 }
 
-#[async_trait]
-impl Snapshots for DockerProvider {
-    async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {
-        let image = self.commit(id, &snapshot_tag(id)).await?;
+impl DockerProvider {
+    /// The image a tag in the `berth-snapshot` repository names now, if any.
+    async fn tagged_image(&self, tag: &str) -> Result<Option<String>> {
+        #[derive(Deserialize)]
+        struct ImageId {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        let reference = format!("berth-snapshot:{tag}");
+        let path = format!("/images/{}/json", path_name(&reference)?);
+        let response = self.engine.request(Method::GET, &path, None).await?;
+        if response.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let response = engine::ok(&path, response)?;
+        let found: ImageId = serde_json::from_slice(&response.body)
+            .map_err(|e| err(ErrorKind::Unknown, "unexpected image answer").with_source(e))?;
+        Ok(Some(found.id))
+    }
+
+    async fn snapshot_ref(&self, image: String) -> Result<SnapshotRef> {
         #[derive(Deserialize)]
         struct ImageInfo {
             #[serde(rename = "Size")]
@@ -1157,6 +1174,33 @@ impl Snapshots for DockerProvider {
             kind: SnapshotHandleKind::Digest,
             size_bytes: size,
         })
+    }
+}
+
+#[async_trait]
+impl Snapshots for DockerProvider {
+    async fn snapshot_keyed(&self, id: &NativeId, key: &str) -> Result<SnapshotRef> {
+        berth_contract::check_snapshot_key(key).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
+        let tag = format!("key-{key}");
+        // The image the key named before (an interrupted earlier call): replaced, then removed.
+        let earlier = self.tagged_image(&tag).await?;
+        let image = self.commit(id, &tag).await?;
+        if let Some(earlier) = earlier.filter(|e| *e != image) {
+            let _ = self
+                .engine
+                .request(
+                    Method::DELETE,
+                    &format!("/images/{}", path_name(&earlier)?),
+                    None,
+                )
+                .await;
+        }
+        self.snapshot_ref(image).await
+    }
+
+    async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {
+        let image = self.commit(id, &snapshot_tag(id)).await?;
+        self.snapshot_ref(image).await
     }
 
     async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {

@@ -665,3 +665,63 @@ async fn an_unreachable_engine_is_unavailable_not_absent() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("not reachable"), "{err}");
 }
+
+/// A keyed snapshot taken again (a checkpoint retried after a crash) replaces the earlier
+/// image instead of leaving a duplicate; a fork's image is removed with the fork, even when
+/// only its name is known.
+#[tokio::test]
+async fn keyed_snapshots_and_fork_images_leave_no_duplicates() {
+    let Some(f) = fixture("keyed").await else {
+        return;
+    };
+    let id = f.create("bx-dk-keyed").await;
+    let snapshots = f.docker.require_snapshots().unwrap();
+    let key = format!("ck-test-{}", std::process::id());
+    let first = snapshots.snapshot_keyed(&id, &key).await.unwrap();
+    let second = snapshots.snapshot_keyed(&id, &key).await.unwrap();
+    assert_ne!(first.handle, second.handle);
+    let image_exists = |image: &str| {
+        std::process::Command::new("docker")
+            .args(["image", "inspect", image])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    assert!(
+        !image_exists(&first.handle),
+        "the replaced snapshot image was left behind"
+    );
+    assert!(image_exists(&second.handle));
+    snapshots.delete_snapshot(&second).await.unwrap();
+    assert!(!image_exists(&second.handle));
+
+    let fork_req = f.request("bx-dk-keyed-fork");
+    let fork_name = fork_req.name.0.clone();
+    let fork = f
+        .docker
+        .require_fork()
+        .unwrap()
+        .fork(&id, &fork_req)
+        .await
+        .unwrap();
+    let fork_image = format!("berth-snapshot:fork-{fork_name}");
+    assert!(image_exists(&fork_image));
+    f.docker.destroy(&fork.native_id).await.unwrap();
+    assert!(
+        !image_exists(&fork_image),
+        "the fork's image outlived the fork"
+    );
+    // A crash between the fork's commit and its container leaves only the image: destroying
+    // the fork by name (what the ledger row knows) removes it.
+    let orphan = std::process::Command::new("docker")
+        .args(["tag", "berth/agent:bookworm", &fork_image])
+        .status()
+        .unwrap();
+    assert!(orphan.success());
+    f.docker.destroy(&NativeId(fork_name)).await.unwrap();
+    assert!(
+        !image_exists(&fork_image),
+        "destroy by name left the fork image"
+    );
+    f.docker.destroy(&id).await.unwrap();
+}

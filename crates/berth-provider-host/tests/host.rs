@@ -815,3 +815,37 @@ async fn destroy_copes_with_read_only_trees() {
         }
     );
 }
+
+/// A keyed snapshot taken again (an interrupted caller retrying) replaces the earlier one:
+/// no duplicate is left, and unchanged content keeps its handle.
+#[tokio::test]
+async fn keyed_snapshots_replace_instead_of_duplicating() {
+    let f = fixture();
+    let id = create(&f.host, "bx-keyed").await;
+    let snapshots = f.host.require_snapshots().unwrap();
+    sh(&f.host, &id, "echo one > f").await;
+    let first = snapshots.snapshot_keyed(&id, "ck-a").await.unwrap();
+    let again = snapshots.snapshot_keyed(&id, "ck-a").await.unwrap();
+    assert_eq!(first.handle, again.handle, "unchanged content, same handle");
+    sh(&f.host, &id, "echo two > f").await;
+    let second = snapshots.snapshot_keyed(&id, "ck-a").await.unwrap();
+    assert_ne!(first.handle, second.handle);
+    let gone = snapshots
+        .restore(&first, &request("bx-keyed-old", "tester"))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
+    let restored = snapshots
+        .restore(&second, &request("bx-keyed-new", "tester"))
+        .await
+        .unwrap();
+    let files = f.host.require_files().unwrap();
+    assert_eq!(
+        files.read(&restored.native_id, "f").await.unwrap(),
+        b"two\n"
+    );
+    let bad = snapshots.snapshot_keyed(&id, "../x").await.unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidRequest);
+    f.host.destroy(&restored.native_id).await.unwrap();
+    f.host.destroy(&id).await.unwrap();
+}
