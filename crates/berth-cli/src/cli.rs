@@ -189,9 +189,10 @@ impl LimitArgs {
 
 #[derive(Debug, Args)]
 pub struct NetworkArg {
-    /// Network access: `none` (default; loopback only where the provider can enforce it) or
-    /// `bridge` (outbound through the provider's default network).
-    #[arg(long, default_value = "none", value_parser = ["none", "bridge"])]
+    /// Network access: `none` (default; loopback only where the provider can enforce it),
+    /// `bridge` (outbound through a network of the sandbox's own) or `host` (the host's own
+    /// network, loopback services included: no network isolation).
+    #[arg(long, default_value = "none", value_parser = ["none", "bridge", "host"])]
     pub network: String,
 }
 
@@ -199,6 +200,7 @@ impl NetworkArg {
     pub fn mode(&self) -> berth_contract::NetworkMode {
         match self.network.as_str() {
             "bridge" => berth_contract::NetworkMode::Bridge,
+            "host" => berth_contract::NetworkMode::Host,
             _ => berth_contract::NetworkMode::None,
         }
     }

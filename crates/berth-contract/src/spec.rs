@@ -37,8 +37,11 @@ pub enum NetworkMode {
     /// No network (the default where the provider can enforce it).
     #[default]
     None,
-    /// Outbound network through the provider's default bridge.
+    /// Outbound network through a network of the sandbox's own (the provider's default
+    /// bridge); the host's loopback services are not reachable through it.
     Bridge,
+    /// The host's own network namespace, loopback services included: no network isolation.
+    Host,
 }
 
 /// Resource limits. `None` means the provider's default.

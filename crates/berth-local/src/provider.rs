@@ -47,6 +47,11 @@ pub trait Launcher: Send + Sync + fmt::Debug + 'static {
     /// documented variables, pipes stdout/stderr and puts the process in a new group.
     fn command(&self, ctx: &LaunchContext<'_>) -> Result<tokio::process::Command>;
 
+    /// Refuses a network mode this launcher cannot give a sandbox (checked at create).
+    fn check_network(&self, _network: NetworkMode) -> Result<()> {
+        Ok(())
+    }
+
     /// Turns a finished process into the command's result. Launchers that wrap the command
     /// (bwrap) use it to tell their own start-up failures from the command's exit.
     fn interpret(&self, finished: process::Finished) -> Result<process::Finished> {
@@ -193,6 +198,7 @@ impl<L: Launcher> LocalProvider<L> {
     /// Creates the sandbox directory, optionally filled from an archive.
     async fn create_from(&self, req: &CreateRequest, archive: Option<PathBuf>) -> Result<Created> {
         let name = layout::checked_name(&req.name.0)?;
+        self.launcher.check_network(req.network)?;
         let layout = self.layout.clone();
         let labels = req.labels.to_map(&name);
         let extra = req.extra_labels.clone();

@@ -72,7 +72,9 @@ impl Bwrap {
                 push(&["--symlink", &format!("usr/{dir}"), &format!("/{dir}")]);
             }
         }
-        let network = ctx.network == NetworkMode::Bridge;
+        // bwrap has no network of its own to give: `host` shares the host's (loopback
+        // services included); anything else gets a private, empty network namespace.
+        let network = ctx.network == NetworkMode::Host;
         for etc in ETC_ALWAYS
             .iter()
             .chain(if network { ETC_NETWORK } else { &[] })
@@ -130,6 +132,19 @@ impl Launcher for Bwrap {
             Command::Shell(line) => cmd.args(["/bin/sh", "-c", line]),
         };
         Ok(cmd)
+    }
+
+    fn check_network(&self, network: NetworkMode) -> Result<()> {
+        match network {
+            NetworkMode::None | NetworkMode::Host => Ok(()),
+            NetworkMode::Bridge => Err(ProviderError::new(
+                ErrorKind::Unsupported,
+                PROVIDER_ID,
+                "bwrap has no network of its own to give a sandbox: use `--network none` \
+                 (private, loopback only) or `--network host` (the host's network, loopback \
+                 services included — no network isolation)",
+            )),
+        }
     }
 
     /// bwrap reports its own failures (mount setup, exec of a missing program) on stderr with a

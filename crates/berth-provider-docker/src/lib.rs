@@ -396,7 +396,7 @@ impl DockerProvider {
                 format!("{}:{SUPERVISOR_IN_CONTAINER}:ro", self.config.supervisor.display()),
                 format!("{}:{RUN_DIR_IN_CONTAINER}", run.display()),
             ],
-            "NetworkMode": match req.network { NetworkMode::None => "none", NetworkMode::Bridge => "bridge" },
+            "NetworkMode": match req.network { NetworkMode::None => "none", NetworkMode::Bridge => "bridge", NetworkMode::Host => "host" },
         });
         if let Some(cpus) = req.resources.cpus {
             host_config["NanoCpus"] = serde_json::json!((cpus * 1e9) as i64);
