@@ -31,8 +31,13 @@ impl App {
         let provider_config = ProviderConfig {
             state_dir: config.state_dir(),
             env: config.env.clone(),
-            // `berth` itself runs the per-exec reaper (`berth __reap …`).
-            reaper: std::env::current_exe().ok(),
+            // The per-exec reaper: the small static supervisor when one is configured (it
+            // starts faster), else `berth` itself (`berth __reap …`).
+            reaper: config
+                .env
+                .get("BERTH_SUPERVISOR")
+                .map(std::path::PathBuf::from)
+                .or_else(|| std::env::current_exe().ok()),
         };
         let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
         Ok(App {
