@@ -285,3 +285,33 @@ mod tests {
         assert!(!out.stderr_truncated());
     }
 }
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    #[test]
+    fn env_names_are_checked_and_values_never_shown() {
+        for bad in ["", "A B", "1A", "A=B", "BERTH_SANDBOX", "a\0b", "é"] {
+            let env = BTreeMap::from([(bad.to_owned(), "secret-value".to_owned())]);
+            let err = check_env(&env).unwrap_err();
+            assert!(!err.contains("secret-value"), "{err}");
+        }
+        let env = BTreeMap::from([("OK_1".to_owned(), "v".to_owned())]);
+        assert!(check_env(&env).is_ok());
+        let env = BTreeMap::from([("OK".to_owned(), "a\0b".to_owned())]);
+        assert!(check_env(&env).is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn env_checks_never_panic_and_never_echo_values(name in "\\PC{0,20}", value in "\\PC{0,20}") {
+            let env = BTreeMap::from([(name, format!("CANARY{value}"))]);
+            if let Err(message) = check_env(&env) {
+                proptest::prop_assert!(!message.contains("CANARY"));
+            }
+        }
+    }
+}

@@ -472,6 +472,22 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::NotFound);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        /// Any path text: refused, or workspace-relative components with no `..`, no root and
+        /// no NUL — never a panic.
+        #[test]
+        fn sandbox_paths_parse_or_refuse_never_panic(path in "(\\PC|/|\\.|\\.\\.){0,40}") {
+            if let Ok(parts) = components(Path::new("/ws"), &path) {
+                for part in parts {
+                    let text = part.to_string_lossy().into_owned();
+                    proptest::prop_assert!(text != ".." && text != "." && !text.contains('/') && !text.contains('\0'));
+                }
+            }
+        }
+    }
+
     #[test]
     fn overlong_names_are_invalid_input() {
         let (_dir, _ws, opened) = workspace();

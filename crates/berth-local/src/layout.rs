@@ -72,7 +72,7 @@ pub(crate) fn checked_name(name: &str) -> Result<String> {
         Err(ProviderError::new(
             ErrorKind::InvalidRequest,
             PROVIDER_ID,
-            format!("`{name}` is not a valid host sandbox id (use letters, digits, `-`, `_`, `.`)"),
+            format!("`{name}` is not a valid sandbox id (use letters, digits, `-`, `_`, `.`)"),
         ))
     }
 }

@@ -136,3 +136,21 @@ fn published_json_schema_is_in_sync() {
          `BERTH_BLESS=1 cargo test -p berth-manifest` and commit the result"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+    /// Any text, and any single insertion into a real manifest: a typed error or a manifest,
+    /// never a panic.
+    #[test]
+    fn manifests_parse_or_refuse_never_panic(text in "\\PC{0,300}", at in 0usize..4000, insert in "\\PC{0,30}") {
+        let _ = crate::parse("m.toml", &text);
+        let mut mutated = include_str!("../../../catalog/providers/host.toml").to_owned();
+        let mut at = at.min(mutated.len());
+        while !mutated.is_char_boundary(at) {
+            at -= 1;
+        }
+        mutated.insert_str(at, &insert);
+        let _ = crate::parse("m.toml", &mutated);
+    }
+}

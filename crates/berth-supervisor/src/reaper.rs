@@ -222,3 +222,33 @@ impl Report {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip() {
+        assert_eq!(Report::parse("started\n"), Some(Report::Started));
+        assert_eq!(Report::parse("exited 3"), Some(Report::Exited(3)));
+        assert_eq!(Report::parse("signalled 9"), Some(Report::Signalled(9)));
+        assert_eq!(
+            Report::parse("failed not_found cannot start `x`: No such file"),
+            Some(Report::Failed {
+                kind: "not_found".into(),
+                message: "cannot start `x`: No such file".into()
+            })
+        );
+        assert_eq!(Report::parse("exited x"), None);
+        assert_eq!(Report::parse("nonsense"), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+        #[test]
+        fn report_lines_parse_or_refuse_never_panic(line in "\\PC{0,60}") {
+            let _ = Report::parse(&line);
+        }
+    }
+}
