@@ -36,6 +36,12 @@ fn main() {
     {
         std::process::exit(berth_supervisor::reaper::run(&raw[2..]));
     }
+    if raw
+        .get(1)
+        .is_some_and(|a| a == berth_supervisor::enter::ENTER_ARG)
+    {
+        std::process::exit(berth_supervisor::enter::run(&raw[2..]));
+    }
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -393,7 +393,10 @@ fn construct_bwrap(
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     let provider = berth_provider_bwrap::new(
         config.state_dir.join("bwrap"),
-        berth_provider_bwrap::BwrapConfig::default(),
+        berth_provider_bwrap::BwrapConfig {
+            reaper: config.reaper.clone(),
+            ..Default::default()
+        },
     )?;
     Ok(Arc::new(provider))
 }

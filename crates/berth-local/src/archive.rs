@@ -306,7 +306,7 @@ pub(crate) fn verified_path(store: &Path, handle: &str) -> Result<PathBuf> {
 
 /// Unpacks an archive into `dest`. The tar reader refuses entries that would land outside
 /// `dest` (`..`, absolute paths, writes through symlinks).
-pub(crate) fn unpack(archive: &Path, dest: &Path) -> Result<()> {
+pub(crate) fn unpack(archive: &Path, dest: &Path, owner: Option<(u32, u32)>) -> Result<()> {
     let file = File::open(archive).map_err(|e| io_error("open archive", e))?;
     let mut archive = tar::Archive::new(io::BufReader::new(file));
     archive.set_preserve_permissions(true);
@@ -314,7 +314,28 @@ pub(crate) fn unpack(archive: &Path, dest: &Path) -> Result<()> {
     archive.set_overwrite(true);
     archive
         .unpack(dest)
-        .map_err(|e| io_error("unpack archive", e))
+        .map_err(|e| io_error("unpack archive", e))?;
+    if let Some((uid, gid)) = owner {
+        // Nothing runs in the new sandbox yet, so the tree cannot change under this walk.
+        give_tree(dest, uid, gid)
+            .map_err(|e| io_error("give the workspace to the sandbox's user", e))?;
+    }
+    Ok(())
+}
+
+/// `lchown -R`: symlinks themselves, never what they point at.
+fn give_tree(dir: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            give_tree(&path, uid, gid)?;
+        } else {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

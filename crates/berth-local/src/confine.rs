@@ -99,6 +99,21 @@ pub(crate) fn components(workspace: &Path, path: &str) -> Result<Vec<PathBuf>> {
 pub(crate) struct Workspace {
     root: OwnedFd,
     host_path: PathBuf,
+    /// Who owns what the file API creates (the sandbox's unprivileged user when Berth runs as
+    /// root); `None`: whoever Berth runs as.
+    owner: Option<(u32, u32)>,
+}
+
+/// Gives `fd` to `owner` (uid, gid), when there is one.
+pub(crate) fn give(fd: impl AsFd, owner: Option<(u32, u32)>) -> rustix::io::Result<()> {
+    match owner {
+        Some((uid, gid)) => rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        ),
+        None => Ok(()),
+    }
 }
 
 fn open_beneath(dir: impl AsFd, name: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
@@ -145,7 +160,14 @@ impl Workspace {
         Ok(Workspace {
             root,
             host_path: host_path.to_owned(),
+            owner: None,
         })
+    }
+
+    /// What the file API creates belongs to `owner`.
+    pub(crate) fn owned_by(mut self, owner: Option<(u32, u32)>) -> Self {
+        self.owner = owner;
+        self
     }
 
     pub(crate) fn root(&self) -> &OwnedFd {
@@ -166,13 +188,22 @@ impl Workspace {
             current = match open_beneath(&current, part, flags) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::NOENT) => {
-                    match rustix::fs::mkdirat(&current, part.as_path(), Mode::from_raw_mode(0o755))
-                    {
-                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    let made = match rustix::fs::mkdirat(
+                        &current,
+                        part.as_path(),
+                        Mode::from_raw_mode(0o755),
+                    ) {
+                        Ok(()) => true,
+                        Err(rustix::io::Errno::EXIST) => false,
                         Err(e) => return Err(resolve_error(shown, "create directory", e)),
+                    };
+                    let dir = open_beneath(&current, part, flags)
+                        .map_err(|e| resolve_error(shown, "open", e))?;
+                    if made {
+                        give(&dir, self.owner)
+                            .map_err(|e| resolve_error(shown, "give directory", e))?;
                     }
-                    open_beneath(&current, part, flags)
-                        .map_err(|e| resolve_error(shown, "open", e))?
+                    dir
                 }
                 Err(e) => return Err(resolve_error(shown, "open", e)),
             };
@@ -255,6 +286,7 @@ impl Workspace {
         )
         .map_err(|e| resolve_error(path, "create", e))?;
         let written = (|| -> io::Result<()> {
+            give(&fd, self.owner)?;
             rustix::fs::fchmod(&fd, mode)?;
             let mut file = std::fs::File::from(fd);
             file.write_all(bytes)?;

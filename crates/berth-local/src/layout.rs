@@ -122,6 +122,7 @@ impl Layout {
         labels: BTreeMap<String, String>,
         extra_labels: BTreeMap<String, String>,
         network: NetworkMode,
+        owner: Option<(u32, u32)>,
     ) -> Result<()> {
         let conflict = || {
             ProviderError::new(
@@ -137,8 +138,13 @@ impl Layout {
         force_remove_dir(&staging).map_err(|e| io_error("remove stale staging directory", e))?;
         std::fs::create_dir(&staging).map_err(|e| io_error("create sandbox directory", e))?;
         let assembled = (|| {
-            std::fs::create_dir(staging.join(WORKSPACE_DIR))
+            let workspace = staging.join(WORKSPACE_DIR);
+            std::fs::create_dir(&workspace)
                 .map_err(|e| io_error("create workspace directory", e))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&workspace, Some(uid), Some(gid))
+                    .map_err(|e| io_error("give the workspace to the sandbox's user", e))?;
+            }
             write_meta_in(
                 &staging,
                 &SandboxMeta {
@@ -314,13 +320,19 @@ mod tests {
         assert!(!layout.sandbox("bx-1").exists());
         let labels = BTreeMap::from([("berth.owner".to_owned(), "alice".to_owned())]);
         layout
-            .create_sandbox("bx-1", labels.clone(), BTreeMap::new(), NetworkMode::None)
+            .create_sandbox(
+                "bx-1",
+                labels.clone(),
+                BTreeMap::new(),
+                NetworkMode::None,
+                None,
+            )
             .unwrap();
         let meta = layout.read_meta("bx-1").unwrap().unwrap();
         assert_eq!(meta.labels, labels);
         assert!(!layout.staging("bx-1").exists());
         let again = layout
-            .create_sandbox("bx-1", labels, BTreeMap::new(), NetworkMode::None)
+            .create_sandbox("bx-1", labels, BTreeMap::new(), NetworkMode::None, None)
             .unwrap_err();
         assert_eq!(again.kind(), ErrorKind::Conflict);
         // Destroy removes a leftover staging directory too.

@@ -47,6 +47,13 @@ pub trait Launcher: Send + Sync + fmt::Debug + 'static {
     /// documented variables, pipes stdout/stderr and puts the process in a new group.
     fn command(&self, ctx: &LaunchContext<'_>) -> Result<tokio::process::Command>;
 
+    /// The unprivileged (uid, gid) the sandbox's processes run as when they must not run as
+    /// Berth's own user (bwrap when Berth is root): the workspace and everything the file API
+    /// writes into it belong to them. `None`: Berth's own user.
+    fn workspace_owner(&self) -> Option<(u32, u32)> {
+        None
+    }
+
     /// Refuses a network mode this launcher cannot give a sandbox (checked at create).
     fn check_network(&self, _network: NetworkMode) -> Result<()> {
         Ok(())
@@ -203,10 +210,11 @@ impl<L: Launcher> LocalProvider<L> {
         let labels = req.labels.to_map(&name);
         let extra = req.extra_labels.clone();
         let network = req.network;
+        let owner = self.launcher.workspace_owner();
         blocking(move || {
-            layout.create_sandbox(&name, labels, extra, network)?;
+            layout.create_sandbox(&name, labels, extra, network, owner)?;
             if let Some(archive) = archive {
-                let unpacked = archive::unpack(&archive, &layout.workspace(&name));
+                let unpacked = archive::unpack(&archive, &layout.workspace(&name), owner);
                 if let Err(err) = unpacked {
                     // Leave nothing half-made behind: remove, then report the unpack error.
                     let _ = layout.remove_sandbox(&name);
@@ -283,7 +291,13 @@ impl<L: Launcher> LocalProvider<L> {
         let workspace = self.ready_workspace(id)?;
         let path = self.sandbox_path(path).to_owned();
         let bytes = bytes.to_vec();
-        blocking(move || confine::Workspace::open(&workspace)?.write(&path, &bytes)).await
+        let owner = self.launcher.workspace_owner();
+        blocking(move || {
+            confine::Workspace::open(&workspace)?
+                .owned_by(owner)
+                .write(&path, &bytes)
+        })
+        .await
     }
 
     async fn list_inner(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {

@@ -28,7 +28,18 @@ pub const WORKSPACE: &str = "/workspace";
 #[derive(Debug, Clone)]
 pub struct Bwrap {
     program: PathBuf,
+    /// When Berth runs as root: the helper that enters the sandbox as [`SANDBOX_USER`] (see
+    /// `berth_supervisor::enter`), run as `HELPER __enter …`.
+    enter: Option<PathBuf>,
 }
+
+/// The unprivileged user (and group) bwrap sandboxes run as when Berth runs as root, so that
+/// the sandbox's ids never map to root: `nobody`.
+pub const SANDBOX_USER: u32 = 65534;
+
+/// Where the helper binds the workspace in its private mount namespace, for bwrap (running as
+/// [`SANDBOX_USER`]) to reach it whatever the permissions of the workspace's parents.
+const ENTRY_MOUNT: &str = "/mnt";
 
 /// `/etc` entries bound read-only when present: what dynamic linking, TLS and user lookup need.
 /// `/etc/shadow` and everything else stay out.
@@ -45,13 +56,45 @@ const ETC_ALWAYS: &[&str] = &[
 const ETC_NETWORK: &[&str] = &["/etc/resolv.conf", "/etc/hosts"];
 
 impl Bwrap {
-    /// Finds `bwrap` in the usual places.
-    pub fn locate() -> Result<Bwrap> {
+    /// bwrap found in the usual places, run directly as whoever calls it (no unprivileged
+    /// entry even as root): the baseline benchmarks compare Berth against.
+    pub fn direct() -> Result<Bwrap> {
+        Self::find(None)
+    }
+
+    /// Finds `bwrap` in the usual places. As root, `helper` (a program that understands
+    /// `__enter`: `berth` or `berth-supervisor`) is required: bwrap is never run as root.
+    pub fn locate(helper: Option<PathBuf>) -> Result<Bwrap> {
+        let enter = if rustix::process::geteuid().is_root() {
+            let helper = helper.ok_or_else(|| {
+                ProviderError::new(
+                    ErrorKind::Unavailable,
+                    PROVIDER_ID,
+                    "running as root, bwrap sandboxes are entered as an unprivileged user \
+                     through Berth's helper, and none is configured (run through `berth`, or \
+                     set BERTH_SUPERVISOR)",
+                )
+            })?;
+            if !Path::new(ENTRY_MOUNT).is_dir() {
+                return Err(ProviderError::new(
+                    ErrorKind::Unavailable,
+                    PROVIDER_ID,
+                    format!("{ENTRY_MOUNT} does not exist; the root helper binds workspaces there"),
+                ));
+            }
+            Some(helper)
+        } else {
+            None
+        };
+        Self::find(enter)
+    }
+
+    fn find(enter: Option<PathBuf>) -> Result<Bwrap> {
         ["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"]
             .iter()
             .map(PathBuf::from)
             .find(|p| p.is_file())
-            .map(|program| Bwrap { program })
+            .map(|program| Bwrap { program, enter })
             .ok_or_else(|| {
                 ProviderError::new(
                     ErrorKind::Unavailable,
@@ -82,7 +125,11 @@ impl Bwrap {
             push(&["--ro-bind-try", etc, etc]);
         }
         push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
-        let workspace = ctx.workspace.to_string_lossy();
+        // As root, the helper has bound the workspace at ENTRY_MOUNT for bwrap to reach.
+        let workspace = match self.enter {
+            Some(_) => ENTRY_MOUNT.into(),
+            None => ctx.workspace.to_string_lossy(),
+        };
         push(&[
             "--bind",
             &workspace,
@@ -117,8 +164,24 @@ impl Launcher for Bwrap {
         Some(WORKSPACE)
     }
 
+    fn workspace_owner(&self) -> Option<(u32, u32)> {
+        self.enter.as_ref().map(|_| (SANDBOX_USER, SANDBOX_USER))
+    }
+
     fn command(&self, ctx: &LaunchContext<'_>) -> Result<tokio::process::Command> {
-        let mut cmd = tokio::process::Command::new(&self.program);
+        let mut cmd = match &self.enter {
+            Some(helper) => {
+                let id = SANDBOX_USER.to_string();
+                let mut cmd = tokio::process::Command::new(helper);
+                cmd.arg(berth_supervisor::enter::ENTER_ARG)
+                    .args([id.as_str(), id.as_str()])
+                    .arg(ctx.workspace)
+                    .args([ENTRY_MOUNT, "--"])
+                    .arg(&self.program);
+                cmd
+            }
+            None => tokio::process::Command::new(&self.program),
+        };
         cmd.args(self.arguments(ctx)).arg("--");
         match ctx.command {
             Command::Argv(argv) if argv.is_empty() => {
@@ -174,6 +237,11 @@ impl Launcher for Bwrap {
 pub type BwrapProvider = LocalProvider<Bwrap>;
 
 /// A bwrap provider keeping its sandboxes under `state_dir`.
-pub fn new(state_dir: impl Into<PathBuf>, config: BwrapConfig) -> Result<BwrapProvider> {
-    LocalProvider::new(state_dir, config, Bwrap::locate()?)
+///
+/// `config.reaper` names the helper program (`berth` or `berth-supervisor`); bwrap's own PID
+/// namespace already ends every process with the command, so it is used only to enter
+/// sandboxes unprivileged when Berth runs as root.
+pub fn new(state_dir: impl Into<PathBuf>, mut config: BwrapConfig) -> Result<BwrapProvider> {
+    let launcher = Bwrap::locate(config.reaper.take())?;
+    LocalProvider::new(state_dir, config, launcher)
 }

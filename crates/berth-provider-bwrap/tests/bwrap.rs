@@ -15,15 +15,39 @@ struct Fixture {
     bwrap: BwrapProvider,
 }
 
+/// `berth-supervisor` (it understands `__enter`): the static build scripts/test exports as
+/// BERTH_SUPERVISOR, or a debug build next to this test binary.
+fn helper() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("berth-supervisor");
+    if !path.is_file() {
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "berth-supervisor"])
+            .status()
+            .unwrap();
+        assert!(built.success(), "cannot build berth-supervisor");
+    }
+    path
+}
+
 fn fixture() -> Option<Fixture> {
     let state = tempfile::Builder::new()
         .prefix("berth-test-bwrap-")
         .tempdir()
         .unwrap();
-    // bwrap's own PID namespace ends with the command: no reaper needed.
+    // bwrap's own PID namespace ends every process with the command; the helper binary is
+    // needed only to enter sandboxes unprivileged when the tests run as root.
     let config = BwrapConfig {
         kill_grace: Duration::from_millis(300),
-        reaper: None,
+        reaper: Some(helper()),
     };
     match berth_provider_bwrap::new(state.path(), config) {
         Ok(bwrap) => Some(Fixture {
@@ -378,4 +402,66 @@ async fn missing_program_is_an_error_not_an_exit_code() {
     assert!(f.bwrap.require_stop_start().is_err());
     assert!(f.bwrap.require_detached().is_err());
     f.bwrap.destroy(&id).await.unwrap();
+}
+
+/// Run as root, a sandbox's user is not root: its ids map to an unprivileged host user, it has
+/// no capabilities, and what it writes belongs to that user — as do files Berth writes for it.
+#[tokio::test]
+async fn sandbox_user_is_unprivileged_even_when_berth_is_root() {
+    let Some(f) = fixture() else { return };
+    let id = create(&f, "bx-bw-uid").await;
+    let out = sh(
+        &f,
+        &id,
+        "id -u; grep -E '^(CapEff|CapPrm|CapBnd)' /proc/self/status; touch made-inside",
+    )
+    .await;
+    let seen = text(&out.stdout);
+    assert_eq!(out.status, ExitStatus::Exited { code: 0 }, "{seen}");
+    for line in seen.lines().skip(1) {
+        assert!(
+            line.ends_with("0000000000000000"),
+            "capabilities left: {line}"
+        );
+    }
+    let ws = f.bwrap.workspace_dir(&id).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let inside = std::fs::metadata(ws.join("made-inside")).unwrap();
+    if my_uid() == 0 {
+        assert_eq!(seen.lines().next(), Some("65534"), "{seen}");
+        assert_eq!(
+            inside.uid(),
+            berth_provider_bwrap::SANDBOX_USER,
+            "a sandbox file is owned by host root"
+        );
+        // Berth's own writes are the sandbox user's too, so the sandbox can change them.
+        f.bwrap
+            .require_files()
+            .unwrap()
+            .write(&id, "deep/by-berth", b"x")
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::metadata(ws.join("deep/by-berth")).unwrap().uid(),
+            berth_provider_bwrap::SANDBOX_USER
+        );
+        let edit = sh(&f, &id, "echo y >> deep/by-berth && cat deep/by-berth").await;
+        assert_eq!(text(&edit.stdout), "xy\n");
+        // The workspace mount the sandbox gets is nosuid,nodev.
+        let mounts = sh(&f, &id, "grep ' /workspace ' /proc/self/mountinfo").await;
+        let mounts = text(&mounts.stdout);
+        assert!(
+            mounts.contains("nosuid") && mounts.contains("nodev"),
+            "{mounts}"
+        );
+    } else {
+        assert_eq!(inside.uid(), my_uid(), "files belong to the calling user");
+    }
+    f.bwrap.destroy(&id).await.unwrap();
+}
+
+/// This test process's uid (the owner of its /proc entry).
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
 }

@@ -16,6 +16,7 @@
 //! This crate has no tokio: the server is threads and blocking I/O, to stay small. Clients
 //! (the docker provider) speak the protocol with [`write_frame`]/[`read_frame`] semantics.
 
+pub mod enter;
 pub mod reaper;
 pub mod server;
 

@@ -87,7 +87,9 @@ enum Raw {
 impl Raw {
     fn for_provider(id: &str, image: Option<&str>, app: &App) -> Result<Raw> {
         Ok(match id {
-            "bwrap" => Raw::Bwrap(berth_provider_bwrap::Bwrap::locate()?),
+            // bwrap run directly as the calling user (as root: without Berth's unprivileged
+            // entry), with the arguments Berth would give it.
+            "bwrap" => Raw::Bwrap(berth_provider_bwrap::Bwrap::direct()?),
             "docker" => {
                 let image = image.ok_or_else(|| {
                     CliError::invalid(

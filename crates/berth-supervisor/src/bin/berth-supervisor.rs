@@ -8,6 +8,12 @@ fn main() {
     {
         std::process::exit(berth_supervisor::reaper::run(&raw[2..]));
     }
+    if raw
+        .get(1)
+        .is_some_and(|a| a == berth_supervisor::enter::ENTER_ARG)
+    {
+        std::process::exit(berth_supervisor::enter::run(&raw[2..]));
+    }
     let args: Vec<String> = std::env::args().collect();
     let socket = match args.as_slice() {
         [_, serve, flag, path] if serve == "serve" && flag == "--socket" => path.clone(),
