@@ -56,6 +56,21 @@ impl App {
 
     /// A sandbox of this owner that is not gone: its ledger row, provider and native id.
     pub async fn sandbox(&self, id: &str) -> Result<(LedgerRow, Arc<dyn Provider>, NativeId)> {
+        let (row, provider) = self.row(id).await?;
+        if row.kind != berth_store::ResourceKind::Sandbox {
+            return Err(CliError::invalid(
+                format!("`{id}` is a snapshot, not a sandbox"),
+                "`berth restore HANDLE` makes a sandbox from it; `berth destroy` deletes it",
+            )
+            .into());
+        }
+        let native = berth_ledger::native_id(&row);
+        Ok((row, provider, native))
+    }
+
+    /// A ledger row of this owner (a sandbox or a snapshot) that is not verified gone, and its
+    /// provider.
+    pub async fn row(&self, id: &str) -> Result<(LedgerRow, Arc<dyn Provider>)> {
         let row = match self.ledger.row(id).await {
             Ok(row) => row,
             Err(berth_ledger::LedgerError::Store(berth_store::StoreError::NotFound(_))) => {
@@ -75,8 +90,7 @@ impl App {
             .into());
         }
         let provider = self.provider(&row.provider)?;
-        let native = berth_ledger::native_id(&row);
-        Ok((row, provider, native))
+        Ok((row, provider))
     }
 
     /// Must-fire: destroys whatever this invocation created and did not hand over. Reports,

@@ -60,11 +60,19 @@ pub enum Command {
         /// Destination: `ID:path`, a local path, or `-` for stdout.
         destination: String,
     },
-    /// Snapshot a sandbox's filesystem; prints the snapshot handle.
+    /// Snapshot a sandbox's filesystem; prints the snapshot handle. The snapshot is a ledger
+    /// row (its key is printed): `berth destroy KEY` deletes it.
     Snapshot {
         /// Sandbox id.
         id: String,
+        /// Retention: after it, `berth gc` and `ledger sweep` delete the snapshot (default:
+        /// kept until deleted).
+        #[arg(long)]
+        ttl: Option<String>,
     },
+    /// Delete what nothing holds any more: sandboxes past their TTL, snapshots past their
+    /// retention (or left half-made by a crash), never what a running mission will adopt.
+    Gc,
     /// Fork a sandbox into a new one.
     Fork {
         /// Sandbox id.

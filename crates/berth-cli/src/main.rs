@@ -169,6 +169,7 @@ impl Command {
             Command::Run(_) => "run",
             Command::Ledger(cli::LedgerCommand::List { .. }) => "ledger list",
             Command::Ledger(cli::LedgerCommand::Sweep { .. }) => "ledger sweep",
+            Command::Gc => "gc",
             Command::Demo => "demo",
             Command::Bench(_) => "bench",
             Command::Verify(_) => "verify",

@@ -180,6 +180,9 @@ fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
         "{handle}"
     );
     assert_eq!(doc["snapshot"]["kind"], "digest");
+    // The snapshot is a ledger row, named by its key, recorded before it existed.
+    let snapshot_key = doc["key"].as_str().unwrap().to_owned();
+    assert_eq!(home.ledger_state("tester", &snapshot_key), "created");
     home.run(&["exec", &id, "-c", "echo after > data/marker"]);
     let (code, doc) = home.json(&["fork", &id]);
     assert_eq!(code, 0, "{doc}");
@@ -228,8 +231,66 @@ fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
         "berth's own failure in exec is 125, not a command code"
     );
     assert_eq!(doc["error"]["kind"], "not_found");
+    // A snapshot without retention is held: gc keeps it; `berth destroy KEY` deletes it.
+    let (code, doc) = home.json(&["gc"]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(home.ledger_state("tester", &snapshot_key), "created");
+    let archive = home
+        .path()
+        .join("state/host/snapshots")
+        .join(format!("{}.tar", handle.trim_start_matches("sha256:")));
+    assert!(archive.is_file());
+    let (code, doc) = home.json(&["destroy", &snapshot_key]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(!archive.exists(), "the snapshot's archive outlived its row");
     let (_, doc) = home.json(&["ledger", "list"]);
-    assert!(doc["entries"].as_array().unwrap().is_empty());
+    assert!(doc["entries"].as_array().unwrap().is_empty(), "{doc}");
+}
+
+/// Snapshots are ledger rows with retention: after it, `berth gc` deletes them; a snapshot
+/// key is not a sandbox.
+#[test]
+fn gc_deletes_snapshots_past_their_retention_and_nothing_held() {
+    let home = Home::new();
+    let id = home.create("tester");
+    home.run(&["exec", &id, "-c", "echo one > f"]);
+    let (code, short) = home.json(&["snapshot", &id, "--ttl", "1ms"]);
+    assert_eq!(code, 0, "{short}");
+    home.run(&["exec", &id, "-c", "echo two > f"]);
+    let (code, kept) = home.json(&["snapshot", &id]);
+    assert_eq!(code, 0, "{kept}");
+    let archive = |doc: &Value| {
+        home.path().join("state/host/snapshots").join(format!(
+            "{}.tar",
+            doc["snapshot"]["handle"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("sha256:")
+        ))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let (code, doc) = home.json(&["gc"]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(
+        !archive(&short).exists(),
+        "gc kept an expired snapshot: {doc}"
+    );
+    assert!(archive(&kept).exists(), "gc deleted a held snapshot: {doc}");
+    let short_key = short["key"].as_str().unwrap();
+    assert_eq!(home.ledger_state("tester", short_key), "verified_gone");
+    // The sandbox itself has the default 24h TTL: gc leaves it.
+    assert!(home.sandbox_dir(&id).exists());
+    let key = kept["key"].as_str().unwrap();
+    let (code, doc) = home.json(&["exec", key, "--", "true"]);
+    assert_eq!(code, 125, "{doc}");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is a snapshot"),
+        "{doc}"
+    );
+    home.run(&["destroy", key, &id]);
 }
 
 #[test]

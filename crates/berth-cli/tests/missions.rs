@@ -53,10 +53,52 @@ fn only_mission(home: &Path) -> String {
     missions[0]["id"].as_str().unwrap().to_owned()
 }
 
-/// Every sandbox the mission made is verified gone, one per attempt role, and none is left.
+/// The ledger's sandbox rows (snapshot rows — mission checkpoints — are kept by retention).
+fn sandbox_rows(doc: &Value) -> Vec<Value> {
+    doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "sandbox")
+        .cloned()
+        .collect()
+}
+
+/// Deletes the mission's checkpoints (snapshot rows), as an operator would with `berth
+/// destroy`: tests leave no snapshot image or archive behind.
+fn drop_checkpoints(home: &Path) {
+    let (_, doc) = json(home, &["ledger", "list"]);
+    for row in doc["entries"].as_array().unwrap() {
+        if row["kind"] == "snapshot" {
+            let key = row["berth_id"].as_str().unwrap();
+            let out = run(home, &["destroy", key]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// Every sandbox the mission made is verified gone, one per attempt role, and none is left;
+/// each accepted attempt's checkpoint is a snapshot row, kept by its retention.
 fn assert_clean_ledger(home: &Path, expected_rows: usize) {
     let (_, doc) = json(home, &["ledger", "list", "--all"]);
-    let rows = doc["entries"].as_array().unwrap();
+    for checkpoint in doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "snapshot")
+    {
+        assert_eq!(checkpoint["state"], "created", "{checkpoint}");
+        assert!(
+            checkpoint["expires_at"].is_string(),
+            "a checkpoint without retention: {checkpoint}"
+        );
+    }
+    let rows = sandbox_rows(&doc);
+    let rows = &rows;
     assert_eq!(
         rows.len(),
         expected_rows,
@@ -408,7 +450,7 @@ fn missions_fall_back_only_when_the_provider_is_unavailable() {
         "{skipped}"
     );
     let (_, ledger) = json(home.path(), &["ledger", "list", "--all"]);
-    for row in ledger["entries"].as_array().unwrap() {
+    for row in sandbox_rows(&ledger) {
         if row["provider"] == "host" {
             assert_eq!(row["state"], "verified_gone", "{row}");
         } else {
@@ -642,10 +684,19 @@ fn kill_anywhere(provider: &str, image: Option<&str>, kills: u64, step_ms: u64) 
         assert!(swept.status.success());
         let (_, ledger) = json(home.path(), &["ledger", "list"]);
         assert_eq!(
-            ledger["entries"].as_array().map(Vec::len).unwrap_or(0),
+            sandbox_rows(&ledger).len(),
             0,
-            "round {round}: open ledger rows after the mission: {ledger}"
+            "round {round}: open sandbox rows after the mission: {ledger}"
         );
+        // Exactly one checkpoint, however often the checkpoint step was interrupted.
+        let checkpoints: Vec<_> = ledger["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["kind"] == "snapshot")
+            .collect();
+        assert_eq!(checkpoints.len(), 1, "round {round}: {ledger}");
+        drop_checkpoints(home.path());
     }
 }
 

@@ -271,6 +271,9 @@ pub trait Snapshots: Send + Sync {
     /// was interrupted after a snapshot but before it recorded the handle retries with the
     /// same key and leaves no duplicate behind.
     async fn snapshot_keyed(&self, id: &NativeId, key: &str) -> Result<SnapshotRef>;
+    /// Deletes the snapshot `key` names, if any (idempotent). Lets a caller that recorded the
+    /// key before the snapshot existed remove it without ever having learned its handle.
+    async fn delete_keyed(&self, key: &str) -> Result<()>;
     /// Creates a new sandbox from a snapshot.
     async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created>;
     /// Deletes a snapshot.

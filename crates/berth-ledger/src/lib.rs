@@ -20,11 +20,13 @@ use std::time::Duration;
 use berth_contract::labels::{LEDGER_TOKEN, OWNER, SANDBOX};
 use berth_contract::{
     CreateRequest, Created, DestroyOutcome, LabelFilter, Labels, NativeId, Observation, Provider,
-    ProviderError, SandboxName,
+    ProviderError, ProviderExt, SandboxName, SnapshotRef,
 };
 use berth_factory::{FactoryError, ProviderConfig, Registry};
-use berth_store::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, Store, StoreError};
-use chrono::Utc;
+use berth_store::{
+    LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind, Store, StoreError,
+};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 /// A ledger operation failed.
@@ -94,6 +96,11 @@ pub enum SweepAction {
         /// Why.
         reason: String,
     },
+    /// Ours, and still held (by a running mission, or a snapshot's retention): kept.
+    Held {
+        /// By what.
+        reason: String,
+    },
 }
 
 /// One line of a sweep report.
@@ -136,6 +143,7 @@ impl SweepReport {
                 SweepAction::Destroyed
                     | SweepAction::AlreadyGone
                     | SweepAction::SkippedForeign { .. }
+                    | SweepAction::Held { .. }
             )
         })
     }
@@ -242,6 +250,7 @@ impl Ledger {
                 ledger_token: labels.ledger_token.clone(),
                 labels: labels.to_map(&name.0),
                 origin: origin.to_owned(),
+                kind: Default::default(),
                 expires_at,
             })
             .await?;
@@ -306,11 +315,14 @@ impl Ledger {
         provider: &dyn Provider,
         row: &LedgerRow,
     ) -> Result<DestroyOutcome, LedgerError> {
-        let id = native_id(row);
         let provider_err = |source| LedgerError::Provider {
             berth_id: row.berth_id.clone(),
             source,
         };
+        if row.kind == ResourceKind::Snapshot {
+            return self.delete_snapshot_row(provider, row).await;
+        }
+        let id = native_id(row);
         let observation = provider.observe(&id).await.map_err(provider_err)?;
         if observation.is_gone() {
             self.store
@@ -354,6 +366,115 @@ impl Ledger {
         }
     }
 
+    /// Deletes a snapshot row's snapshot by its key (the row's `berth_id`, unique to this
+    /// ledger: random for user snapshots, derived from the attempt for checkpoints), which works
+    /// even when a crash came before the handle was recorded.
+    async fn delete_snapshot_row(
+        &self,
+        provider: &dyn Provider,
+        row: &LedgerRow,
+    ) -> Result<DestroyOutcome, LedgerError> {
+        let provider_err = |source| LedgerError::Provider {
+            berth_id: row.berth_id.clone(),
+            source,
+        };
+        let snapshots = provider.require_snapshots().map_err(provider_err)?;
+        self.store
+            .ledger_mark_destroy_requested(&row.berth_id)
+            .await?;
+        match snapshots.delete_keyed(&row.berth_id).await {
+            Ok(()) => {
+                self.store
+                    .ledger_mark_destroy_result(&row.berth_id, LedgerState::VerifiedGone, None)
+                    .await?;
+                Ok(DestroyOutcome::VerifiedGone {
+                    already_absent: false,
+                })
+            }
+            Err(source) => {
+                self.store
+                    .ledger_mark_destroy_result(
+                        &row.berth_id,
+                        LedgerState::DestroyFailed,
+                        Some((source.kind().as_str(), &source.to_string())),
+                    )
+                    .await?;
+                Err(provider_err(source))
+            }
+        }
+    }
+
+    /// Takes a snapshot of `source` under the ledger: the row (kind `snapshot`, named `key`)
+    /// is recorded before the provider is called, and the snapshot is keyed by it, so a crash
+    /// at any point leaves a row that a retry completes (same key: no duplicate) or a sweep
+    /// deletes. A row already recorded under `key` (an interrupted earlier call) is reused.
+    pub async fn snapshot_tracked(
+        &self,
+        provider: &dyn Provider,
+        source: &NativeId,
+        key: &str,
+        origin: &str,
+        retention: Option<Duration>,
+    ) -> Result<SnapshotRef, LedgerError> {
+        let provider_err = |source| LedgerError::Provider {
+            berth_id: key.to_owned(),
+            source,
+        };
+        let snapshots = provider.require_snapshots().map_err(provider_err)?;
+        berth_contract::check_snapshot_key(key).map_err(|m| {
+            provider_err(ProviderError::new(
+                berth_contract::ErrorKind::InvalidRequest,
+                provider.id(),
+                m,
+            ))
+        })?;
+        match self.store.ledger_get(key).await {
+            Ok(row) if row.owner == self.owner && row.kind == ResourceKind::Snapshot => {}
+            Ok(_) => {
+                return Err(LedgerError::Foreign {
+                    berth_id: key.to_owned(),
+                    reason: "the ledger already has a different resource under this name".into(),
+                })
+            }
+            Err(berth_store::StoreError::NotFound(_)) => {
+                let labels = Labels {
+                    owner: self.owner.clone(),
+                    run_id: self.run_id.clone(),
+                    ledger_token: random_hex(8),
+                    expires_at_unix: None,
+                };
+                self.store
+                    .ledger_insert_intent(&NewLedgerRow {
+                        berth_id: key.to_owned(),
+                        provider: provider.id().to_owned(),
+                        owner: labels.owner.clone(),
+                        run_id: labels.run_id.clone(),
+                        ledger_token: labels.ledger_token.clone(),
+                        labels: labels.to_map(key),
+                        origin: origin.to_owned(),
+                        kind: ResourceKind::Snapshot,
+                        expires_at: retention.map(|r| Utc::now() + r),
+                    })
+                    .await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        match snapshots.snapshot_keyed(source, key).await {
+            Ok(snap) => {
+                self.store.ledger_mark_created(key, &snap.handle).await?;
+                Ok(snap)
+            }
+            Err(source) => {
+                self.store
+                    .ledger_mark_create_failed(key, source.kind().as_str(), &source.to_string())
+                    .await?;
+                // Must fire: whatever the failed call left under the key goes now.
+                let _ = snapshots.delete_keyed(key).await;
+                Err(provider_err(source))
+            }
+        }
+    }
+
     /// Destroys everything this run created that is not verified gone (must-fire on error,
     /// panic and signals).
     pub async fn cleanup_run(
@@ -383,22 +504,26 @@ impl Ledger {
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
         if scope.expired_only {
-            rows.retain(|row| row.expires_at.is_some_and(|t| t <= now));
+            rows.retain(|row| {
+                row.expires_at.is_some_and(|t| t <= now) || orphan_snapshot(row, now)
+            });
         }
         let mut report = SweepReport::default();
         // What a mission that is still running will adopt on resume is not swept from under
         // it: `berth mission resume` continues with it (a finished mission's rows are swept).
         let mut kept = Vec::new();
         for row in std::mem::take(&mut rows) {
-            match self.running_mission_of(&row).await? {
-                Some(mission) => kept.push(SweepEntry {
+            let held = match self.running_mission_of(&row).await? {
+                Some(mission) => Some(format!(
+                    "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
+                )),
+                None => snapshot_retention(&row, now),
+            };
+            match held {
+                Some(reason) => kept.push(SweepEntry {
                     berth_id: row.berth_id.clone(),
                     provider: row.provider.clone(),
-                    action: SweepAction::SkippedForeign {
-                        reason: format!(
-                            "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
-                        ),
-                    },
+                    action: SweepAction::Held { reason },
                 }),
                 None => rows.push(row),
             }
@@ -515,6 +640,34 @@ impl Ledger {
             });
         }
         Ok(found)
+    }
+}
+
+/// How long an intent-only snapshot row must be left alone before it counts as an orphan (a
+/// crash between the intent and the snapshot): a live snapshot call finishes well within it.
+const ORPHAN_AFTER: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// A snapshot row whose snapshot never finished (a crash mid-snapshot): nothing holds it.
+fn orphan_snapshot(row: &LedgerRow, now: DateTime<Utc>) -> bool {
+    row.kind == ResourceKind::Snapshot
+        && matches!(row.state, LedgerState::Intent | LedgerState::CreateFailed)
+        && row.created_at + ORPHAN_AFTER <= now
+}
+
+/// Why a snapshot row is still held by its retention (`None`: it may go).
+fn snapshot_retention(row: &LedgerRow, now: DateTime<Utc>) -> Option<String> {
+    if row.kind != ResourceKind::Snapshot || orphan_snapshot(row, now) {
+        return None;
+    }
+    match row.expires_at {
+        Some(until) if until <= now => None,
+        Some(until) => Some(format!("snapshot retained until {until}")),
+        None if matches!(row.state, LedgerState::Intent) => {
+            Some("snapshot being taken (an orphan after 10 minutes)".into())
+        }
+        None => {
+            Some("snapshot kept until deleted (`berth snapshot --ttl` sets a retention)".into())
+        }
     }
 }
 

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use berth_contract::{
-    CreateRequest, ErrorKind, Labels, NativeId, Observation, Provider, ProviderError, SandboxName,
+    CreateRequest, ErrorKind, Labels, NativeId, Observation, Provider, ProviderError, ProviderExt,
+    SandboxName,
 };
 use berth_factory::{Environment, ProviderConfig, Registry};
 use berth_ledger::{Ledger, LedgerError, SweepAction, SweepScope};
@@ -175,6 +176,7 @@ async fn a_forged_row_pointing_at_a_foreign_resource_is_refused() {
             ledger_token: "forged-token".into(),
             labels: Default::default(),
             origin: "create".into(),
+            kind: Default::default(),
             expires_at: None,
         })
         .await
@@ -298,4 +300,85 @@ async fn cleanup_run_touches_only_this_run() {
     assert!(!present(&w.host, &drop).await);
     assert!(present(&w.host, &keep).await);
     first.cleanup_run(&w.registry, &w.config).await.unwrap();
+}
+
+/// Snapshots are ledger rows named by their key: a snapshot whose handle was never recorded
+/// (a crash between the provider's answer and the store) is still deleted by its key, and a
+/// retried tracked snapshot reuses the row instead of making a duplicate.
+#[tokio::test]
+async fn snapshot_rows_are_deleted_by_key_even_without_a_handle() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let sandbox = create(&alice, &w.host).await;
+    let source = berth_ledger::native_id(&alice.row(&sandbox).await.unwrap());
+    let snapshots = w.host.require_snapshots().unwrap();
+    let archives = || {
+        std::fs::read_dir(w.config.state_dir.join("host/snapshots"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".tar"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    // The crash: the row says intent, the provider made the snapshot under the key.
+    alice
+        .store()
+        .ledger_insert_intent(&NewLedgerRow {
+            berth_id: "sn-crashed".into(),
+            provider: "host".into(),
+            owner: "alice".into(),
+            run_id: "run-a".into(),
+            ledger_token: "tok-sn-crashed".into(),
+            labels: Default::default(),
+            origin: "snapshot".into(),
+            kind: berth_store::ResourceKind::Snapshot,
+            expires_at: None,
+        })
+        .await
+        .unwrap();
+    snapshots
+        .snapshot_keyed(&source, "sn-crashed")
+        .await
+        .unwrap();
+    assert_eq!(archives(), 1);
+    let row = alice.row("sn-crashed").await.unwrap();
+    assert!(row.native_id.is_none(), "the handle was never recorded");
+    alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
+    assert_eq!(archives(), 0, "the key did not find the snapshot");
+    assert_eq!(
+        alice.row("sn-crashed").await.unwrap().state,
+        berth_store::LedgerState::VerifiedGone
+    );
+
+    // Tracked: the retry after an interrupted call reuses the row; one snapshot either way.
+    let first = alice
+        .snapshot_tracked(w.host.as_ref(), &source, "sn-tracked", "test", None)
+        .await
+        .unwrap();
+    let again = alice
+        .snapshot_tracked(w.host.as_ref(), &source, "sn-tracked", "test", None)
+        .await
+        .unwrap();
+    assert_eq!(first.handle, again.handle);
+    assert_eq!(archives(), 1);
+    // Held without retention: a sweep keeps it.
+    let report = alice
+        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .await
+        .unwrap();
+    let kept = report
+        .entries
+        .iter()
+        .find(|e| e.berth_id == "sn-tracked")
+        .unwrap();
+    assert!(
+        matches!(kept.action, SweepAction::Held { .. }),
+        "{:?}",
+        kept.action
+    );
+    assert_eq!(archives(), 1);
+    let row = alice.row("sn-tracked").await.unwrap();
+    alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
+    assert_eq!(archives(), 0);
 }

@@ -208,32 +208,56 @@ pub(crate) fn snapshot(workspace: &Path, store: &Path) -> Result<SnapshotRef> {
 /// Points `key` at the stored snapshot `handle` (the archive is content-addressed, so the
 /// same workspace gives the same handle). The snapshot the key named before is deleted unless
 /// another key still names it: retrying a keyed snapshot never leaves a duplicate.
+fn read_key(path: &Path) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    (text.len() <= 128).then(|| String::from_utf8_lossy(&text).trim().to_owned())
+}
+
+/// Deletes the archive `handle` unless a key in `keys` still names it.
+fn delete_unless_named(store: &Path, keys: &Path, handle: &str) -> Result<()> {
+    let still_named = std::fs::read_dir(keys)
+        .map_err(|e| io_error("list snapshot keys", e))?
+        .flatten()
+        .any(|entry| read_key(&entry.path()).as_deref() == Some(handle));
+    if !still_named {
+        if let Ok(path) = path_for(store, handle) {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error("delete snapshot", e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the snapshot `key` names, and the key (idempotent).
+pub(crate) fn delete_named(store: &Path, key: &str) -> Result<()> {
+    let keys = store.join("keys");
+    let Some(handle) = read_key(&keys.join(key)) else {
+        return Ok(());
+    };
+    match std::fs::remove_file(keys.join(key)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error("delete snapshot key", e)),
+    }
+    delete_unless_named(store, &keys, &handle)
+}
+
 pub(crate) fn name_snapshot(store: &Path, key: &str, handle: &str) -> Result<()> {
     let keys = store.join("keys");
     std::fs::create_dir_all(&keys).map_err(|e| io_error("create snapshot key index", e))?;
-    let read_key = |path: &Path| -> Option<String> {
-        let text = std::fs::read(path).ok()?;
-        (text.len() <= 128).then(|| String::from_utf8_lossy(&text).trim().to_owned())
-    };
     let earlier = read_key(&keys.join(key));
     let temp =
         tempfile::NamedTempFile::new_in(&keys).map_err(|e| io_error("write snapshot key", e))?;
     std::fs::write(temp.path(), handle).map_err(|e| io_error("write snapshot key", e))?;
     temp.persist(keys.join(key))
         .map_err(|e| io_error("write snapshot key", e.error))?;
-    let Some(earlier) = earlier.filter(|e| e != handle) else {
-        return Ok(());
-    };
-    let still_named = std::fs::read_dir(&keys)
-        .map_err(|e| io_error("list snapshot keys", e))?
-        .flatten()
-        .any(|entry| read_key(&entry.path()).as_deref() == Some(earlier.as_str()));
-    if !still_named {
-        if let Ok(path) = path_for(store, &earlier) {
-            let _ = std::fs::remove_file(path);
-        }
+    match earlier.filter(|e| e != handle) {
+        Some(earlier) => delete_unless_named(store, &keys, &earlier),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Archives `workspace` into a temporary file under `scratch` (removed when dropped).

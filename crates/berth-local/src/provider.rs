@@ -449,6 +449,21 @@ impl<L: Launcher> Snapshots for LocalProvider<L> {
         Ok(snap)
     }
 
+    async fn delete_keyed(&self, key: &str) -> Result<()> {
+        berth_contract::check_snapshot_key(key).map_err(|m| {
+            self.own(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                PROVIDER_ID,
+                m,
+            ))
+        })?;
+        let store = self.layout.snapshots();
+        let key = key.to_owned();
+        blocking(move || archive::delete_named(&store, &key))
+            .await
+            .map_err(|e| self.own(e))
+    }
+
     async fn restore(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {
         self.restore_inner(snapshot, req)
             .await

@@ -96,6 +96,10 @@ fn frozen_gen(main: &SandboxName, n: usize) -> SandboxName {
     }
 }
 
+/// How long a mission's checkpoints are kept after they are taken, once the mission is no
+/// longer running (while it runs, they are always kept).
+const CHECKPOINT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+
 /// Most freezes one attempt may start before it is rejected (each crash mid-freeze costs one).
 const MAX_FREEZES: usize = 8;
 
@@ -800,11 +804,19 @@ pub(crate) async fn advance(
             // A provider snapshot where the provider has one; otherwise a workspace snapshot: the
             // repository exported as a git bundle under the mission directory.
             let (checkpoint, detail) = match provider.snapshots() {
-                Some(snapshots) => {
-                    // Keyed by the attempt: a checkpoint a crash interrupted is replaced, not
-                    // duplicated.
-                    let snap = snapshots
-                        .snapshot_keyed(&id, &format!("ck-{}", key.0))
+                Some(_) => {
+                    // A ledger row keyed by the attempt, recorded before the snapshot: a
+                    // checkpoint a crash interrupted is replaced, never duplicated, and the
+                    // snapshot is deleted once the mission is over and its retention passed.
+                    let snap = orch
+                        .ledger
+                        .snapshot_tracked(
+                            provider.as_ref(),
+                            &id,
+                            &format!("ck-{}", key.0.trim_start_matches("at-")),
+                            &mission_origin(mission, "checkpoint"),
+                            Some(CHECKPOINT_RETENTION),
+                        )
                         .await
                         .map_err(|e| {
                             OrchestratorError::Repository(format!("checkpoint failed: {e}"))

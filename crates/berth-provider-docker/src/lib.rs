@@ -1198,6 +1198,23 @@ impl Snapshots for DockerProvider {
         self.snapshot_ref(image).await
     }
 
+    async fn delete_keyed(&self, key: &str) -> Result<()> {
+        berth_contract::check_snapshot_key(key).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
+        let Some(image) = self.tagged_image(&format!("key-{key}")).await? else {
+            return Ok(());
+        };
+        // By id, so the image goes, not just the tag (409: a container still uses it).
+        self.engine
+            .expect(
+                Method::DELETE,
+                &format!("/images/{}", path_name(&image)?),
+                None,
+                &[StatusCode::NOT_FOUND],
+            )
+            .await
+            .map(|_| ())
+    }
+
     async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {
         let image = self.commit(id, &snapshot_tag(id)).await?;
         self.snapshot_ref(image).await

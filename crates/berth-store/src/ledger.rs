@@ -89,6 +89,8 @@ pub struct NewLedgerRow {
     pub labels: BTreeMap<String, String>,
     /// How it is made: `create`, `fork:<id>`, `restore:<handle>`.
     pub origin: String,
+    /// What the row tracks.
+    pub kind: ResourceKind,
     /// Expiry.
     pub expires_at: Option<DateTime<Utc>>,
 }
@@ -112,6 +114,8 @@ pub struct LedgerRow {
     pub labels: BTreeMap<String, String>,
     /// How it was made.
     pub origin: String,
+    /// What the row tracks.
+    pub kind: ResourceKind,
     /// Expiry.
     pub expires_at: Option<DateTime<Utc>>,
     /// Current state.
@@ -128,6 +132,27 @@ pub struct LedgerRow {
     pub last_error_kind: Option<String>,
     /// The last error's message (never a secret value).
     pub last_error: Option<String>,
+}
+
+/// What a ledger row tracks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResourceKind {
+    /// A sandbox: destroyed through the provider's destroy, proven ours by its labels.
+    #[default]
+    Sandbox,
+    /// A snapshot taken under the row's key (its `berth_id`): deleted by that key.
+    Snapshot,
+}
+
+impl ResourceKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResourceKind::Sandbox => "sandbox",
+            ResourceKind::Snapshot => "snapshot",
+        }
+    }
 }
 
 fn ts(t: DateTime<Utc>) -> String {
@@ -167,6 +192,11 @@ fn row_to_ledger(row: sqlx::sqlite::SqliteRow) -> Result<LedgerRow, StoreError> 
         ledger_token: get("ledger_token")?,
         labels,
         origin: get("origin")?,
+        kind: match get("kind")?.as_str() {
+            "snapshot" => ResourceKind::Snapshot,
+            "sandbox" => ResourceKind::Sandbox,
+            other => return Err(StoreError::Corrupt(format!("kind `{other}`"))),
+        },
         expires_at: parse_ts("expires_at", opt("expires_at")?)?,
         state: get("state")?.parse()?,
         created_at: parse_ts("created_at", Some(get("created_at")?))?.expect("some in, some out"),
@@ -195,8 +225,8 @@ impl Store {
         let now = ts(Utc::now());
         sqlx::query(
             "INSERT INTO ledger (berth_id, provider, owner, run_id, ledger_token, labels_json, \
-             origin, expires_at, state, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'intent', ?, ?)",
+             origin, kind, expires_at, state, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent', ?, ?)",
         )
         .bind(&row.berth_id)
         .bind(&row.provider)
@@ -205,6 +235,7 @@ impl Store {
         .bind(&row.ledger_token)
         .bind(serde_json::to_string(&row.labels).expect("labels serialize"))
         .bind(&row.origin)
+        .bind(row.kind.as_str())
         .bind(row.expires_at.map(ts))
         .bind(&now)
         .bind(&now)
@@ -371,6 +402,7 @@ mod tests {
             ledger_token: format!("tok-{id}"),
             labels: BTreeMap::from([("berth.owner".into(), owner.into())]),
             origin: "create".into(),
+            kind: Default::default(),
             expires_at: Some(Utc::now()),
         }
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
-pub use ledger::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow};
+pub use ledger::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind};
 pub use missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
 
 /// A store operation failed.

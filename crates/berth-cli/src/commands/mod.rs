@@ -30,7 +30,8 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Create(args) => sandbox::create(&app, args).await,
         Command::List(args) => sandbox::list(&app, args.all).await,
         Command::Status { id } => sandbox::status(&app, &id).await,
-        Command::Snapshot { id } => sandbox::snapshot(&app, &id).await,
+        Command::Snapshot { id, ttl } => sandbox::snapshot(&app, &id, ttl.as_deref()).await,
+        Command::Gc => ledger::sweep(&app, None, true, false).await,
         Command::Fork { id, ttl } => sandbox::fork(&app, &id, &ttl.ttl).await,
         Command::Restore {
             handle,

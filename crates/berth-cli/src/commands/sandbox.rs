@@ -108,7 +108,11 @@ fn observation_text(observation: &Result<Observation, berth_contract::ProviderEr
 pub async fn list(app: &App, all: bool) -> Result<i32> {
     let rows = app.ledger.owned_rows(None, all).await?;
     let mut items = Vec::new();
-    for row in rows {
+    // Snapshots are ledger rows too (`berth ledger list` shows them); this lists sandboxes.
+    for row in rows
+        .into_iter()
+        .filter(|r| r.kind == berth_store::ResourceKind::Sandbox)
+    {
         let observation = match app.provider(&row.provider) {
             Ok(provider) => provider.observe(&berth_ledger::native_id(&row)).await,
             Err(err) => Err(berth_contract::ProviderError::new(
@@ -166,13 +170,33 @@ pub async fn status(app: &App, id: &str) -> Result<i32> {
 }
 
 /// `berth snapshot`.
-pub async fn snapshot(app: &App, id: &str) -> Result<i32> {
+pub async fn snapshot(app: &App, id: &str, ttl: Option<&str>) -> Result<i32> {
+    let retention = ttl.map(duration::parse).transpose()?;
     let (_row, provider, native) = app.sandbox(id).await?;
-    let snap = provider.require_snapshots()?.snapshot(&native).await?;
+    // A ledger row, recorded before the snapshot exists: `berth destroy KEY` deletes it, and a
+    // sweep or `berth gc` deletes it after its retention (or when a crash left it half-made).
+    let key = format!(
+        "sn-{}",
+        berth_ledger::new_sandbox_name().0.trim_start_matches("bx-")
+    );
+    let snap = app
+        .ledger
+        .snapshot_tracked(
+            provider.as_ref(),
+            &native,
+            &key,
+            &format!("snapshot of {id}"),
+            retention,
+        )
+        .await?;
     if app.json {
-        emit("snapshot", json!({ "sandbox": id, "snapshot": snap }));
+        emit(
+            "snapshot",
+            json!({ "sandbox": id, "key": key, "snapshot": snap }),
+        );
     } else {
         println!("{}", snap.handle);
+        eprintln!("(ledger row {key}; `berth destroy {key}` deletes it)");
     }
     Ok(code::OK)
 }
@@ -224,7 +248,7 @@ pub async fn restore(app: &App, handle: &str, provider_id: &str, ttl: &str) -> R
 pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
     let mut results = Vec::new();
     for id in ids {
-        let (row, provider, _native) = app.sandbox(id).await?;
+        let (row, provider) = app.row(id).await?;
         let outcome = app.ledger.destroy_row(provider.as_ref(), &row).await?;
         if !app.json {
             match &outcome {
