@@ -1197,6 +1197,31 @@ fn docker_names_that_would_change_an_engine_url_are_refused() {
         assert_eq!(code, 5, "{image}: {doc}");
         assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
     }
+    // Invalid input is 5 on docker as everywhere: over-long names and a spoofed sandbox marker.
+    let owner = "tester-docker-names";
+    let (code, doc) = home.json_as(owner, &["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let long = "n".repeat(300);
+    for args in [
+        vec!["cp".to_owned(), format!("{id}:{long}"), "-".to_owned()],
+        vec![
+            "cp".to_owned(),
+            "/dev/null".to_owned(),
+            format!("{id}:{long}"),
+        ],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, doc) = home.json_as(owner, &args);
+        assert_eq!(code, 5, "{args:?}: {doc}");
+    }
+    let (code, doc) = home.json_as(
+        owner,
+        &["exec", &id, "--env", "BERTH_SANDBOX=bx-other", "--", "true"],
+    );
+    assert_eq!(code, 125, "{doc}");
+    assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
+    home.run_as(owner, &["destroy", &id]);
 }
 
 /// A `berth exec` killed with SIGKILL takes its command's whole tree with it on host —

@@ -719,3 +719,70 @@ fn a_kill_anywhere_never_costs_an_attempt_on_docker() {
     }
     kill_anywhere("docker", Some("berth/agent:bookworm"), 10, 350);
 }
+
+/// A runner killed while its agent works takes the agent with it — including a child the
+/// agent detached with `setsid` — so a resumed run's agent never works beside a stale one.
+#[test]
+fn a_killed_runner_leaves_no_agent_behind() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let agent = format!(
+        "setsid sh -c 'echo $$ > {m}/detached; exec sleep 300' </dev/null >/dev/null 2>&1 &\n\
+         echo $$ > {m}/agent\nsleep 300\n",
+        m = marks.display()
+    );
+    let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 1);
+    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let read = |name: &str| -> Option<i32> {
+        std::fs::read_to_string(marks.join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let mut pids = None;
+    for _ in 0..500 {
+        if let (Some(a), Some(d)) = (read("agent"), read("detached")) {
+            pids = Some((a, d));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (agent, detached) = pids.expect("the agent never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+            .unwrap_or(false)
+    };
+    let mut gone = false;
+    for _ in 0..250 {
+        if !alive(agent) && !alive(detached) {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        gone,
+        "agent {agent} or its detached child {detached} outlived the killed runner"
+    );
+    let id = only_mission(home.path());
+    let _ = run(home.path(), &["ledger", "sweep"]);
+    // Nothing to adopt from a stale agent; the mission stays resumable (its sandbox is held).
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(doc["mission"]["state"]["state"], "running", "{doc}");
+}

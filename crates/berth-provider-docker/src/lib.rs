@@ -184,6 +184,17 @@ fn container_path(path: &str) -> Result<PathBuf> {
         ));
     }
     let raw = Path::new(path);
+    // The limits of the container's filesystem, checked here: a name it cannot hold is the
+    // caller's mistake, not an engine failure.
+    if path.len() > 4096 || raw.components().any(|c| c.as_os_str().len() > 255) {
+        return Err(err(
+            ErrorKind::InvalidRequest,
+            format!(
+                "path `{}…` has a name that is too long (at most 255 bytes a name, 4096 in all)",
+                path.chars().take(40).collect::<String>()
+            ),
+        ));
+    }
     if raw.components().any(|c| c == Component::ParentDir) {
         return Err(err(
             ErrorKind::InvalidRequest,
@@ -1351,7 +1362,14 @@ mod tests {
             container_path("/etc/hosts").unwrap(),
             PathBuf::from("/etc/hosts")
         );
-        for bad in ["../x", "a/../../b", "/workspace/../etc/shadow", "a\0b"] {
+        let long = "n".repeat(300);
+        for bad in [
+            "../x",
+            "a/../../b",
+            "/workspace/../etc/shadow",
+            "a\0b",
+            long.as_str(),
+        ] {
             assert_eq!(
                 container_path(bad).unwrap_err().kind(),
                 ErrorKind::InvalidRequest,
