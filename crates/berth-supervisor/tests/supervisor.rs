@@ -35,8 +35,10 @@ fn server() -> Server {
         .arg(&socket)
         .spawn()
         .unwrap();
-    let until = Instant::now() + Duration::from_secs(5);
-    while !socket.exists() && Instant::now() < until {
+    // Ready when it accepts a connection: the socket file appears at bind(), before listen(),
+    // and a connect in between is refused (seen under load).
+    let until = Instant::now() + Duration::from_secs(10);
+    while UnixStream::connect(&socket).is_err() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
     Server { child, socket, dir }
