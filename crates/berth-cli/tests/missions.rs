@@ -666,7 +666,12 @@ fn kill_anywhere(provider: &str, image: Option<&str>, kills: u64, step_ms: u64) 
         };
         if round % 2 == 1 {
             let swept = run(home.path(), &["ledger", "sweep"]);
-            assert!(swept.status.success(), "round {round}: sweep failed");
+            assert!(
+                swept.status.success(),
+                "round {round}: sweep failed: {}{}",
+                String::from_utf8_lossy(&swept.stdout),
+                String::from_utf8_lossy(&swept.stderr)
+            );
         }
         let resumed = run(home.path(), &["mission", "resume", &id]);
         let (_, doc) = json(home.path(), &["mission", "status", &id]);

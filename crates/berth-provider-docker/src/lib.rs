@@ -731,14 +731,27 @@ impl Provider for DockerProvider {
             }
             Some(info) => info.config.labels.unwrap_or_default(),
         };
-        self.engine
+        let removed = self
+            .engine
             .expect(
                 Method::DELETE,
                 &format!("/containers/{}?force=true&v=true", path_name(&id.0)?),
                 None,
                 &[StatusCode::NOT_FOUND],
             )
-            .await?;
+            .await;
+        match removed {
+            Ok(_) => {}
+            // "Removal already in progress": a caller that died mid-destroy left the engine
+            // removing it. Wait (bounded) for that removal to finish rather than fail.
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                let until = Instant::now() + Duration::from_secs(15);
+                while Instant::now() < until && self.inspect(&id.0).await?.is_some() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Err(e) => return Err(e),
+        }
         if let Some(image) = labels.get(FORK_IMAGE_LABEL) {
             // The fork's private image; another container may still use it (then 409: kept).
             let _ = self

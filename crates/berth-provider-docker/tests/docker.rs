@@ -725,3 +725,35 @@ async fn keyed_snapshots_and_fork_images_leave_no_duplicates() {
     );
     f.docker.destroy(&id).await.unwrap();
 }
+
+/// Destroys racing each other (a caller killed mid-destroy, then a sweep): the engine answers
+/// "removal already in progress" to all but one; every caller still ends verified gone.
+#[tokio::test]
+async fn racing_destroys_all_end_verified_gone() {
+    let Some(f) = fixture("racing-destroy").await else {
+        return;
+    };
+    for round in 0..3 {
+        let id = f.create(&format!("bx-dk-race-{round}")).await;
+        let outcomes = futures_join((0..4).map(|_| {
+            let docker = f.docker.clone();
+            let id = id.clone();
+            tokio::spawn(async move { docker.destroy(&id).await })
+        }))
+        .await;
+        for outcome in outcomes {
+            assert!(
+                matches!(outcome, Ok(DestroyOutcome::VerifiedGone { .. })),
+                "round {round}: {outcome:?}"
+            );
+        }
+    }
+}
+
+async fn futures_join<T>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for handle in handles.collect::<Vec<_>>() {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
