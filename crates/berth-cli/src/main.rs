@@ -27,20 +27,10 @@ use crate::cli::{Cli, Command};
 use crate::errors::code;
 
 fn main() {
-    // The per-exec reaper mode (see berth_supervisor::reaper) comes before any parsing: it
-    // must start fast and never touch the store.
-    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if raw
-        .get(1)
-        .is_some_and(|a| a == berth_supervisor::reaper::REAP_ARG)
-    {
-        std::process::exit(berth_supervisor::reaper::run(&raw[2..]));
-    }
-    if raw
-        .get(1)
-        .is_some_and(|a| a == berth_supervisor::enter::ENTER_ARG)
-    {
-        std::process::exit(berth_supervisor::enter::run(&raw[2..]));
+    // The helper modes (the per-exec reaper, bwrap's unprivileged entry) come before any
+    // parsing: they must start fast and never touch the store.
+    if let Some(code) = berth_supervisor::helper_mode(&std::env::args_os().collect::<Vec<_>>()) {
+        std::process::exit(code);
     }
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1246,46 +1246,14 @@ fn a_killed_exec_takes_its_command_tree_with_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let read = |name: &str| -> Option<i32> {
-        std::fs::read_to_string(ws.join(name))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    let mut pids = None;
-    for _ in 0..500 {
-        if let (Some(a), Some(b)) = (read("leader.pid"), read("daemon.pid")) {
-            pids = Some((a, b));
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let (leader, daemon) = pids.expect("the command never started");
+    let pids =
+        berth_testkit::wait_for_pids(&ws, &["leader.pid", "daemon.pid"], Duration::from_secs(10))
+            .expect("the command never started");
     exec.kill().unwrap();
     exec.wait().unwrap();
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(false)
-    };
-    let mut gone = false;
-    for _ in 0..250 {
-        if !alive(leader) && !alive(daemon) {
-            gone = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
     assert!(
-        gone,
-        "leader {leader} or setsid daemon {daemon} outlived a SIGKILLed exec"
+        berth_testkit::wait_all_gone(&pids, Duration::from_secs(5)),
+        "leader or setsid daemon {pids:?} outlived a SIGKILLed exec"
     );
     home.run(&["destroy", &id]);
 }

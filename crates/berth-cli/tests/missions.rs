@@ -744,46 +744,17 @@ fn a_killed_runner_leaves_no_agent_behind() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let read = |name: &str| -> Option<i32> {
-        std::fs::read_to_string(marks.join(name))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    };
-    let mut pids = None;
-    for _ in 0..500 {
-        if let (Some(a), Some(d)) = (read("agent"), read("detached")) {
-            pids = Some((a, d));
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let (agent, detached) = pids.expect("the agent never started");
+    let pids = berth_testkit::wait_for_pids(
+        &marks,
+        &["agent", "detached"],
+        std::time::Duration::from_secs(10),
+    )
+    .expect("the agent never started");
     runner.kill().unwrap();
     runner.wait().unwrap();
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                !s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(false)
-    };
-    let mut gone = false;
-    for _ in 0..250 {
-        if !alive(agent) && !alive(detached) {
-            gone = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
     assert!(
-        gone,
-        "agent {agent} or its detached child {detached} outlived the killed runner"
+        berth_testkit::wait_all_gone(&pids, std::time::Duration::from_secs(5)),
+        "the agent or its detached child {pids:?} outlived the killed runner"
     );
     let id = only_mission(home.path());
     let _ = run(home.path(), &["ledger", "sweep"]);

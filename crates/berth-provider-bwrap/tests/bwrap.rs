@@ -15,29 +15,6 @@ struct Fixture {
     bwrap: BwrapProvider,
 }
 
-/// `berth-supervisor` (it understands `__enter`): the static build scripts/test exports as
-/// BERTH_SUPERVISOR, or a debug build next to this test binary.
-fn helper() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
-        return path.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("berth-supervisor");
-    if !path.is_file() {
-        let built = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "berth-supervisor"])
-            .status()
-            .unwrap();
-        assert!(built.success(), "cannot build berth-supervisor");
-    }
-    path
-}
-
 fn fixture() -> Option<Fixture> {
     let state = tempfile::Builder::new()
         .prefix("berth-test-bwrap-")
@@ -47,7 +24,7 @@ fn fixture() -> Option<Fixture> {
     // needed only to enter sandboxes unprivileged when the tests run as root.
     let config = BwrapConfig {
         kill_grace: Duration::from_millis(300),
-        reaper: Some(helper()),
+        reaper: Some(berth_testkit::supervisor_binary()),
     };
     match berth_provider_bwrap::new(state.path(), config) {
         Ok(bwrap) => Some(Fixture {

@@ -16,31 +16,8 @@ struct Fixture {
     host: HostProvider,
 }
 
-/// The per-exec reaper: `berth-supervisor __reap` (the static build scripts/test exports as
-/// BERTH_SUPERVISOR, or a debug build next to this test binary).
-fn reaper() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
-        return path.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("berth-supervisor");
-    if !path.is_file() {
-        let built = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "berth-supervisor"])
-            .status()
-            .unwrap();
-        assert!(built.success(), "cannot build berth-supervisor");
-    }
-    path
-}
-
 fn fixture() -> Fixture {
-    fixture_with(Some(reaper()))
+    fixture_with(Some(berth_testkit::supervisor_binary()))
 }
 
 fn fixture_with(reaper: Option<std::path::PathBuf>) -> Fixture {

@@ -3,29 +3,6 @@
 use berth_conformance::Subject;
 use berth_factory::{Environment, ProviderConfig, Registry};
 
-/// `berth-supervisor` (the per-exec reaper and bwrap's unprivileged entry): the static build
-/// scripts/test exports as BERTH_SUPERVISOR, or a debug build next to this test binary.
-fn helper() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
-        return path.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("berth-supervisor");
-    if !path.is_file() {
-        let built = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "berth-supervisor"])
-            .status()
-            .unwrap();
-        assert!(built.success(), "cannot build berth-supervisor");
-    }
-    path
-}
-
 /// A run id unique to one test: tests in a binary run in parallel, and each sweeps its own run.
 pub fn run_id(tag: &str) -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -49,7 +26,7 @@ pub async fn subject(
     let config = ProviderConfig {
         state_dir: state.path().to_owned(),
         // The reaper/entry helper as users get it.
-        reaper: Some(helper()),
+        reaper: Some(berth_testkit::supervisor_binary()),
         env,
     };
     let registry = Registry::builtin().unwrap();

@@ -1,18 +1,8 @@
 //! `berth-supervisor serve --socket PATH`: the in-sandbox supervisor (see the library docs).
 
 fn main() {
-    let raw: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if raw
-        .get(1)
-        .is_some_and(|a| a == berth_supervisor::reaper::REAP_ARG)
-    {
-        std::process::exit(berth_supervisor::reaper::run(&raw[2..]));
-    }
-    if raw
-        .get(1)
-        .is_some_and(|a| a == berth_supervisor::enter::ENTER_ARG)
-    {
-        std::process::exit(berth_supervisor::enter::run(&raw[2..]));
+    if let Some(code) = berth_supervisor::helper_mode(&std::env::args_os().collect::<Vec<_>>()) {
+        std::process::exit(code);
     }
     let args: Vec<String> = std::env::args().collect();
     let socket = match args.as_slice() {

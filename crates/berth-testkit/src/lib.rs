@@ -1,0 +1,74 @@
+//! Helpers Berth's live tests share (a dev-dependency only; nothing here ships).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// `berth-supervisor` — the per-exec reaper and bwrap's unprivileged entry: the static build
+/// `scripts/test` exports as `BERTH_SUPERVISOR`, or a debug build next to the running test
+/// binary (built with cargo when missing).
+pub fn supervisor_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps")
+        .join("berth-supervisor");
+    if !path.is_file() {
+        let built = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+            .args(["build", "-p", "berth-supervisor"])
+            .status()
+            .expect("cargo runs");
+        assert!(built.success(), "cannot build berth-supervisor");
+    }
+    path
+}
+
+/// Waits (at most `limit`) until every file in `names` under `dir` holds a pid; returns them
+/// in order, or `None` when they did not all appear.
+pub fn wait_for_pids(dir: &Path, names: &[&str], limit: Duration) -> Option<Vec<i32>> {
+    let until = Instant::now() + limit;
+    loop {
+        let pids: Option<Vec<i32>> = names
+            .iter()
+            .map(|name| {
+                std::fs::read_to_string(dir.join(name))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        if pids.is_some() || Instant::now() >= until {
+            return pids;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process is gone when /proc has no entry for it or only a zombie awaiting its reaper.
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Waits (at most `limit`) until every pid is gone; true when they all are.
+pub fn wait_all_gone(pids: &[i32], limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    loop {
+        if pids.iter().all(|pid| process_gone(*pid)) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
