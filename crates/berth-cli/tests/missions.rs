@@ -762,3 +762,79 @@ fn a_killed_runner_leaves_no_agent_behind() {
     let (_, doc) = json(home.path(), &["mission", "status", &id]);
     assert_eq!(doc["mission"]["state"]["state"], "running", "{doc}");
 }
+
+/// A repository cannot run code on the host: a `.git` *file* pointing at a gitdir with a
+/// pre-commit hook and an fsmonitor command (what a worktree or a hostile tree carries) is
+/// never copied, and Berth's own git runs without hooks, fsmonitor or outside config; a URL
+/// that looks like an option never reaches git as one.
+#[test]
+fn a_repository_cannot_run_code_on_the_host() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let evil = dir.path().join("evil.git");
+    let init = Command::new("git")
+        .args(["init", "-q", "--bare"])
+        .arg(&evil)
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let hook = |name: &str| format!("#!/bin/sh\ntouch {}/{name}\n", marks.display());
+    std::fs::write(evil.join("hooks/pre-commit"), hook("pre-commit")).unwrap();
+    let monitor = dir.path().join("monitor.sh");
+    std::fs::write(&monitor, hook("fsmonitor")).unwrap();
+    for script in [evil.join("hooks/pre-commit"), monitor.clone()] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let config = evil.join("config");
+    for (key, value) in [
+        ("core.bare", "false".to_owned()),
+        ("core.fsmonitor", monitor.display().to_string()),
+    ] {
+        let set = Command::new("git")
+            .arg("config")
+            .arg("--file")
+            .arg(&config)
+            .args([key, &value])
+            .status()
+            .unwrap();
+        assert!(set.success());
+    }
+    let file = write_mission(dir.path(), "true\n", "true", "30s", "\"README\"", 1);
+    std::fs::write(
+        dir.path().join("repo/.git"),
+        format!("gitdir: {}\n", evil.display()),
+    )
+    .unwrap();
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ran: Vec<_> = std::fs::read_dir(&marks)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(ran.is_empty(), "repository code ran on the host: {ran:?}");
+
+    // An option-shaped URL: refused or failed, never run.
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "path = \"repo\"",
+        &format!(
+            "url = \"--upload-pack=touch {}/upload-pack;x:y\"",
+            marks.display()
+        ),
+    );
+    let text = text.replace("base = \"snapshot\"", "base = \"main\"");
+    std::fs::write(&file, text).unwrap();
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        !marks.join("upload-pack").exists(),
+        "a URL reached git as an option"
+    );
+}

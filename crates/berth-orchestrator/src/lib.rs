@@ -187,11 +187,68 @@ pub enum Boundary {
     AfterEvent(i64),
 }
 
+/// The transports a git command on the host may use: none, unless a step names one.
+#[derive(Debug, Clone, Copy)]
+enum Transport<'a> {
+    None,
+    /// The scheme of the mission's repository URL (`file`, `https`, `ssh`, …).
+    Scheme(&'a str),
+}
+
+/// The transport a repository URL needs; `None` for a scheme missions do not fetch over.
+fn scheme_of(url: &str) -> Option<&'static str> {
+    let lower = url.to_ascii_lowercase();
+    for (prefix, scheme) in [
+        ("file://", "file"),
+        ("https://", "https"),
+        ("http://", "http"),
+        ("ssh://", "ssh"),
+        ("git://", "git"),
+    ] {
+        if lower.starts_with(prefix) {
+            return Some(scheme);
+        }
+    }
+    // scp-like `user@host:path`
+    let (before, _) = url.split_once(':')?;
+    (!before.is_empty() && !before.contains('/') && !url.contains("::")).then_some("ssh")
+}
+
+/// Runs git on the host, hardened: repositories come from anyone, so no system or global
+/// config, no hooks (`core.hooksPath=/dev/null`), no fsmonitor, no prompts, and no transport
+/// except the one the step names (`protocol.allow=never` otherwise). Berth only ever runs it
+/// in repositories it created; user paths and URLs come after `--`.
 fn git(dir: &Path, args: &[&str]) -> Result<String, OrchestratorError> {
-    let out = std::process::Command::new("git")
+    git_over(dir, Transport::None, args)
+}
+
+fn git_over(
+    dir: &Path,
+    transport: Transport<'_>,
+    args: &[&str],
+) -> Result<String, OrchestratorError> {
+    let mut cmd = std::process::Command::new("git");
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .args([
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+        ])
+        .args(["-c", "protocol.allow=never"]);
+    if let Transport::Scheme(scheme) = transport {
+        cmd.arg("-c").arg(format!("protocol.{scheme}.allow=always"));
+    }
+    let out = cmd
         .arg("-C")
         .arg(dir)
         .args(args)
+        .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| OrchestratorError::Repository(format!("cannot run git: {e}")))?;
     if !out.status.success() {
@@ -205,16 +262,19 @@ fn git(dir: &Path, args: &[&str]) -> Result<String, OrchestratorError> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Copies a source tree, never a `.git` entry of any type (a `.git` *file* — `gitdir: …`, a
+/// worktree — would make the copy's repository someone else's, hooks and config included).
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
+        if entry.file_name() == ".git" {
+            continue;
+        }
         let kind = entry.file_type()?;
         let target = to.join(entry.file_name());
         if kind.is_dir() {
-            if entry.file_name() != ".git" {
-                copy_tree(&entry.path(), &target)?;
-            }
+            copy_tree(&entry.path(), &target)?;
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
         } else {
@@ -286,13 +346,21 @@ impl Orchestrator<'_> {
                         "base = \"snapshot\" with a git URL; name a commit, branch or tag".into(),
                     ));
                 }
+                let scheme = scheme_of(url).ok_or_else(|| {
+                    OrchestratorError::Unsupported(format!(
+                        "repository URL `{url}`: missions fetch over file://, https://, http://, \
+                         ssh:// (or user@host:path) and git:// only"
+                    ))
+                })?;
                 let clone = dir.join("clone");
-                git(
+                git_over(
                     &dir,
+                    Transport::Scheme(scheme),
                     &[
                         "clone",
                         "--quiet",
-                        "--no-checkout",
+                        "--mirror",
+                        "--",
                         url,
                         &clone.to_string_lossy(),
                     ],
@@ -302,7 +370,25 @@ impl Orchestrator<'_> {
             (None, None) => unreachable!("validated"),
         };
         // `base = "snapshot"`: the directory's current files become the base commit of a fresh
-        // repository (for plain directories and examples).
+        // repository (for plain directories and examples). Otherwise the path's repository is
+        // mirrored into one Berth owns first: Berth's git never runs in a user's repository.
+        if file.repository.base != "snapshot" && file.repository.path.is_some() {
+            let mirror = dir.join("clone");
+            git_over(
+                &dir,
+                Transport::Scheme("file"),
+                &[
+                    "clone",
+                    "--quiet",
+                    "--mirror",
+                    "--no-local",
+                    "--",
+                    &source.to_string_lossy(),
+                    &mirror.to_string_lossy(),
+                ],
+            )?;
+            source = mirror;
+        }
         if file.repository.base == "snapshot" {
             let copy = dir.join("source");
             copy_tree(&source, &copy).map_err(|e| {
