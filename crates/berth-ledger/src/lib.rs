@@ -315,10 +315,7 @@ impl Ledger {
         provider: &dyn Provider,
         row: &LedgerRow,
     ) -> Result<DestroyOutcome, LedgerError> {
-        let provider_err = |source| LedgerError::Provider {
-            berth_id: row.berth_id.clone(),
-            source,
-        };
+        let provider_err = provider_error(&row.berth_id);
         if row.kind == ResourceKind::Snapshot {
             return self.delete_snapshot_row(provider, row).await;
         }
@@ -374,10 +371,7 @@ impl Ledger {
         provider: &dyn Provider,
         row: &LedgerRow,
     ) -> Result<DestroyOutcome, LedgerError> {
-        let provider_err = |source| LedgerError::Provider {
-            berth_id: row.berth_id.clone(),
-            source,
-        };
+        let provider_err = provider_error(&row.berth_id);
         let snapshots = provider.require_snapshots().map_err(provider_err)?;
         self.store
             .ledger_mark_destroy_requested(&row.berth_id)
@@ -416,10 +410,7 @@ impl Ledger {
         origin: &str,
         retention: Option<Duration>,
     ) -> Result<SnapshotRef, LedgerError> {
-        let provider_err = |source| LedgerError::Provider {
-            berth_id: key.to_owned(),
-            source,
-        };
+        let provider_err = provider_error(key);
         let snapshots = provider.require_snapshots().map_err(provider_err)?;
         berth_contract::check_snapshot_key(key).map_err(|m| {
             provider_err(ProviderError::new(
@@ -640,6 +631,14 @@ impl Ledger {
             });
         }
         Ok(found)
+    }
+}
+
+/// Wraps a provider's error with the ledger row it concerns.
+fn provider_error(berth_id: &str) -> impl Fn(ProviderError) -> LedgerError + Copy + '_ {
+    move |source| LedgerError::Provider {
+        berth_id: berth_id.to_owned(),
+        source,
     }
 }
 

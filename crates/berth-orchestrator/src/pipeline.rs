@@ -466,7 +466,6 @@ pub(crate) async fn advance(
         Some((provider, name)) => (provider.clone(), name.clone()),
         None => (spec.file.sandbox.provider.clone(), main_name(key, 0)),
     };
-    let frozen = frozen_of(orch, &main).await?;
     let provider = orch.registry.construct(&provider_id, orch.config)?;
     let (index, task) = task_of(spec, record);
     let attempt = record.tasks[index]
@@ -637,7 +636,7 @@ pub(crate) async fn advance(
             let main_id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
             // A freeze a crash interrupted (intent recorded, fork absent or still being made) is
             // destroyed and made again under the next generation's name: it costs no attempt.
-            let mut frozen = frozen;
+            let mut frozen = frozen_of(orch, &main).await?;
             if let Ok(row) = orch.ledger.row(&frozen.0).await {
                 if !is_ready(provider.as_ref(), &row).await {
                     let generations = frozen_rows(orch, &main).await?.len();
@@ -678,6 +677,7 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::Frozen,
         } => {
+            let frozen = frozen_of(orch, &main).await?;
             let frozen = or_reject!(existing(orch, provider.as_ref(), &frozen).await?);
             let timeout = parse_duration(&task.validator.timeout).expect("validated");
             let req = ExecRequest::shell(task.validator.command.clone())

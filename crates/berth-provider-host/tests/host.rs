@@ -66,26 +66,10 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A process is gone when /proc has no entry for it or only a zombie awaiting its reaper.
-fn process_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit(')')
-            .next()
-            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
-}
+use berth_testkit::process_gone;
 
 fn wait_gone(pid: i32) -> bool {
-    let until = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < until {
-        if process_gone(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    berth_testkit::wait_all_gone(&[pid], Duration::from_secs(5))
 }
 
 fn read_pid(host: &HostProvider, id: &NativeId, file: &str) -> i32 {
