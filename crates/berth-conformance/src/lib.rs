@@ -134,6 +134,14 @@ pub async fn run_clause(subject: &Subject, id: &str) -> ClauseResult {
             Grade::NotApplicable,
             vec![format!("`{capability}` is declared unsupported")],
         ),
+        None if clause.id == "isolation.default_walls"
+            && subject.manifest.isolation.walls.is_none() =>
+        {
+            (
+                Grade::NotApplicable,
+                vec!["the manifest declares no default walls".into()],
+            )
+        }
         _ => match (clause.run)(subject).await {
             clauses::Outcome::Pass(notes) => (Grade::Pass, notes),
             clauses::Outcome::Fail(why) => (Grade::Fail, vec![why]),
@@ -187,6 +195,7 @@ macro_rules! all_conformance_tests {
             exec_timeout_kills => "core.exec_timeout_kills",
             destroy_twice_verified_gone => "core.destroy_twice_verified_gone",
             secret_canary_absent => "core.secret_canary_absent",
+            default_walls => "isolation.default_walls",
             streaming_chunks => "exec_streaming.chunks",
             detached_spawn_status_kill => "exec_detached.spawn_status_kill",
             files_round_trip_binary => "files.round_trip_binary",

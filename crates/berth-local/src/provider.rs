@@ -206,6 +206,15 @@ impl<L: Launcher> LocalProvider<L> {
     async fn create_from(&self, req: &CreateRequest, archive: Option<PathBuf>) -> Result<Created> {
         let name = layout::checked_name(&req.name.0)?;
         self.launcher.check_network(req.network)?;
+        // Limits this provider cannot enforce are refused, never silently dropped.
+        if req.resources != berth_contract::Resources::default() {
+            return Err(ProviderError::new(
+                ErrorKind::Unsupported,
+                PROVIDER_ID,
+                "resource limits (cpus, memory, pids) are not enforced by this provider; use \
+                 docker, or leave them unset",
+            ));
+        }
         let layout = self.layout.clone();
         let labels = req.labels.to_map(&name);
         let extra = req.extra_labels.clone();

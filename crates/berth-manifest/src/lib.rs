@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 pub use embedded::embedded;
 pub use model::{
     Credential, CredentialKind, ImageModel, Isolation, IsolationClass, Lifecycle, Pricing,
-    PricingConfidence, Provenance, ProviderManifest, Verification, SCHEMA_VERSION,
+    PricingConfidence, Provenance, ProviderManifest, Verification, Walls, SCHEMA_VERSION,
 };
 
 use berth_contract::Capability;

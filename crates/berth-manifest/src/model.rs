@@ -92,6 +92,25 @@ pub struct Isolation {
     pub technology: String,
     /// Plain statement of what is and is not isolated.
     pub statement: String,
+    /// The limits every sandbox gets unless a request sets its own; the conformance suite
+    /// checks them from inside a sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walls: Option<Walls>,
+}
+
+/// Default walls of a sandbox, as seen from inside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Walls {
+    /// Most processes at once.
+    pub pids_limit: u64,
+    /// Memory limit in MiB.
+    pub memory_mib: u64,
+    /// `no_new_privs` is set: setuid binaries grant nothing.
+    pub no_new_privileges: bool,
+    /// The Linux capabilities kept in the bounding set (names without `CAP_`); every other
+    /// one is dropped.
+    pub capabilities: Vec<String>,
 }
 
 /// Where the adapter's knowledge comes from.

@@ -81,6 +81,53 @@ pub struct SandboxSpec {
     /// Keep each attempt's sandbox instead of destroying it after the attempt.
     #[serde(default)]
     pub keep: bool,
+    /// Resource limits of every attempt's sandbox (a task's own `limits` override them);
+    /// unset: the provider's defaults (stated in its manifest).
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+/// Resource limits of a sandbox; unset fields keep the provider's default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// CPUs (fractional allowed), 0.01–1024.
+    pub cpus: Option<f64>,
+    /// Memory in MiB, 16–16777216.
+    pub memory_mib: Option<u64>,
+    /// Most processes at once, 8–4194304.
+    pub pids: Option<u64>,
+}
+
+impl Limits {
+    /// These limits, with `over`'s set fields taking precedence.
+    pub fn overridden_by(&self, over: &Limits) -> Limits {
+        Limits {
+            cpus: over.cpus.or(self.cpus),
+            memory_mib: over.memory_mib.or(self.memory_mib),
+            pids: over.pids.or(self.pids),
+        }
+    }
+
+    /// Why these limits cannot be used, if they cannot.
+    fn problem(&self) -> Option<String> {
+        if let Some(cpus) = self.cpus {
+            if !(0.01..=1024.0).contains(&cpus) {
+                return Some(format!("cpus = {cpus} is outside 0.01–1024"));
+            }
+        }
+        if let Some(memory) = self.memory_mib {
+            if !(16..=16 << 20).contains(&memory) {
+                return Some(format!("memory_mib = {memory} is outside 16–16777216"));
+            }
+        }
+        if let Some(pids) = self.pids {
+            if !(8..=1 << 22).contains(&pids) {
+                return Some(format!("pids = {pids} is outside 8–4194304"));
+            }
+        }
+        None
+    }
 }
 
 /// The agent harness.
@@ -107,6 +154,9 @@ pub struct Task {
     pub agent_timeout: String,
     /// How an attempt is judged.
     pub validator: Validator,
+    /// Resource limits for this task's sandboxes, over `sandbox.limits`.
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// A validator: a command run on the frozen workspace, and the evidence it must produce.
@@ -119,6 +169,10 @@ pub struct Validator {
     pub timeout: String,
     /// Files (relative to the repository) the validator must produce for a pass to count.
     pub evidence: Vec<String>,
+    /// Run first in the validator's clean sandbox (e.g. installing the project's declared
+    /// dependencies): nothing the agent installed outside the repository comes along.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setup: Option<String>,
 }
 
 /// A mission file could not be used.
@@ -313,6 +367,15 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             ));
         }
     }
+    if let Some(problem) = file.sandbox.limits.problem() {
+        return Err(invalid(
+            "sandbox.limits",
+            None,
+            "",
+            "sandbox.limits".into(),
+            problem,
+        ));
+    }
     let limits = [
         ("", "name", "name", file.name.len(), MAX_NAME),
         (
@@ -388,6 +451,9 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
                 problem,
             )
         };
+        if let Some(problem) = task.limits.problem() {
+            return Err(at("limits", "limits", problem));
+        }
         let sizes = [
             ("id", "id", task.id.len(), MAX_NAME),
             (
@@ -400,6 +466,12 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
                 "command",
                 "validator.command",
                 task.validator.command.len(),
+                MAX_COMMAND,
+            ),
+            (
+                "setup",
+                "validator.setup",
+                task.validator.setup.as_ref().map_or(0, String::len),
                 MAX_COMMAND,
             ),
             (

@@ -14,7 +14,11 @@
 //! which is written to be repeatable (adoption by name, idempotent commits and exports). Model
 //! (agent) execution is therefore at-least-once, never silently skipped.
 
+mod capture;
+mod hostgit;
 mod pipeline;
+
+use hostgit::{copy_tree, git, git_over, scheme_of, Transport};
 
 use std::path::{Path, PathBuf};
 
@@ -185,103 +189,6 @@ pub enum Boundary {
     BeforeEvent(i64),
     /// Event number `n` is durable; the next side effect has not started.
     AfterEvent(i64),
-}
-
-/// The transports a git command on the host may use: none, unless a step names one.
-#[derive(Debug, Clone, Copy)]
-enum Transport<'a> {
-    None,
-    /// The scheme of the mission's repository URL (`file`, `https`, `ssh`, …).
-    Scheme(&'a str),
-}
-
-/// The transport a repository URL needs; `None` for a scheme missions do not fetch over.
-fn scheme_of(url: &str) -> Option<&'static str> {
-    let lower = url.to_ascii_lowercase();
-    for (prefix, scheme) in [
-        ("file://", "file"),
-        ("https://", "https"),
-        ("http://", "http"),
-        ("ssh://", "ssh"),
-        ("git://", "git"),
-    ] {
-        if lower.starts_with(prefix) {
-            return Some(scheme);
-        }
-    }
-    // scp-like `user@host:path`
-    let (before, _) = url.split_once(':')?;
-    (!before.is_empty() && !before.contains('/') && !url.contains("::")).then_some("ssh")
-}
-
-/// Runs git on the host, hardened: repositories come from anyone, so no system or global
-/// config, no hooks (`core.hooksPath=/dev/null`), no fsmonitor, no prompts, and no transport
-/// except the one the step names (`protocol.allow=never` otherwise). Berth only ever runs it
-/// in repositories it created; user paths and URLs come after `--`.
-fn git(dir: &Path, args: &[&str]) -> Result<String, OrchestratorError> {
-    git_over(dir, Transport::None, args)
-}
-
-fn git_over(
-    dir: &Path,
-    transport: Transport<'_>,
-    args: &[&str],
-) -> Result<String, OrchestratorError> {
-    let mut cmd = std::process::Command::new("git");
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", "/nonexistent")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .args([
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.fsmonitor=false",
-        ])
-        .args(["-c", "protocol.allow=never"]);
-    if let Transport::Scheme(scheme) = transport {
-        cmd.arg("-c").arg(format!("protocol.{scheme}.allow=always"));
-    }
-    let out = cmd
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| OrchestratorError::Repository(format!("cannot run git: {e}")))?;
-    if !out.status.success() {
-        return Err(OrchestratorError::Repository(format!(
-            "git {} in {}: {}",
-            args.join(" "),
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-/// Copies a source tree, never a `.git` entry of any type (a `.git` *file* — `gitdir: …`, a
-/// worktree — would make the copy's repository someone else's, hooks and config included).
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        if entry.file_name() == ".git" {
-            continue;
-        }
-        let kind = entry.file_type()?;
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_tree(&entry.path(), &target)?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
-        } else {
-            std::fs::copy(entry.path(), &target)?;
-        }
-    }
-    Ok(())
 }
 
 fn new_mission_id(name: &str) -> String {

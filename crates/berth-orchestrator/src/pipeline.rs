@@ -16,7 +16,7 @@ use berth_store::{LedgerState, StoreError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::{MissionSpec, Orchestrator, OrchestratorError};
+use crate::{capture, MissionSpec, Orchestrator, OrchestratorError};
 
 /// What one tick did.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +62,10 @@ pub(crate) fn inputs(spec: &MissionSpec, task_id: &str) -> AttemptInputs {
     for evidence in &task.validator.evidence {
         hasher.update(evidence.as_bytes());
         hasher.update([0]);
+    }
+    if let Some(setup) = &task.validator.setup {
+        hasher.update(b"setup\0");
+        hasher.update(setup.as_bytes());
     }
     AttemptInputs {
         provider: spec.file.sandbox.provider.clone(),
@@ -173,6 +177,7 @@ fn sandbox_name(key: &AttemptKey) -> SandboxName {
 async fn choose(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
+    task: &Task,
     mission: &str,
     key: &AttemptKey,
 ) -> Result<
@@ -192,7 +197,7 @@ async fn choose(
             Err(e) => return Ok(Err(e.to_string())),
         }
         let provider = orch.registry.construct(&provider_id, orch.config)?;
-        match ensure(orch, &provider, spec, mission, &name, None).await? {
+        match ensure(orch, &provider, spec, mission, task, &name, false).await? {
             Ok(id) => return Ok(Ok((provider, name, id, skipped))),
             Err(reason) => match reason.strip_prefix(FALLBACK_MARK) {
                 Some(why) => skipped.push(format!("{provider_id}: {why}")),
@@ -257,8 +262,9 @@ async fn ensure(
     provider: &Arc<dyn Provider>,
     spec: &MissionSpec,
     mission: &str,
+    task: &Task,
     name: &SandboxName,
-    fork_of: Option<&NativeId>,
+    validator: bool,
 ) -> Result<Result<NativeId, String>, OrchestratorError> {
     match orch.ledger.row(&name.0).await {
         Ok(_) => return existing(orch, provider.as_ref(), name).await,
@@ -267,45 +273,30 @@ async fn ensure(
         Err(e) => return Ok(Err(e.to_string())),
     }
     let image = spec.file.sandbox.image.clone();
-    let origin = match fork_of {
-        Some(source) => mission_origin(mission, &format!("freeze of {source}")),
-        None => mission_origin(mission, "attempt"),
+    let limits = spec.file.sandbox.limits.overridden_by(&task.limits);
+    let resources = berth_contract::Resources {
+        cpus: limits.cpus,
+        memory_mib: limits.memory_mib,
+        pids: limits.pids,
     };
-    let created = match fork_of {
-        None => {
-            orch.ledger
-                .create_tracked_as(
-                    name.clone(),
-                    provider.as_ref(),
-                    &origin,
-                    None,
-                    |r| r.image = image,
-                    |req| {
-                        let provider = provider.clone();
-                        async move { provider.create(&req).await }
-                    },
-                )
-                .await
-        }
-        Some(source) => {
-            let Some(fork) = provider.fork() else {
-                return Ok(Err(format!(
-                    "cannot freeze the workspace: provider `{}` does not support fork",
-                    provider.id()
-                )));
-            };
-            orch.ledger
-                .create_tracked_as(
-                    name.clone(),
-                    provider.as_ref(),
-                    &origin,
-                    None,
-                    |r| r.image = image,
-                    |req| async move { fork.fork(source, &req).await },
-                )
-                .await
-        }
-    };
+    let origin = mission_origin(mission, if validator { "validator" } else { "attempt" });
+    let created = orch
+        .ledger
+        .create_tracked_as(
+            name.clone(),
+            provider.as_ref(),
+            &origin,
+            None,
+            |r| {
+                r.image = image;
+                r.resources = resources;
+            },
+            |req| {
+                let provider = provider.clone();
+                async move { provider.create(&req).await }
+            },
+        )
+        .await;
     match created {
         Ok(tracked) => Ok(Ok(NativeId(tracked.native_id))),
         Err(LedgerError::Store(e)) => Err(e.into()),
@@ -388,17 +379,6 @@ async fn teardown(orch: &Orchestrator<'_>, spec: &MissionSpec, key: &AttemptKey,
             }
         }
     }
-}
-
-async fn sh(
-    provider: &dyn Provider,
-    id: &NativeId,
-    line: String,
-    cwd: Option<&str>,
-) -> Result<ExecOutput, String> {
-    let mut req = ExecRequest::shell(line).with_timeout(Duration::from_secs(600));
-    req.cwd = cwd.map(str::to_owned);
-    provider.exec(id, &req).await.map_err(|e| e.to_string())
 }
 
 fn task_of<'s>(spec: &'s MissionSpec, record: &MissionRecord) -> (usize, &'s Task) {
@@ -537,7 +517,7 @@ pub(crate) async fn advance(
                 }
             }
             let (provider, main, id, skipped) = if placed.is_none() {
-                match choose(orch, spec, mission, key).await? {
+                match choose(orch, spec, task, mission, key).await? {
                     Ok(chosen) => chosen,
                     Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
                 }
@@ -546,24 +526,7 @@ pub(crate) async fn advance(
                 (provider.clone(), main.clone(), id, Vec::new())
             };
             let (bundle, commit) = input_of(orch, spec, record, index);
-            let staged = async {
-                let bytes = std::fs::read(&bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
-                provider
-                    .require_files()
-                    .map_err(|e| e.to_string())?
-                    .write(&id, ".berth-input.bundle", &bytes)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let out = sh(
-                    provider.as_ref(),
-                    &id,
-                    format!("rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q {commit} && rm -f .berth-input.bundle"),
-                    None,
-                )
-                .await?;
-                if out.status.success() { Ok(()) } else { Err(format!("staging failed: {}", tail(out.stderr.as_deref().unwrap_or_default()))) }
-            }
-            .await;
+            let staged = stage(provider.as_ref(), &id, &bundle, &commit).await;
             match staged {
                 Ok(()) => {
                     let event = Event::Reached {
@@ -633,68 +596,125 @@ pub(crate) async fn advance(
         AttemptStatus::InProgress {
             phase: Phase::AgentStopped,
         } => {
+            // The workspace leaves the agent's sandbox as data and is committed on the host;
+            // the validator judges exactly that commit, in a clean sandbox.
             let main_id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            // A freeze a crash interrupted (intent recorded, fork absent or still being made) is
-            // destroyed and made again under the next generation's name: it costs no attempt.
+            let mut req = ExecRequest::shell(capture::SCRIPT)
+                .with_cwd("repo")
+                .with_timeout(Duration::from_secs(600));
+            req.max_output_bytes = capture::LIMIT + 1;
+            let out = match provider.exec(&main_id, &req).await {
+                Ok(out) if out.status.success() => out,
+                Ok(out) => {
+                    let why = format!(
+                        "the workspace could not be captured ({}): {}",
+                        out.status,
+                        tail(out.stderr.as_deref().unwrap_or_default()).trim()
+                    );
+                    return reject(orch, spec, record, seq, key, why).await;
+                }
+                Err(e) => {
+                    let why = format!("the workspace could not be captured: {e}");
+                    return reject(orch, spec, record, seq, key, why).await;
+                }
+            };
+            let captured = match capture::parse(&out.stdout) {
+                Ok(captured) => captured,
+                Err(why) => return reject(orch, spec, record, seq, key, why).await,
+            };
+            let (input, parent) = input_of(orch, spec, record, index);
+            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+            let commit = capture::commit(
+                &repo,
+                &input,
+                &attempt_ref(key),
+                &parent,
+                &format!("berth: {} (attempt {})", task.id, attempt.ordinal),
+                &captured,
+            )?;
+            let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
+            let bytes = capture::bundle(&repo, &attempt_ref(key), &bundle)?;
+            reached(
+                Phase::Frozen,
+                format!(
+                    "workspace captured: {} files, commit {}",
+                    captured.files.len(),
+                    &commit[..12]
+                ),
+                "capture",
+                json!({
+                    "commit": commit,
+                    "files": captured.files.len(),
+                    "bytes": captured.bytes(),
+                    "skipped": captured.skipped,
+                    "bundle": bundle,
+                    "bundle_bytes": bytes,
+                }),
+            )
+            .await
+        }
+        AttemptStatus::InProgress {
+            phase: Phase::Frozen,
+        } => {
+            // A fresh sandbox from the mission's image, holding a checkout of the captured
+            // commit and nothing else of the agent's. A sandbox a crash left half-made is
+            // destroyed and the next generation made (it costs no attempt).
             let mut frozen = frozen_of(orch, &main).await?;
             if let Ok(row) = orch.ledger.row(&frozen.0).await {
                 if !is_ready(provider.as_ref(), &row).await {
                     let generations = frozen_rows(orch, &main).await?.len();
                     if generations >= MAX_FREEZES {
-                        return reject(
-                            orch,
-                            spec,
-                            record,
-                            seq,
-                            key,
-                            format!("the workspace could not be frozen in {MAX_FREEZES} tries"),
-                        )
-                        .await;
+                        let why = format!(
+                            "the validator's sandbox could not be made in {MAX_FREEZES} tries"
+                        );
+                        return reject(orch, spec, record, seq, key, why).await;
                     }
                     if row.state != LedgerState::VerifiedGone {
                         if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
                             return Err(OrchestratorError::Repository(format!(
-                                "cannot remove the interrupted freeze `{frozen}`: {e}"
+                                "cannot remove the interrupted validator sandbox `{frozen}`: {e}"
                             )));
                         }
                     }
                     frozen = frozen_gen(&main, generations + 1);
                 }
             }
-            match ensure(orch, &provider, spec, mission, &frozen, Some(&main_id)).await? {
-                Ok(frozen) => {
-                    reached(
-                        Phase::Frozen,
-                        format!("workspace frozen into {}", frozen),
-                        "freeze",
-                        json!({ "frozen": frozen.0 }),
-                    )
-                    .await
-                }
-                Err(reason) => reject(orch, spec, record, seq, key, reason).await,
+            let frozen = match ensure(orch, &provider, spec, mission, task, &frozen, true).await? {
+                Ok(id) => id,
+                Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
+            };
+            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+            let commit = capture::resolve(&repo, &attempt_ref(key))?;
+            let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
+            if let Err(why) = stage(provider.as_ref(), &frozen, &bundle, &commit).await {
+                return reject(orch, spec, record, seq, key, format!("validator {why}")).await;
             }
-        }
-        AttemptStatus::InProgress {
-            phase: Phase::Frozen,
-        } => {
-            let frozen = frozen_of(orch, &main).await?;
-            let frozen = or_reject!(existing(orch, provider.as_ref(), &frozen).await?);
             let timeout = parse_duration(&task.validator.timeout).expect("validated");
+            if let Some(setup) = &task.validator.setup {
+                let req = ExecRequest::shell(setup.clone())
+                    .with_cwd("repo")
+                    .with_timeout(timeout);
+                let why = match provider.exec(&frozen, &req).await {
+                    Ok(out) if out.status.success() => None,
+                    Ok(out) => Some(format!(
+                        "validator setup {}: {}",
+                        out.status,
+                        tail(out.stderr.as_deref().unwrap_or_default()).trim()
+                    )),
+                    Err(e) => Some(format!("validator setup could not run: {e}")),
+                };
+                if let Some(why) = why {
+                    return reject(orch, spec, record, seq, key, why).await;
+                }
+            }
             let req = ExecRequest::shell(task.validator.command.clone())
                 .with_cwd("repo")
                 .with_timeout(timeout);
             let out = match provider.exec(&frozen, &req).await {
                 Ok(out) => out,
                 Err(e) => {
-                    return reject(
-                        orch,
-                        spec,
-                        record,
-                        seq,
-                        key,
-                        format!("the validator could not run: {e}"),
-                    )
-                    .await
+                    let why = format!("the validator could not run: {e}");
+                    return reject(orch, spec, record, seq, key, why).await;
                 }
             };
             let validator_fact = output_json(&out);
@@ -769,18 +789,9 @@ pub(crate) async fn advance(
             }
         }
         AttemptStatus::Accepted { commit: None, .. } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            let out = in_repo(
-                provider.as_ref(),
-                &id,
-                format!(
-                    "rm -f .git/index.lock && git add -A && git -c user.name=berth -c user.email=berth@localhost commit -q --allow-empty -m 'berth: {} (attempt {})' && git rev-parse HEAD",
-                    task.id, attempt.ordinal
-                ),
-                "commit",
-            )
-            .await?;
-            let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            // The commit the validator judged, computed on the host at capture.
+            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+            let commit = capture::resolve(&repo, &attempt_ref(key))?;
             orch.commit_event(
                 mission,
                 record,
@@ -823,12 +834,9 @@ pub(crate) async fn advance(
                         })?;
                     (snap.handle.clone(), json!({ "snapshot": snap }))
                 }
+                // The captured commit's bundle, written on the host at capture.
                 None => {
-                    let path = orch.mission_dir(mission).join(format!(
-                        "{}.attempt-{}.checkpoint.bundle",
-                        task.id, attempt.ordinal
-                    ));
-                    export_bundle(provider.as_ref(), &id, &path).await?;
+                    let path = attempt_bundle(orch, mission, task, attempt.ordinal);
                     (
                         format!("bundle:{}", path.display()),
                         json!({ "workspace_bundle": path }),
@@ -854,11 +862,11 @@ pub(crate) async fn advance(
         AttemptStatus::Accepted {
             finalized: false, ..
         } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
+            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
             let path = orch
                 .mission_dir(mission)
                 .join(format!("{}.bundle", task.id));
-            let bytes = export_bundle(provider.as_ref(), &id, &path).await?;
+            let bytes = capture::bundle(&repo, &attempt_ref(key), &path)?;
             orch.commit_event(
                 mission,
                 record,
@@ -879,50 +887,61 @@ pub(crate) async fn advance(
     }
 }
 
-/// Runs a step's command in the staged repository; a failure is an orchestration error naming
-/// the step, with the command's stderr.
-async fn in_repo(
-    provider: &dyn Provider,
-    id: &NativeId,
-    line: String,
-    step: &str,
-) -> Result<ExecOutput, OrchestratorError> {
-    let out = sh(provider, id, line, Some("repo"))
-        .await
-        .map_err(OrchestratorError::Repository)?;
-    if !out.status.success() {
-        return Err(OrchestratorError::Repository(format!(
-            "{step} failed: {}",
-            tail(out.stderr.as_deref().unwrap_or_default())
-        )));
-    }
-    Ok(out)
+/// The branch of the mission's work repository holding the attempt's captured commit.
+fn attempt_ref(key: &AttemptKey) -> String {
+    // Attempt keys are Berth's own (`at-` + hex); anything else never reaches a ref name.
+    let safe: String = key
+        .0
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    format!("refs/heads/berth/{safe}")
 }
 
-/// Exports the staged repository's HEAD as a git bundle to `path` on the host; returns its size.
-async fn export_bundle(
+/// Where the attempt's captured commit is bundled on the host.
+fn attempt_bundle(
+    orch: &Orchestrator<'_>,
+    mission: &str,
+    task: &Task,
+    ordinal: u32,
+) -> std::path::PathBuf {
+    orch.mission_dir(mission)
+        .join(format!("{}.attempt-{ordinal}.bundle", task.id))
+}
+
+/// Stages a repository bundle at `commit` as `repo/` in the sandbox (replacing what is
+/// there). The commit travels in the environment, never in the command line.
+async fn stage(
     provider: &dyn Provider,
     id: &NativeId,
-    path: &std::path::Path,
-) -> Result<usize, OrchestratorError> {
-    in_repo(
-        provider,
-        id,
-        // A run killed mid-export leaves git's lock file; the export starts from scratch.
-        "rm -f ../.berth-output.bundle ../.berth-output.bundle.lock && git bundle create -q ../.berth-output.bundle HEAD".into(),
-        "export",
-    )
-    .await?;
-    let bytes = provider
+    bundle: &std::path::Path,
+    commit: &str,
+) -> Result<(), String> {
+    if !capture::is_commit_id(commit) {
+        return Err(format!("`{}` is not a commit id", commit.escape_debug()));
+    }
+    let bytes =
+        std::fs::read(bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
+    provider
         .require_files()
-        .map_err(|e| OrchestratorError::Repository(e.to_string()))?
-        .read(id, ".berth-output.bundle")
+        .map_err(|e| e.to_string())?
+        .write(id, ".berth-input.bundle", &bytes)
         .await
-        .map_err(|e| OrchestratorError::Repository(e.to_string()))?;
-    std::fs::write(path, &bytes).map_err(|e| {
-        OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
-    })?;
-    Ok(bytes.len())
+        .map_err(|e| e.to_string())?;
+    let req = ExecRequest::shell(
+        "rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q --detach \"$BERTH_COMMIT\" && rm -f .berth-input.bundle",
+    )
+    .with_env("BERTH_COMMIT", commit)
+    .with_timeout(Duration::from_secs(600));
+    let out = provider.exec(id, &req).await.map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "staging failed: {}",
+            tail(out.stderr.as_deref().unwrap_or_default())
+        ))
+    }
 }
 
 async fn reject(

@@ -53,6 +53,22 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 const CLIENT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 /// How long a live supervisor may take to answer a ping.
 const PING_DEADLINE: Duration = Duration::from_secs(2);
+/// The walls every container gets unless a request sets its own limits: a fork bomb or a
+/// runaway build stops at the container, not the host.
+pub const DEFAULT_PIDS_LIMIT: u64 = 1024;
+/// Memory limit (MiB) when a request sets none; swap is not added on top.
+pub const DEFAULT_MEMORY_MIB: u64 = 4096;
+/// The capabilities a container keeps (everything else — MKNOD, NET_RAW, SETFCAP, SYS_CHROOT,
+/// AUDIT_WRITE, FSETID, SETPCAP, … — is dropped): enough to install packages and manage files.
+pub const KEPT_CAPABILITIES: &[&str] = &[
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "NET_BIND_SERVICE",
+];
 /// Unix socket paths are limited to 108 bytes.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -412,12 +428,14 @@ impl DockerProvider {
         if let Some(cpus) = req.resources.cpus {
             host_config["NanoCpus"] = serde_json::json!((cpus * 1e9) as i64);
         }
-        if let Some(memory) = req.resources.memory_mib {
-            host_config["Memory"] = serde_json::json!(memory * 1024 * 1024);
-        }
-        if let Some(pids) = req.resources.pids {
-            host_config["PidsLimit"] = serde_json::json!(pids);
-        }
+        let memory = req.resources.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB) * 1024 * 1024;
+        host_config["Memory"] = serde_json::json!(memory);
+        host_config["MemorySwap"] = serde_json::json!(memory);
+        host_config["PidsLimit"] =
+            serde_json::json!(req.resources.pids.unwrap_or(DEFAULT_PIDS_LIMIT));
+        host_config["SecurityOpt"] = serde_json::json!(["no-new-privileges"]);
+        host_config["CapDrop"] = serde_json::json!(["ALL"]);
+        host_config["CapAdd"] = serde_json::json!(KEPT_CAPABILITIES);
         let socket_in_container = format!(
             "{RUN_DIR_IN_CONTAINER}/{}",
             socket

@@ -649,6 +649,39 @@ async fn limits_and_network_modes_reach_the_engine() {
     f.docker.destroy(&id).await.unwrap();
 }
 
+/// A sandbox that forks without end stops at its walls (issue 9: a bounded fork bomb reached
+/// 4,088 host processes when no pids limit was set), cannot make device nodes, and setuid
+/// binaries grant nothing.
+#[tokio::test]
+async fn default_walls_stop_a_fork_bomb_and_mknod() {
+    let Some(f) = fixture("walls").await else {
+        return;
+    };
+    let id = f.create("bx-dk-walls").await;
+    let bomb = f
+        .sh(
+            &id,
+            // The subshell dies at its first failed fork; its children stay until the exec ends.
+            "(i=0; while [ $i -lt 1500 ]; do sleep 30 & i=$((i+1)); done) 2>/dev/null; \
+             set -- /proc/[0-9]*; echo $#",
+        )
+        .await;
+    let running: u64 = text(&bomb.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{bomb:?}"));
+    assert!(
+        running <= berth_provider_docker::DEFAULT_PIDS_LIMIT,
+        "{running} processes ran in one sandbox"
+    );
+    assert!(running > 500, "the loop ran ({running} processes)");
+    let mknod = f.sh(&id, "mknod /tmp/blk b 7 0").await;
+    assert!(!mknod.status.success(), "mknod succeeded without CAP_MKNOD");
+    let nnp = f.sh(&id, "grep NoNewPrivs /proc/self/status").await;
+    assert!(text(&nnp.stdout).contains('1'), "{}", text(&nnp.stdout));
+    f.docker.destroy(&id).await.unwrap();
+}
+
 #[tokio::test]
 async fn an_unreachable_engine_is_unavailable_not_absent() {
     let state = tempfile::tempdir().unwrap();

@@ -1,0 +1,294 @@
+//! Attacks from inside the agent's sandbox on what a mission accepts and commits (issue 9):
+//! hooks the agent installs, a git that lies, tools replaced outside the workspace. Each ran
+//! against the old pipeline (commit made inside the agent's sandbox, validator on a fork of it)
+//! and changed the outcome; the validator now judges exactly the commit Berth builds on the
+//! host, in a clean sandbox.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn berth(home: &Path, owner: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .env("BERTH_HOME", home)
+        .env("BERTH_OWNER", owner)
+        .env_remove("BERTH_FAULT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn status(home: &Path, owner: &str) -> Value {
+    let list = berth(home, owner, &["--json", "mission", "list"]);
+    let list: Value = serde_json::from_slice(&list.stdout).unwrap();
+    let id = list["missions"][0]["id"].as_str().unwrap().to_owned();
+    let out = berth(home, owner, &["--json", "mission", "status", &id]);
+    let mut doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    doc["id"] = Value::String(id);
+    doc
+}
+
+fn docker_ready() -> bool {
+    let engine = Command::new("docker")
+        .args(["image", "inspect", "berth/agent:bookworm"])
+        .output();
+    if matches!(engine, Ok(ref o) if o.status.success()) {
+        return true;
+    }
+    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
+        return false;
+    }
+    panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+}
+
+struct Case<'a> {
+    provider: &'a str,
+    agent: &'a str,
+    /// `[tasks.validator]` lines after `timeout`.
+    validator: &'a str,
+    tasks: usize,
+    attempts: u32,
+}
+
+/// Writes a mission (repository `repo/` with `.agent/agent.sh`) and returns its file.
+fn mission(dir: &Path, case: &Case<'_>) -> PathBuf {
+    let repo = dir.join("repo");
+    std::fs::create_dir_all(repo.join(".agent")).unwrap();
+    std::fs::write(repo.join("README"), "case\n").unwrap();
+    std::fs::write(repo.join(".agent/agent.sh"), case.agent).unwrap();
+    let image = match case.provider {
+        "docker" => "image = \"berth/agent:bookworm\"\n",
+        _ => "",
+    };
+    let mut text = format!(
+        "schema_version = 1\nname = \"hostile\"\n[repository]\npath = \"repo\"\nbase = \"snapshot\"\n\
+         [sandbox]\nprovider = \"{}\"\n{image}[harness]\nkind = \"script\"\ncommand = \"sh .agent/agent.sh\"\n",
+        case.provider
+    );
+    for n in 0..case.tasks {
+        text.push_str(&format!(
+            "[[tasks]]\nid = \"t{n}\"\ninstructions = \"do it\"\nmax_attempts = {}\nagent_timeout = \"60s\"\n\
+             [tasks.validator]\ntimeout = \"60s\"\nevidence = [\".berth-out\"]\n{}\n",
+            case.attempts, case.validator
+        ));
+    }
+    let file = dir.join("mission.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// The file `path` of the commit a task's bundle holds, read on the host with git.
+fn committed_file(bundle: &Path, path: &str) -> (String, String) {
+    let scratch = tempfile::tempdir().unwrap();
+    let clone = scratch.path().join("c");
+    let ok = Command::new("git")
+        .args(["-c", "core.hooksPath=/dev/null", "clone", "-q"])
+        .arg(bundle)
+        .arg(&clone)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "the bundle {} clones", bundle.display());
+    let head = Command::new("git")
+        .arg("-C")
+        .arg(&clone)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&head.stdout).trim().to_owned(),
+        std::fs::read_to_string(clone.join(path)).unwrap_or_default(),
+    )
+}
+
+fn cleanup_docker(home: &Path, owner: &str) {
+    // Checkpoints are the mission's restorable artifacts; the test removes them.
+    let ledger = berth(home, owner, &["--json", "ledger", "list", "--all"]);
+    let ledger: Value = serde_json::from_slice(&ledger.stdout).unwrap_or_default();
+    for row in ledger["entries"].as_array().into_iter().flatten() {
+        if row["kind"] == "snapshot" {
+            let _ = berth(home, owner, &["destroy", row["berth_id"].as_str().unwrap()]);
+        }
+    }
+    let left = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=berth.owner={owner}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "containers left behind");
+}
+
+/// The agent installs a pre-commit hook that rewrites the validated answer, and a `git` that
+/// answers `rev-parse` with a shell injection. The committed tree is the validated one and the
+/// recorded commit id is the one Berth computed.
+fn hook_and_lying_git(provider: &str) {
+    let home = tempfile::Builder::new()
+        .prefix("berth-test-hostile-")
+        .tempdir()
+        .unwrap();
+    let owner = format!("hostile-hook-{provider}-{}", std::process::id());
+    let wrapper = if provider == "docker" {
+        // Only inside a container: a git earlier on PATH that lies about rev-parse.
+        "mkdir -p /usr/local/bin\nprintf '#!/bin/sh\\nif [ \"$1\" = rev-parse ]; then echo \"HEAD; touch /workspace/INJECTED ; :\"; exit 0; fi\\nexec /usr/bin/git \"$@\"\\n' > /usr/local/bin/git\nchmod +x /usr/local/bin/git\n"
+    } else {
+        ""
+    };
+    let agent = format!(
+        "echo good > answer.txt\nprintf '#!/bin/sh\\necho EVIL-UNVALIDATED > answer.txt\\n' > .git/hooks/pre-commit\nchmod +x .git/hooks/pre-commit\n{wrapper}"
+    );
+    let file = mission(
+        home.path(),
+        &Case {
+            provider,
+            agent: &agent,
+            validator: "command = \"test ! -e ../INJECTED && test \\\"$(cat answer.txt)\\\" = good && echo ok > .berth-out\"",
+            tasks: 2,
+            attempts: 1,
+        },
+    );
+    let out = berth(
+        home.path(),
+        &owner,
+        &["mission", "run", file.to_str().unwrap()],
+    );
+    let doc = status(home.path(), &owner);
+    assert!(
+        out.status.success(),
+        "{}{} {doc}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = home
+        .path()
+        .join("missions")
+        .join(doc["id"].as_str().unwrap());
+    for (n, task) in doc["mission"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let recorded = task["attempts"][0]["status"]["commit"].as_str().unwrap();
+        assert!(
+            recorded.len() == 40 && recorded.bytes().all(|b| b.is_ascii_hexdigit()),
+            "task {n}: the recorded commit is not a commit id: {recorded:?}"
+        );
+        let (head, answer) = committed_file(&dir.join(format!("t{n}.bundle")), "answer.txt");
+        assert_eq!(
+            head, recorded,
+            "task {n}: the bundle holds the recorded commit"
+        );
+        assert_eq!(
+            answer, "good\n",
+            "task {n}: the committed answer is the validated one"
+        );
+    }
+    if provider == "docker" {
+        cleanup_docker(home.path(), &owner);
+    }
+}
+
+#[test]
+fn agent_hooks_cannot_change_the_commit_on_host() {
+    hook_and_lying_git("host");
+}
+
+#[test]
+fn agent_hooks_and_a_lying_git_cannot_change_the_commit_on_docker() {
+    if docker_ready() {
+        hook_and_lying_git("docker");
+    }
+}
+
+/// Attempt 1 writes a wrong answer and replaces `grep` with `exit 0`, preloads a library
+/// everywhere and leaves a mark outside the workspace; the validator runs in a clean sandbox
+/// (after its setup command), so attempt 1 is rejected and attempt 2 (the right answer)
+/// accepted.
+#[test]
+fn the_validator_runs_on_a_clean_system_on_docker() {
+    if !docker_ready() {
+        return;
+    }
+    let home = tempfile::Builder::new()
+        .prefix("berth-test-hostile-")
+        .tempdir()
+        .unwrap();
+    let owner = format!("hostile-clean-{}", std::process::id());
+    let agent = "if [ \"$BERTH_ATTEMPT\" = 1 ]; then\n  echo bad > answer.txt\n  printf '#!/bin/sh\\nexit 0\\n' > /usr/bin/grep\n  echo /nonexistent/evil.so > /etc/ld.so.preload\n  touch /tmp/agent-was-here\nelse\n  echo good > answer.txt\nfi\n";
+    let file = mission(
+        home.path(),
+        &Case {
+            provider: "docker",
+            agent,
+            // The setup runs first in the validator's sandbox: none of the agent's system there.
+            validator: "setup = \"test ! -e /tmp/agent-was-here && test ! -e /etc/ld.so.preload\"\ncommand = \"grep -qx good answer.txt && echo ok > .berth-out\"",
+            tasks: 1,
+            attempts: 2,
+        },
+    );
+    let out = berth(
+        home.path(),
+        &owner,
+        &["mission", "run", file.to_str().unwrap()],
+    );
+    let doc = status(home.path(), &owner);
+    assert!(
+        out.status.success(),
+        "{} {doc}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(
+        attempts[0]["status"]["status"], "rejected",
+        "the cheat was accepted: {doc}"
+    );
+    let reason = attempts[0]["status"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("validator exited with code 1"),
+        "{reason}"
+    );
+    assert_eq!(attempts[1]["status"]["status"], "accepted", "{doc}");
+    cleanup_docker(home.path(), &owner);
+}
+
+/// A workspace that is no longer a repository, or has entries git does not store, is captured
+/// or refused with a reason — never committed from the sandbox's say-so.
+#[test]
+fn a_workspace_without_a_repository_is_rejected_with_a_reason() {
+    let home = tempfile::Builder::new()
+        .prefix("berth-test-hostile-")
+        .tempdir()
+        .unwrap();
+    let owner = "hostile-nogit";
+    let file = mission(
+        home.path(),
+        &Case {
+            provider: "host",
+            agent: "rm -rf .git\necho good > answer.txt\n",
+            validator: "command = \"echo ok > .berth-out\"",
+            tasks: 1,
+            attempts: 1,
+        },
+    );
+    let out = berth(
+        home.path(),
+        owner,
+        &["mission", "run", file.to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    let doc = status(home.path(), owner);
+    let reason = doc["mission"]["tasks"][0]["attempts"][0]["status"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("could not be captured"),
+        "reason: {reason:?} in {doc}"
+    );
+}

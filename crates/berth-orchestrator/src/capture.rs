@@ -1,0 +1,433 @@
+//! An attempt's workspace leaves its sandbox as data, and is committed on the host.
+//!
+//! The sandbox is hostile: it only ever produces bytes (a tar archive of the files its own git
+//! selects — the selection is the agent's to make, like any edit). Berth reads the archive with
+//! strict rules (regular files and symlinks only, no `.git` component, no `..`, bounded), builds
+//! the commit in a repository it owns with `git fast-import` (no worktree, no hooks, no
+//! repository config), and computes the commit id there. The validator then judges a checkout of
+//! exactly that commit in a clean sandbox; nothing the sandbox prints becomes a commit id or a
+//! command line.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use crate::hostgit::{git, git_with_input, Transport};
+use crate::OrchestratorError;
+
+/// Run in the attempt's repository (`sh -c`, a constant: nothing is interpolated). Writes a tar
+/// archive of the files git would commit (tracked and untracked, ignores honoured; deleted
+/// files are skipped) to stdout. A workspace that is no longer a git repository fails.
+pub(crate) const SCRIPT: &str = "l=$(mktemp) || exit 90
+git ls-files -z --cached --others --exclude-standard > \"$l\" || { rm -f \"$l\"; exit 91; }
+tar --null --no-recursion --ignore-failed-read --hard-dereference -T \"$l\" -cf -
+s=$?; rm -f \"$l\"
+[ $s -le 1 ] || exit $s";
+
+/// The largest archive a capture accepts (bytes).
+pub(crate) const LIMIT: usize = 256 << 20;
+/// The most entries a capture accepts.
+const MAX_ENTRIES: usize = 100_000;
+/// The longest path accepted (bytes).
+const MAX_PATH: usize = 4096;
+
+/// One file of a capture, as git will store it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CapturedFile {
+    /// `100644`, `100755` or `120000` (symlink; `data` is its target).
+    pub mode: &'static str,
+    pub data: Vec<u8>,
+}
+
+/// A workspace's files, by path (sorted), and what was left out and why.
+#[derive(Debug, Default)]
+pub(crate) struct Capture {
+    pub files: BTreeMap<Vec<u8>, CapturedFile>,
+    pub skipped: Vec<String>,
+}
+
+impl Capture {
+    /// Total bytes of file content.
+    pub fn bytes(&self) -> usize {
+        self.files.values().map(|f| f.data.len()).sum()
+    }
+}
+
+/// The path git stores for an archive entry, or why it is left out.
+fn repository_path(raw: &[u8]) -> Result<Vec<u8>, String> {
+    let shown = || String::from_utf8_lossy(raw).escape_debug().to_string();
+    if raw.len() > MAX_PATH {
+        return Err(format!(
+            "{}…: path longer than {MAX_PATH} bytes",
+            &shown()[..64]
+        ));
+    }
+    if raw.first() == Some(&b'/') {
+        return Err(format!("{}: absolute path", shown()));
+    }
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for (i, part) in raw.split(|b| *b == b'/').enumerate() {
+        match part {
+            b"" => continue,
+            b"." if i == 0 => continue,
+            b"." | b".." => return Err(format!("{}: `.` or `..` inside the path", shown())),
+            _ => {}
+        }
+        // `.git` in any case, and the spellings some filesystems treat as `.git`.
+        let trimmed = {
+            let mut end = part.len();
+            while end > 0 && matches!(part[end - 1], b' ' | b'.') {
+                end -= 1;
+            }
+            &part[..end]
+        };
+        if trimmed.eq_ignore_ascii_case(b".git") || part.eq_ignore_ascii_case(b"git~1") {
+            return Err(format!("{}: a `.git` entry is never committed", shown()));
+        }
+        parts.push(part);
+    }
+    if parts.is_empty() {
+        return Err(format!("{}: names no file", shown()));
+    }
+    Ok(parts.join(&b'/'))
+}
+
+/// Reads a capture archive. Directories are implied by their files; hard links, devices,
+/// fifos and other entry types are left out (named in `skipped`).
+pub(crate) fn parse(archive: &[u8]) -> Result<Capture, String> {
+    if archive.len() > LIMIT {
+        return Err(format!(
+            "the workspace is larger than {} MiB, the limit for a capture",
+            LIMIT >> 20
+        ));
+    }
+    let mut capture = Capture::default();
+    let mut archive = tar::Archive::new(archive);
+    let entries = archive
+        .entries()
+        .map_err(|e| format!("unreadable capture archive: {e}"))?;
+    for (n, entry) in entries.enumerate() {
+        if n >= MAX_ENTRIES {
+            return Err(format!(
+                "the workspace has more than {MAX_ENTRIES} entries, the limit for a capture"
+            ));
+        }
+        let mut entry = entry.map_err(|e| format!("unreadable capture archive: {e}"))?;
+        let kind = entry.header().entry_type();
+        let raw = entry.path_bytes().into_owned();
+        if kind == tar::EntryType::Directory {
+            continue;
+        }
+        let path = match repository_path(&raw) {
+            Ok(path) => path,
+            Err(why) => {
+                capture.skipped.push(why);
+                continue;
+            }
+        };
+        let file = match kind {
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let executable = entry.header().mode().unwrap_or(0) & 0o100 != 0;
+                let mut data = Vec::new();
+                entry
+                    .read_to_end(&mut data)
+                    .map_err(|e| format!("unreadable capture archive: {e}"))?;
+                CapturedFile {
+                    mode: if executable { "100755" } else { "100644" },
+                    data,
+                }
+            }
+            tar::EntryType::Symlink => {
+                let target = entry.link_name_bytes().map(|t| t.into_owned());
+                match target {
+                    Some(target) if !target.is_empty() && target.len() <= MAX_PATH => {
+                        CapturedFile {
+                            mode: "120000",
+                            data: target,
+                        }
+                    }
+                    _ => {
+                        capture.skipped.push(format!(
+                            "{}: symlink without a usable target",
+                            String::from_utf8_lossy(&raw).escape_debug()
+                        ));
+                        continue;
+                    }
+                }
+            }
+            other => {
+                capture.skipped.push(format!(
+                    "{}: {other:?} entries are not committed",
+                    String::from_utf8_lossy(&raw).escape_debug()
+                ));
+                continue;
+            }
+        };
+        capture.files.insert(path, file);
+    }
+    Ok(capture)
+}
+
+/// A path in fast-import's C-style quoting (every byte outside printable ASCII as octal).
+fn quote(path: &[u8]) -> Vec<u8> {
+    let mut out = vec![b'"'];
+    for &b in path {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x20..=0x7e => out.push(b),
+            _ => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
+        }
+    }
+    out.push(b'"');
+    out
+}
+
+/// The fast-import stream that makes `refname` a commit of exactly `capture` on `parent`.
+/// Deterministic (fixed identity and date): the same tree on the same parent is the same id.
+fn import_stream(refname: &str, parent: &str, message: &str, capture: &Capture) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capture.bytes() + 4096);
+    out.extend_from_slice(
+        format!(
+            "commit {refname}\ncommitter berth <berth@localhost> 0 +0000\ndata {}\n{message}\nfrom {parent}\ndeleteall\n",
+            message.len()
+        )
+        .as_bytes(),
+    );
+    for (path, file) in &capture.files {
+        out.extend_from_slice(format!("M {} inline ", file.mode).as_bytes());
+        out.extend_from_slice(&quote(path));
+        out.extend_from_slice(format!("\ndata {}\n", file.data.len()).as_bytes());
+        out.extend_from_slice(&file.data);
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"done\n");
+    out
+}
+
+/// A full commit id (hex, 40 or 64 digits) — the only shape a commit id takes anywhere it is
+/// used later.
+pub(crate) fn is_commit_id(value: &str) -> bool {
+    matches!(value.len(), 40 | 64) && value.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The mission's own repository (bare, created by Berth under the mission directory) holding
+/// the base and every captured attempt. Made on first use from the base bundle.
+pub(crate) fn work_repo(
+    mission_dir: &Path,
+    base_bundle: &Path,
+) -> Result<PathBuf, OrchestratorError> {
+    let repo = mission_dir.join("work.git");
+    if repo.join("HEAD").is_file() {
+        return Ok(repo);
+    }
+    let mut nonce = [0u8; 4];
+    getrandom::fill(&mut nonce).expect("OS randomness");
+    let temp = mission_dir.join(format!(".work.git.{}", hex::encode(nonce)));
+    let made = (|| {
+        git(
+            mission_dir,
+            &["init", "-q", "--bare", "--", &temp.to_string_lossy()],
+        )?;
+        fetch_bundle(&temp, base_bundle)?;
+        std::fs::rename(&temp, &repo).map_err(|e| {
+            OrchestratorError::Repository(format!("cannot create {}: {e}", repo.display()))
+        })
+    })();
+    if made.is_err() {
+        let _ = std::fs::remove_dir_all(&temp);
+        // Another tick may have made it meanwhile.
+        if repo.join("HEAD").is_file() {
+            return Ok(repo);
+        }
+    }
+    made.map(|()| repo)
+}
+
+fn fetch_bundle(repo: &Path, bundle: &Path) -> Result<(), OrchestratorError> {
+    git_with_input(
+        repo,
+        Transport::Scheme("file"),
+        &[
+            "fetch",
+            "-q",
+            "--no-tags",
+            "--",
+            &bundle.to_string_lossy(),
+            "+refs/*:refs/imported/*",
+        ],
+        None,
+    )
+    .map(|_| ())
+}
+
+/// Commits `capture` as a child of `parent` at `refname` in `repo` and returns the commit id.
+/// `input` is a bundle holding `parent`, fetched first when the repository lacks it.
+pub(crate) fn commit(
+    repo: &Path,
+    input: &Path,
+    refname: &str,
+    parent: &str,
+    message: &str,
+    capture: &Capture,
+) -> Result<String, OrchestratorError> {
+    if !is_commit_id(parent) {
+        return Err(OrchestratorError::Corrupt(format!(
+            "`{}` is not a commit id",
+            parent.escape_debug()
+        )));
+    }
+    let object = format!("{parent}^{{commit}}");
+    if git(repo, &["cat-file", "-e", &object]).is_err() {
+        fetch_bundle(repo, input)?;
+    }
+    let stream = import_stream(refname, parent, message, capture);
+    git_with_input(
+        repo,
+        Transport::None,
+        &["fast-import", "--quiet", "--force", "--done"],
+        Some(&stream),
+    )?;
+    let id = git(
+        repo,
+        &["rev-parse", "--verify", &format!("{refname}^{{commit}}")],
+    )?;
+    if !is_commit_id(&id) {
+        return Err(OrchestratorError::Repository(format!(
+            "git answered `{}` for {refname}",
+            id.escape_debug()
+        )));
+    }
+    Ok(id)
+}
+
+/// The commit `refname` points at in `repo` (made by [`commit`]).
+pub(crate) fn resolve(repo: &Path, refname: &str) -> Result<String, OrchestratorError> {
+    git(
+        repo,
+        &["rev-parse", "--verify", &format!("{refname}^{{commit}}")],
+    )
+}
+
+/// Writes a bundle of `refname` (with its whole history, and as its HEAD so that a plain
+/// `git clone` checks it out) to `path`, mode 0600, atomically. Returns its size.
+pub(crate) fn bundle(repo: &Path, refname: &str, path: &Path) -> Result<u64, OrchestratorError> {
+    use std::os::unix::fs::PermissionsExt;
+    let temp = path.with_extension("bundle.partial");
+    let _ = std::fs::remove_file(&temp);
+    // One runner per mission (the lease), so moving the work repository's HEAD is safe.
+    git(repo, &["symbolic-ref", "HEAD", refname])?;
+    git(
+        repo,
+        &[
+            "bundle",
+            "create",
+            "-q",
+            &temp.to_string_lossy(),
+            "HEAD",
+            refname,
+        ],
+    )?;
+    let fail = |e: std::io::Error| {
+        OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
+    };
+    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    let size = std::fs::metadata(&temp).map_err(fail)?.len();
+    std::fs::rename(&temp, path).map_err(fail)?;
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archive(entries: &[(&[u8], tar::EntryType, u32, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, kind, mode, data) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(*kind);
+            header.set_mode(*mode);
+            if *kind == tar::EntryType::Symlink {
+                header.set_size(0);
+                builder
+                    .append_link(
+                        &mut header,
+                        std::str::from_utf8(path).unwrap(),
+                        std::str::from_utf8(data).unwrap(),
+                    )
+                    .unwrap();
+            } else {
+                header.set_size(data.len() as u64);
+                // Raw names, including hostile ones the builder would refuse.
+                let name = &mut header.as_old_mut().name;
+                name[..path.len()].copy_from_slice(path);
+                header.set_cksum();
+                builder.append(&header, *data).unwrap();
+            }
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn hostile_entries_are_left_out_and_named() {
+        use tar::EntryType::*;
+        let tar = archive(&[
+            (b"ok.txt", Regular, 0o644, b"good"),
+            (b"./run.sh", Regular, 0o755, b"#!/bin/sh"),
+            (b".git/hooks/pre-commit", Regular, 0o755, b"evil"),
+            (b"sub/.GIT", Regular, 0o644, b"gitdir: /evil"),
+            (b"sub/.git. ", Regular, 0o644, b"x"),
+            (b"../escape", Regular, 0o644, b"x"),
+            (b"/etc/passwd", Regular, 0o644, b"x"),
+            (b"a/../b", Regular, 0o644, b"x"),
+            (b"dev", Char, 0o644, b""),
+            (b"fifo", Fifo, 0o644, b""),
+            (b"link", Symlink, 0o777, b"ok.txt"),
+        ]);
+        let capture = parse(&tar).unwrap();
+        let paths: Vec<_> = capture
+            .files
+            .keys()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        assert_eq!(paths, ["link", "ok.txt", "run.sh"]);
+        assert_eq!(capture.files[&b"run.sh"[..]].mode, "100755");
+        assert_eq!(capture.files[&b"ok.txt"[..]].mode, "100644");
+        assert_eq!(
+            capture.files[&b"link"[..]],
+            CapturedFile {
+                mode: "120000",
+                data: b"ok.txt".to_vec()
+            }
+        );
+        assert_eq!(capture.skipped.len(), 8, "{:?}", capture.skipped);
+    }
+
+    #[test]
+    fn oversized_and_garbage_archives_are_errors() {
+        assert!(parse(&vec![0u8; LIMIT + 1])
+            .unwrap_err()
+            .contains("larger than"));
+        assert!(parse(
+            b"not a tar archive at all, just some bytes that go on and on"
+                .repeat(20)
+                .as_slice()
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn quoting_keeps_every_byte() {
+        assert_eq!(
+            quote(b"a \"b\"\\\n\xff"),
+            b"\"a \\\"b\\\"\\\\\\012\\377\"".to_vec()
+        );
+    }
+
+    #[test]
+    fn commit_ids_have_one_shape() {
+        assert!(is_commit_id(&"a".repeat(40)));
+        assert!(!is_commit_id("HEAD; echo INJECTED"));
+        assert!(!is_commit_id(&"g".repeat(40)));
+    }
+}

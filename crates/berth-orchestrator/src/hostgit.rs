@@ -1,0 +1,131 @@
+//! Git on the host, hardened: only in repositories Berth created, never running a
+//! repository's hooks, fsmonitor or config.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::OrchestratorError;
+
+/// The transports a git command on the host may use: none, unless a step names one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Transport<'a> {
+    None,
+    /// The scheme of the mission's repository URL (`file`, `https`, `ssh`, …).
+    Scheme(&'a str),
+}
+
+/// The transport a repository URL needs; `None` for a scheme missions do not fetch over.
+pub(crate) fn scheme_of(url: &str) -> Option<&'static str> {
+    let lower = url.to_ascii_lowercase();
+    for (prefix, scheme) in [
+        ("file://", "file"),
+        ("https://", "https"),
+        ("http://", "http"),
+        ("ssh://", "ssh"),
+        ("git://", "git"),
+    ] {
+        if lower.starts_with(prefix) {
+            return Some(scheme);
+        }
+    }
+    // scp-like `user@host:path`
+    let (before, _) = url.split_once(':')?;
+    (!before.is_empty() && !before.contains('/') && !url.contains("::")).then_some("ssh")
+}
+
+/// Runs git on the host, hardened: repositories come from anyone, so no system or global
+/// config, no hooks (`core.hooksPath=/dev/null`), no fsmonitor, no prompts, and no transport
+/// except the one the step names (`protocol.allow=never` otherwise). Berth only ever runs it
+/// in repositories it created; user paths and URLs come after `--`.
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, OrchestratorError> {
+    git_over(dir, Transport::None, args)
+}
+
+pub(crate) fn git_over(
+    dir: &Path,
+    transport: Transport<'_>,
+    args: &[&str],
+) -> Result<String, OrchestratorError> {
+    let out = git_with_input(dir, transport, args, None)?;
+    Ok(String::from_utf8_lossy(&out).trim().to_owned())
+}
+
+/// Runs hardened git with `input` on its stdin (none: stdin is closed); returns its stdout.
+pub(crate) fn git_with_input(
+    dir: &Path,
+    transport: Transport<'_>,
+    args: &[&str],
+    input: Option<&[u8]>,
+) -> Result<Vec<u8>, OrchestratorError> {
+    let mut cmd = std::process::Command::new("git");
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", "/nonexistent")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .args([
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+        ])
+        .args(["-c", "protocol.allow=never"]);
+    if let Transport::Scheme(scheme) = transport {
+        cmd.arg("-c").arg(format!("protocol.{scheme}.allow=always"));
+    }
+    cmd.arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdin(match input {
+            Some(_) => std::process::Stdio::piped(),
+            None => std::process::Stdio::null(),
+        });
+    let cannot = |e: std::io::Error| OrchestratorError::Repository(format!("cannot run git: {e}"));
+    let mut child = cmd.spawn().map_err(cannot)?;
+    // stdin is written from another thread so a large input cannot deadlock against output.
+    let feeder = match (input, child.stdin.take()) {
+        (Some(bytes), Some(mut stdin)) => {
+            let bytes = bytes.to_vec();
+            Some(std::thread::spawn(move || stdin.write_all(&bytes)))
+        }
+        _ => None,
+    };
+    let out = child.wait_with_output().map_err(cannot)?;
+    if let Some(feeder) = feeder {
+        let _ = feeder.join();
+    }
+    if !out.status.success() {
+        return Err(OrchestratorError::Repository(format!(
+            "git {} in {}: {}",
+            args.join(" "),
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(out.stdout)
+}
+
+/// Copies a source tree, never a `.git` entry of any type (a `.git` *file* — `gitdir: …`, a
+/// worktree — would make the copy's repository someone else's, hooks and config included).
+pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_name() == ".git" {
+            continue;
+        }
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
