@@ -21,12 +21,52 @@ pub struct App {
     pub json: bool,
 }
 
+/// Keeps what Berth stores private to its user: `BERTH_HOME` is created mode 0700 (and
+/// tightened when it is empty or Berth's own), and whatever else it holds, Berth's own parts —
+/// `state/` (workspaces, and docker's bind-mounted socket directories, where a sandbox can leave
+/// a setuid-root binary), `missions/` (bundles) and the store — are made 0700/0600, so no other
+/// user reaches them. A directory that is not Berth's is never changed.
+fn private_home(home: &std::path::Path, state: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let private_dir = |dir: &std::path::Path| -> Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {} private", dir.display()))
+    };
+    let fresh = !home.exists()
+        || std::fs::read_dir(home).is_ok_and(|mut d| d.next().is_none())
+        || home.join("berth.db").is_file();
+    if fresh {
+        private_dir(home)?;
+    }
+    private_dir(state)?;
+    private_dir(&home.join("missions"))?;
+    private_store(home)
+}
+
+/// The store's files, mode 0600 (SQLite creates them with the default mode).
+fn private_store(home: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for store in ["berth.db", "berth.db-wal", "berth.db-shm"] {
+        let path = home.join(store);
+        if path.is_file() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot make {} private", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 impl App {
-    /// Creates the state directory if needed and opens the store.
+    /// Creates the state directory if needed (private) and opens the store.
     pub async fn open(config: Config, json: bool) -> Result<App> {
-        std::fs::create_dir_all(&config.home)
-            .with_context(|| format!("cannot create BERTH_HOME {}", config.home.display()))?;
+        private_home(&config.home, &config.state_dir())?;
         let store = Store::open(&config.database()).await?;
+        private_store(&config.home)?;
         let registry = Registry::builtin()?;
         let provider_config = ProviderConfig {
             state_dir: config.state_dir(),

@@ -378,6 +378,10 @@ pub enum MissionCommand {
     Run {
         /// The mission file (TOML; `berth schema mission` prints its schema).
         file: std::path::PathBuf,
+        /// Let `repository.path` name a directory outside the mission file's directory (by
+        /// default a mission reads only what it ships with).
+        #[arg(long)]
+        allow_outside_path: bool,
     },
     /// Continue a mission after an interruption or crash.
     Resume {

@@ -33,6 +33,8 @@ pub mod code {
     pub const REFUSED: i32 = 11;
     /// A conformance clause failed, or the catalog claims more than its evidence.
     pub const VERIFICATION_FAILED: i32 = 12;
+    /// The sandbox interfered with Berth's control channel (its supervisor was impersonated).
+    pub const TAMPERED: i32 = 13;
     /// exec/run: berth itself failed (the command's codes pass through otherwise).
     pub const EXEC_FAILED: i32 = 125;
 }
@@ -123,6 +125,11 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
             "retry; the operation may still have happened, so check `berth status`",
         ),
         ErrorKind::Provider5xx => (kind.as_str(), code::UNAVAILABLE, "retry later"),
+        ErrorKind::Tampered => (
+            kind.as_str(),
+            code::TAMPERED,
+            "the sandbox is compromised: `berth destroy` it",
+        ),
         _ => (
             kind.as_str(),
             code::INTERNAL,

@@ -23,7 +23,10 @@ fn berth(home: &Path, owner: &str, args: &[&str]) -> Output {
 fn status(home: &Path, owner: &str) -> Value {
     let list = berth(home, owner, &["--json", "mission", "list"]);
     let list: Value = serde_json::from_slice(&list.stdout).unwrap();
-    let id = list["missions"][0]["id"].as_str().unwrap().to_owned();
+    let id = list["missions"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no mission registered: {list}"))
+        .to_owned();
     let out = berth(home, owner, &["--json", "mission", "status", &id]);
     let mut doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     doc["id"] = Value::String(id);
@@ -103,6 +106,21 @@ fn committed_file(bundle: &Path, path: &str) -> (String, String) {
     )
 }
 
+/// Removes a docker test's checkpoints and containers when it ends, failed or not.
+struct DockerCleanup<'a>(&'a Path, &'a str);
+
+impl Drop for DockerCleanup<'_> {
+    fn drop(&mut self) {
+        let ledger = berth(self.0, self.1, &["--json", "ledger", "list", "--all"]);
+        let ledger: Value = serde_json::from_slice(&ledger.stdout).unwrap_or_default();
+        for row in ledger["entries"].as_array().into_iter().flatten() {
+            if let (Some(key), true) = (row["berth_id"].as_str(), row["state"] != "verified_gone") {
+                let _ = berth(self.0, self.1, &["destroy", key]);
+            }
+        }
+    }
+}
+
 fn cleanup_docker(home: &Path, owner: &str) {
     // Checkpoints are the mission's restorable artifacts; the test removes them.
     let ledger = berth(home, owner, &["--json", "ledger", "list", "--all"]);
@@ -133,6 +151,7 @@ fn hook_and_lying_git(provider: &str) {
         .tempdir()
         .unwrap();
     let owner = format!("hostile-hook-{provider}-{}", std::process::id());
+    let _cleanup = DockerCleanup(home.path(), &owner);
     let wrapper = if provider == "docker" {
         // Only inside a container: a git earlier on PATH that lies about rev-parse.
         "mkdir -p /usr/local/bin\nprintf '#!/bin/sh\\nif [ \"$1\" = rev-parse ]; then echo \"HEAD; touch /workspace/INJECTED ; :\"; exit 0; fi\\nexec /usr/bin/git \"$@\"\\n' > /usr/local/bin/git\nchmod +x /usr/local/bin/git\n"
@@ -220,6 +239,7 @@ fn the_validator_runs_on_a_clean_system_on_docker() {
         .tempdir()
         .unwrap();
     let owner = format!("hostile-clean-{}", std::process::id());
+    let _cleanup = DockerCleanup(home.path(), &owner);
     let agent = "if [ \"$BERTH_ATTEMPT\" = 1 ]; then\n  echo bad > answer.txt\n  printf '#!/bin/sh\\nexit 0\\n' > /usr/bin/grep\n  echo /nonexistent/evil.so > /etc/ld.so.preload\n  touch /tmp/agent-was-here\nelse\n  echo good > answer.txt\nfi\n";
     let file = mission(
         home.path(),
@@ -291,4 +311,195 @@ fn a_workspace_without_a_repository_is_rejected_with_a_reason() {
         reason.contains("could not be captured"),
         "reason: {reason:?} in {doc}"
     );
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// `repository.path` reads only what the mission file ships with: `../…/etc` and a symlink
+/// leading out are refused before anything is copied (issue 9: `/etc`, `shadow` included, was
+/// staged into the sandbox and a world-readable bundle); `--allow-outside-path` lets an
+/// operator name a sibling on purpose.
+#[test]
+fn a_mission_reads_nothing_outside_its_directory_unless_allowed() {
+    let home = tempfile::Builder::new()
+        .prefix("berth-test-hostile-")
+        .tempdir()
+        .unwrap();
+    let owner = "hostile-paths";
+    let dir = tempfile::tempdir().unwrap();
+    let file = mission(
+        dir.path(),
+        &Case {
+            provider: "host",
+            agent: "echo good > answer.txt\n",
+            validator: "command = \"echo ok > .berth-out\"",
+            tasks: 1,
+            attempts: 1,
+        },
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    for (name, path) in [
+        ("dotdot", "../../../../../../../../etc".to_owned()),
+        ("link", "link".to_owned()),
+    ] {
+        std::os::unix::fs::symlink("/etc", dir.path().join("link")).ok();
+        let hostile = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &hostile,
+            text.replace("path = \"repo\"", &format!("path = {path:?}")),
+        )
+        .unwrap();
+        let out = berth(
+            home.path(),
+            owner,
+            &["mission", "run", hostile.to_str().unwrap()],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(5),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("outside the mission file's directory"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let missions = home.path().join("missions");
+        let left = std::fs::read_dir(&missions).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(left, 0, "{name}: a refused mission left files");
+    }
+    // A sibling directory, named on purpose.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let inner = elsewhere.path().join("m");
+    std::fs::create_dir(&inner).unwrap();
+    let sibling = inner.join("mission.toml");
+    std::fs::write(
+        &sibling,
+        text.replace(
+            "path = \"repo\"",
+            &format!("path = {:?}", dir.path().join("repo")),
+        ),
+    )
+    .unwrap();
+    let out = berth(
+        home.path(),
+        owner,
+        &["mission", "run", sibling.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(5));
+    let out = berth(
+        home.path(),
+        owner,
+        &[
+            "mission",
+            "run",
+            "--allow-outside-path",
+            sibling.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What a mission keeps is private to its owner.
+    assert_eq!(
+        mode(&home.path().join("missions")),
+        0o700,
+        "BERTH_HOME/missions"
+    );
+    let doc = status(home.path(), owner);
+    let dir = home
+        .path()
+        .join("missions")
+        .join(doc["id"].as_str().unwrap());
+    assert_eq!(mode(&dir), 0o700, "the mission directory");
+    assert_eq!(mode(&dir.join("t0.bundle")), 0o600, "the accepted bundle");
+}
+
+/// A mission never writes into the user's repository: with `base = "snapshot"` on a git
+/// worktree, the user's branch gets no commit and the uncommitted file stays uncommitted.
+#[test]
+fn a_mission_never_commits_into_the_users_repository() {
+    let home = tempfile::Builder::new()
+        .prefix("berth-test-hostile-")
+        .tempdir()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = mission(
+        dir.path(),
+        &Case {
+            provider: "host",
+            agent: "echo good > answer.txt\n",
+            validator: "command = \"echo ok > .berth-out\"",
+            tasks: 1,
+            attempts: 1,
+        },
+    );
+    let repo = dir.path().join("repo");
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["-c", "user.name=u", "-c", "user.email=u@x"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "README"]);
+    git(&["commit", "-q", "-m", "user"]);
+    std::fs::write(repo.join("uncommitted.txt"), "mine\n").unwrap();
+    let before = (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain"]));
+    let out = berth(
+        home.path(),
+        "hostile-worktree",
+        &["mission", "run", file.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain"]));
+    assert_eq!(before, after, "the mission changed the user's repository");
+}
+
+/// What Berth keeps is private to its user: a new `BERTH_HOME` is mode 0700; in a shared
+/// one (open to others, holding someone else's files) that directory is left as it is but
+/// Berth's own parts — `state/`, `missions/`, the store — are made private.
+#[test]
+fn berth_home_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(shared.path().join("someone-elses.txt"), "x").unwrap();
+    let out = berth(shared.path(), "hostile-home", &["list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        mode(shared.path()),
+        0o755,
+        "a directory that is not Berth's was changed"
+    );
+    assert_eq!(mode(&shared.path().join("state")), 0o700);
+    assert_eq!(mode(&shared.path().join("missions")), 0o700);
+    assert_eq!(mode(&shared.path().join("berth.db")), 0o600);
+    let fresh = shared.path().join("new/home");
+    let out = berth(&fresh, "hostile-home", &["list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode(&fresh), 0o700);
 }

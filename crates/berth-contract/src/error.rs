@@ -45,13 +45,17 @@ pub enum ErrorKind {
     /// The provider failed internally (HTTP 5xx or equivalent). Retryable.
     #[serde(rename = "provider_5xx")]
     Provider5xx,
+    /// The sandbox interfered with Berth's control channel: its supervisor's socket is served
+    /// by another process (replaced or impersonated from inside). Nothing was sent. Not
+    /// retryable: the sandbox is compromised; destroy it.
+    Tampered,
     /// Not classified. Not retryable, because nothing says it is safe.
     Unknown,
 }
 
 impl ErrorKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::Auth,
         ErrorKind::Quota,
         ErrorKind::RateLimited,
@@ -64,6 +68,7 @@ impl ErrorKind {
         ErrorKind::TimeoutClient,
         ErrorKind::TimeoutServer,
         ErrorKind::Provider5xx,
+        ErrorKind::Tampered,
         ErrorKind::Unknown,
     ];
 
@@ -82,6 +87,7 @@ impl ErrorKind {
             | ErrorKind::InvalidRequest
             | ErrorKind::NotFound
             | ErrorKind::Unsupported
+            | ErrorKind::Tampered
             | ErrorKind::Unknown => false,
         }
     }
@@ -111,6 +117,7 @@ impl ErrorKind {
             ErrorKind::TimeoutClient => "timeout_client",
             ErrorKind::TimeoutServer => "timeout_server",
             ErrorKind::Provider5xx => "provider_5xx",
+            ErrorKind::Tampered => "tampered",
             ErrorKind::Unknown => "unknown",
         }
     }

@@ -272,7 +272,7 @@ pub fn evaluate(
             (None, Some(_)) => Status::Unknown("no evidence record".into()),
             (Some(record), Some(_)) => match record_problem(manifest, record, expect) {
                 Some(problem) => Status::Unknown(problem),
-                None => capability_status(&name, record, expect),
+                None => capability_status(manifest, &name, record, expect),
             },
         };
         out.insert(name, status);
@@ -280,7 +280,16 @@ pub fn evaluate(
     out
 }
 
-fn capability_status(name: &str, record: &EvidenceRecord, expect: &Expectations<'_>) -> Status {
+/// The conformance clause that checks a manifest's declared default walls; without declared
+/// walls it is not applicable, and that is consistent with the manifest.
+pub const WALLS_CLAUSE: &str = "isolation.default_walls";
+
+fn capability_status(
+    manifest: &ProviderManifest,
+    name: &str,
+    record: &EvidenceRecord,
+    expect: &Expectations<'_>,
+) -> Status {
     let wanted = |cap: Option<&str>| match cap {
         None => name == CORE,
         Some(cap) => cap == name,
@@ -312,6 +321,7 @@ fn capability_status(name: &str, record: &EvidenceRecord, expect: &Expectations<
                     clause.diagnostics.join("; ")
                 ))
             }
+            Grade::NotApplicable if *id == WALLS_CLAUSE && manifest.isolation.walls.is_none() => {}
             Grade::NotApplicable => {
                 return Status::Unknown(format!(
                     "clause `{id}` was not applicable when recorded (declared unsupported then)"

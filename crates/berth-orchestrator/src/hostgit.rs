@@ -108,13 +108,19 @@ pub(crate) fn git_with_input(
     Ok(out.stdout)
 }
 
-/// Copies a source tree, never a `.git` entry of any type (a `.git` *file* — `gitdir: …`, a
-/// worktree — would make the copy's repository someone else's, hooks and config included).
+/// Copies a source tree, never a `.git` entry of any type or case (a `.git` *file* —
+/// `gitdir: …`, a worktree — would make the copy's repository someone else's, hooks and config
+/// included). Symlinks are copied as links (never followed); fifos, sockets and devices are
+/// left out (a fifo would block the copy forever).
 pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
-        if entry.file_name() == ".git" {
+        if entry
+            .file_name()
+            .as_encoded_bytes()
+            .eq_ignore_ascii_case(b".git")
+        {
             continue;
         }
         let kind = entry.file_type()?;
@@ -123,7 +129,7 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
             copy_tree(&entry.path(), &target)?;
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &target)?;
-        } else {
+        } else if kind.is_file() {
             std::fs::copy(entry.path(), &target)?;
         }
     }

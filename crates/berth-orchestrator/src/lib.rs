@@ -20,6 +20,7 @@ mod pipeline;
 
 use hostgit::{copy_tree, git, git_over, scheme_of, Transport};
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use berth_factory::{ProviderConfig, Registry};
@@ -191,6 +192,43 @@ pub enum Boundary {
     AfterEvent(i64),
 }
 
+/// The repository directory a mission file names, resolved (symlinks followed) and — unless
+/// `allow_outside` — required to be the mission file's directory or beneath it.
+fn confined_path(
+    file_path: &Path,
+    path: &str,
+    allow_outside: bool,
+) -> Result<PathBuf, OrchestratorError> {
+    let base = file_path.parent().unwrap_or(Path::new("."));
+    let base = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
+    let shown = |e: std::io::Error, what: &Path| {
+        OrchestratorError::Repository(format!("cannot resolve {}: {e}", what.display()))
+    };
+    let joined = base.join(path);
+    let resolved = joined.canonicalize().map_err(|e| shown(e, &joined))?;
+    if !resolved.is_dir() {
+        return Err(OrchestratorError::Repository(format!(
+            "{} is not a directory",
+            resolved.display()
+        )));
+    }
+    let root = base.canonicalize().map_err(|e| shown(e, base))?;
+    if !allow_outside && !resolved.starts_with(&root) {
+        return Err(OrchestratorError::Unreadable(format!(
+            "repository.path `{}` resolves to {}, outside the mission file's directory {}; \
+             a mission reads only what it ships with unless you pass --allow-outside-path",
+            path.escape_debug(),
+            resolved.display(),
+            root.display()
+        )));
+    }
+    Ok(resolved)
+}
+
 fn new_mission_id(name: &str) -> String {
     let mut buf = [0u8; 4];
     getrandom::fill(&mut buf).expect("OS randomness");
@@ -217,6 +255,17 @@ impl Orchestrator<'_> {
     /// Every field is checked (including that each provider exists in this build) before
     /// anything is written; a registration that fails leaves no directory behind.
     pub async fn create(&self, file_path: &Path) -> Result<String, OrchestratorError> {
+        self.create_with(file_path, false).await
+    }
+
+    /// [`Orchestrator::create`], where `allow_outside` lets `repository.path` name a directory
+    /// outside the mission file's own (by default it must resolve, symlinks followed, to the
+    /// mission file's directory or beneath it: a mission file reads only what it ships with).
+    pub async fn create_with(
+        &self,
+        file_path: &Path,
+        allow_outside: bool,
+    ) -> Result<String, OrchestratorError> {
         let text = read_mission_file(file_path)?;
         let file = berth_mission::file::parse(&file_path.display().to_string(), &text)?;
         for provider in std::iter::once(&file.sandbox.provider).chain(&file.sandbox.fallback) {
@@ -226,10 +275,16 @@ impl Orchestrator<'_> {
         }
         let id = new_mission_id(&file.name);
         let dir = self.mission_dir(&id);
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            OrchestratorError::Repository(format!("cannot create {}: {e}", dir.display()))
-        })?;
-        let registered = self.register(file_path, file, &id, &dir).await;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| {
+                OrchestratorError::Repository(format!("cannot create {}: {e}", dir.display()))
+            })?;
+        let registered = self
+            .register(file_path, file, &id, &dir, allow_outside)
+            .await;
         if registered.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -242,10 +297,11 @@ impl Orchestrator<'_> {
         file: berth_mission::file::MissionFile,
         id: &str,
         dir: &Path,
+        allow_outside: bool,
     ) -> Result<String, OrchestratorError> {
         let (id, dir) = (id.to_owned(), dir.to_owned());
         let mut source = match (&file.repository.path, &file.repository.url) {
-            (Some(path), _) => file_path.parent().unwrap_or(Path::new(".")).join(path),
+            (Some(path), _) => confined_path(file_path, path, allow_outside)?,
             // A URL is cloned once, when the mission is registered; attempts never touch it.
             (None, Some(url)) => {
                 if file.repository.base == "snapshot" {

@@ -161,6 +161,9 @@ struct InspectState {
     status: String,
     #[serde(rename = "Paused", default)]
     paused: bool,
+    /// The host pid of the container's init (0 when not running).
+    #[serde(rename = "Pid", default)]
+    pid: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -348,13 +351,36 @@ impl DockerProvider {
 
     /// Waits until the supervisor answers, failing early (with the container's log tail) if
     /// the container stops.
+    /// At ready, the supervisor's identity (pid and start time, as the host sees it) is pinned
+    /// in the sandbox's host state directory, which the container cannot see: from then on,
+    /// only that process is trusted to serve the socket. While the container starts nothing but
+    /// init and the supervisor runs in it, so the listener must be a child of the container's
+    /// init.
     async fn wait_ready(&self, name: &str) -> Result<()> {
         let socket = self.socket(name)?;
         let started = Instant::now();
+        let init = match self.inspect(name).await? {
+            Some(info) if info.state.pid > 0 => info.state.pid,
+            Some(info) => {
+                return Err(err(
+                    ErrorKind::Unknown,
+                    format!(
+                        "container `{name}` has no running init (state {})",
+                        info.state.status
+                    ),
+                ))
+            }
+            None => {
+                return Err(err(
+                    ErrorKind::NotFound,
+                    format!("container `{name}` vanished during start"),
+                ))
+            }
+        };
         let mut checks = 0u32;
         loop {
-            if supervise::ping(&socket).await.is_ok() {
-                return Ok(());
+            if let Ok(peer) = supervise::ping(&socket, &supervise::Expect::ChildOf(init)).await {
+                return self.pin(name, &peer);
             }
             checks += 1;
             if checks.is_multiple_of(25) {
@@ -389,6 +415,52 @@ impl DockerProvider {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    fn pin_path(&self, name: &str) -> Result<PathBuf> {
+        Ok(self.run_dir(name)?.join("supervisor.peer"))
+    }
+
+    fn pin(&self, name: &str, peer: &supervise::Peer) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.pin_path(name)?;
+        let temp = path.with_extension("peer.new");
+        let _ = std::fs::remove_file(&temp);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(|e| io_err("record the supervisor's identity", e))?;
+        file.write_all(&serde_json::to_vec(peer).expect("peer serializes"))
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&temp, &path))
+            .map_err(|e| io_err("record the supervisor's identity", e))
+    }
+
+    /// The supervisor pinned at the sandbox's last start.
+    async fn pinned(&self, name: &str) -> Result<supervise::Expect> {
+        let path = self.pin_path(name)?;
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                return Err(match self.inspect(name).await? {
+                    None => err(ErrorKind::NotFound, format!("no sandbox `{name}`")),
+                    Some(_) => err(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "no recorded supervisor identity for `{name}` (not started with \
+                             this state directory?)"
+                        ),
+                    )
+                    .with_source(e),
+                })
+            }
+        };
+        serde_json::from_slice(&bytes)
+            .map(supervise::Expect::Pinned)
+            .map_err(|e| err(ErrorKind::Unknown, "unreadable supervisor identity").with_source(e))
     }
 
     async fn log_tail(&self, name: &str) -> String {
@@ -490,9 +562,10 @@ impl DockerProvider {
             timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
             grace_ms: self.config.kill_grace.as_millis() as u64,
         };
-        self.alive(id, &socket).await?;
+        let expect = self.pinned(&id.0).await?;
+        self.alive(id, &socket, &expect).await?;
         let started = Instant::now();
-        let exchange = supervise::exec(&socket, &request, &mut on_chunk);
+        let exchange = supervise::exec(&socket, &expect, &request, &mut on_chunk);
         // The supervisor enforces the timeout; this deadline only catches a supervisor that
         // cannot (container paused or frozen mid-exec). Dropping the exchange hangs up, and the
         // supervisor kills the command's group as soon as it runs again.
@@ -539,9 +612,9 @@ impl DockerProvider {
 
     /// A frozen (paused) container accepts connections but never answers: ping first, with a
     /// deadline, so a request is never queued to run later behind the caller's back.
-    async fn alive(&self, id: &NativeId, socket: &Path) -> Result<()> {
-        match tokio::time::timeout(PING_DEADLINE, supervise::ping(socket)).await {
-            Ok(Ok(())) => Ok(()),
+    async fn alive(&self, id: &NativeId, socket: &Path, expect: &supervise::Expect) -> Result<()> {
+        match tokio::time::timeout(PING_DEADLINE, supervise::ping(socket, expect)).await {
+            Ok(Ok(_)) => Ok(()),
             Ok(Err(connect)) => Err(self.unreachable_supervisor(id, connect).await),
             Err(_) => Err(self
                 .unreachable_supervisor(id, std::io::Error::other("ping timed out"))
@@ -552,8 +625,9 @@ impl DockerProvider {
     /// One single-answer request to the supervisor of `id`.
     async fn call(&self, id: &NativeId, request: &Request) -> Result<Exit> {
         let socket = self.socket(&id.0)?;
-        self.alive(id, &socket).await?;
-        match supervise::call(&socket, request).await {
+        let expect = self.pinned(&id.0).await?;
+        self.alive(id, &socket, &expect).await?;
+        match supervise::call(&socket, &expect, request).await {
             Ok(supervise::Outcome::Exit(exit)) => Ok(exit),
             Ok(supervise::Outcome::Lost(reason)) => Err(err(ErrorKind::Unavailable, reason)),
             Err(connect) => Err(self.unreachable_supervisor(id, connect).await),
@@ -566,6 +640,12 @@ impl DockerProvider {
         id: &NativeId,
         connect: std::io::Error,
     ) -> ProviderError {
+        if connect.kind() == std::io::ErrorKind::PermissionDenied {
+            return err(
+                ErrorKind::Tampered,
+                format!("sandbox `{}`: {connect}; destroy it", id.0),
+            );
+        }
         match self.inspect(&id.0).await {
             Ok(None) => err(ErrorKind::NotFound, format!("no sandbox `{}`", id.0)),
             Ok(Some(info)) if info.state.paused || info.state.status != "running" => err(

@@ -20,8 +20,81 @@ pub(crate) enum Outcome {
     Lost(String),
 }
 
-async fn send(socket: &Path, request: &Request) -> io::Result<UnixStream> {
-    let mut stream = UnixStream::connect(socket).await?;
+/// A process, as the host sees it: pid and start time (so a reused pid is a different peer).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Peer {
+    pub pid: u32,
+    pub start: String,
+}
+
+impl Peer {
+    /// The process `pid` now (`None`: gone or unreadable).
+    pub fn of(pid: u32) -> Option<Peer> {
+        let (start, _) = stat_fields(pid)?;
+        Some(Peer { pid, start })
+    }
+
+    /// Its parent's pid.
+    pub fn parent(&self) -> Option<u32> {
+        stat_fields(self.pid).map(|(_, ppid)| ppid)
+    }
+}
+
+/// Start time (field 22) and parent pid (field 4) from `/proc/PID/stat`.
+fn stat_fields(pid: u32) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis start at 3.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((rest.get(19)?.to_string(), rest.get(1)?.parse().ok()?))
+}
+
+/// Who serves a socket: the supervisor pinned at the sandbox's start, or (while it starts)
+/// any child of the container's init.
+#[derive(Debug, Clone)]
+pub(crate) enum Expect {
+    Pinned(Peer),
+    ChildOf(u32),
+}
+
+/// Connects to the supervisor's socket and proves who listens before anything is sent: the
+/// socket directory is writable from inside the sandbox, so the path may have been replaced
+/// (a symlink to another sandbox's socket or a host listener, or a listener of the sandbox's
+/// own). The peer's credentials (`SO_PEERCRED`) must be the expected process.
+pub(crate) async fn connect(socket: &Path, expect: &Expect) -> io::Result<(UnixStream, Peer)> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::symlink_metadata(socket)?.file_type();
+    if !kind.is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the supervisor's socket path is not a socket (replaced from inside the sandbox?)",
+        ));
+    }
+    let stream = UnixStream::connect(socket).await?;
+    let refused = |why: String| io::Error::new(io::ErrorKind::PermissionDenied, why);
+    let pid = stream
+        .peer_cred()?
+        .pid()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            refused("the socket's listener is not visible from this pid namespace".into())
+        })?;
+    let peer = Peer::of(pid as u32)
+        .ok_or_else(|| refused(format!("the socket's listener (pid {pid}) vanished")))?;
+    let trusted = match expect {
+        Expect::Pinned(pinned) => &peer == pinned,
+        Expect::ChildOf(init) => peer.parent() == Some(*init),
+    };
+    if !trusted {
+        return Err(refused(format!(
+            "the socket is served by pid {pid}, not by this sandbox's supervisor (the socket was \
+             replaced from inside the sandbox); nothing was sent"
+        )));
+    }
+    Ok((stream, peer))
+}
+
+async fn send(socket: &Path, expect: &Expect, request: &Request) -> io::Result<UnixStream> {
+    let (mut stream, _) = connect(socket, expect).await?;
     let mut line = serde_json::to_vec(request).expect("request serializes");
     line.push(b'\n');
     stream.write_all(&line).await?;
@@ -47,17 +120,17 @@ async fn read_frame(stream: &mut UnixStream) -> io::Result<Option<(u8, Vec<u8>)>
     Ok(Some((header[0], payload)))
 }
 
-/// Whether the supervisor answers.
-pub(crate) async fn ping(socket: &Path) -> io::Result<()> {
-    let mut stream = send(
-        socket,
-        &Request::Ping {
-            v: PROTOCOL_VERSION,
-        },
-    )
-    .await?;
+/// Whether the supervisor answers; returns who answered.
+pub(crate) async fn ping(socket: &Path, expect: &Expect) -> io::Result<Peer> {
+    let (mut stream, peer) = connect(socket, expect).await?;
+    let mut line = serde_json::to_vec(&Request::Ping {
+        v: PROTOCOL_VERSION,
+    })
+    .expect("request serializes");
+    line.push(b'\n');
+    stream.write_all(&line).await?;
     match read_frame(&mut stream).await? {
-        Some((TAG_EXIT, _)) => Ok(()),
+        Some((TAG_EXIT, _)) => Ok(peer),
         _ => Err(io::Error::other("supervisor did not answer the ping")),
     }
 }
@@ -67,10 +140,11 @@ pub(crate) async fn ping(socket: &Path) -> io::Result<()> {
 /// made-up exit status.
 pub(crate) async fn exec(
     socket: &Path,
+    expect: &Expect,
     request: &Request,
     mut on_chunk: impl FnMut(Stream, &[u8]),
 ) -> io::Result<Outcome> {
-    let mut stream = send(socket, request).await?;
+    let mut stream = send(socket, expect, request).await?;
     loop {
         match read_frame(&mut stream).await {
             Ok(Some((TAG_STDOUT, bytes))) => on_chunk(Stream::Stdout, &bytes),
@@ -97,6 +171,6 @@ pub(crate) async fn exec(
 }
 
 /// Sends a request answered by a single exit frame (spawn, status, kill).
-pub(crate) async fn call(socket: &Path, request: &Request) -> io::Result<Outcome> {
-    exec(socket, request, |_, _| {}).await
+pub(crate) async fn call(socket: &Path, expect: &Expect, request: &Request) -> io::Result<Outcome> {
+    exec(socket, expect, request, |_, _| {}).await
 }

@@ -682,6 +682,137 @@ async fn default_walls_stop_a_fork_bomb_and_mknod() {
     f.docker.destroy(&id).await.unwrap();
 }
 
+/// The supervisor's socket lives in a directory the sandbox can write. A sandbox that replaces
+/// it — a symlink to another sandbox's socket (path from its mount table), a symlink to a host
+/// listener, or a listener of its own that answers every exec with "all tests passed", exit 0 —
+/// gets nothing: the peer is not the pinned supervisor, so nothing is sent (no command, no
+/// secret) and the exec is a `tampered` error, not a result, and returns at once.
+#[tokio::test]
+async fn a_replaced_supervisor_socket_receives_nothing_and_lies_about_nothing() {
+    let Some(f) = fixture("socket").await else {
+        return;
+    };
+    let victim = f.create("bx-dk-victim").await;
+    let attacker = f.create("bx-dk-attacker").await;
+    let canary = "CANARY-9f31c7d2e8";
+    let mut secret_exec = ExecRequest::shell("touch /tmp/ran-here; echo \"$API_TOKEN\"");
+    secret_exec = secret_exec.with_env("API_TOKEN", canary);
+
+    // 1. A symlink to the other sandbox's socket, its host path learned from the mount table.
+    let mountinfo = f
+        .sh(&attacker, "grep ' /run/berth ' /proc/self/mountinfo")
+        .await;
+    assert!(mountinfo.status.success(), "the run dir is a mount");
+    let victim_socket = f._state.path().join(&victim.0).join("run/s.sock");
+    assert!(victim_socket.exists());
+    let relink = f
+        .docker
+        .exec(
+            &attacker,
+            &ExecRequest::argv([
+                "ln",
+                "-sf",
+                &victim_socket.to_string_lossy(),
+                "/run/berth/s.sock",
+            ]),
+        )
+        .await;
+    // The link replaced the socket before the answer came back: the reply may be lost.
+    let _ = relink;
+    let refused = f.docker.exec(&attacker, &secret_exec).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Tampered, "{refused}");
+    assert!(!refused.to_string().contains(canary));
+    let ran = f
+        .sh(&victim, "test -e /tmp/ran-here && echo yes || echo no")
+        .await;
+    assert_eq!(
+        text(&ran.stdout),
+        "no\n",
+        "the other sandbox ran the command"
+    );
+
+    // 2. A symlink to a host listener.
+    let host_dir = tempfile::tempdir().unwrap();
+    let host_socket = host_dir.path().join("l.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&host_socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let third = f.create("bx-dk-third").await;
+    let _ = f
+        .docker
+        .exec(
+            &third,
+            &ExecRequest::argv([
+                "ln",
+                "-sf",
+                &host_socket.to_string_lossy(),
+                "/run/berth/s.sock",
+            ]),
+        )
+        .await;
+    let refused = f.docker.exec(&third, &secret_exec).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Tampered, "{refused}");
+    if let Ok((mut conn, _)) = listener.accept() {
+        use std::io::Read;
+        conn.set_nonblocking(false).unwrap();
+        conn.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = conn.read_to_end(&mut got);
+        assert!(
+            got.is_empty(),
+            "the host listener received {:?}",
+            text(&got)
+        );
+    }
+
+    // 3. A listener of the sandbox's own that lies (and one that would never answer).
+    let fake = r#"import socket, os, struct, json
+p = '/run/berth/s.sock'
+os.unlink(p)
+s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(8)
+while True:
+    c, _ = s.accept(); c.recv(65536)
+    out = b'all tests passed\n'
+    c.sendall(bytes([1]) + struct.pack('>I', len(out)) + out)
+    e = json.dumps({'status': 'exited', 'code': 0}).encode()
+    c.sendall(bytes([3]) + struct.pack('>I', len(e)) + e); c.close()
+"#;
+    let liar = f.create("bx-dk-liar").await;
+    f.docker
+        .require_files()
+        .unwrap()
+        .write(&liar, "/tmp/fake.py", fake.as_bytes())
+        .await
+        .unwrap();
+    f.docker
+        .require_detached()
+        .unwrap()
+        .spawn(&liar, &ExecRequest::argv(["python3", "/tmp/fake.py"]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let lie = f
+        .docker
+        .exec(
+            &liar,
+            &ExecRequest::argv(["false"]).with_timeout(Duration::from_secs(2)),
+        )
+        .await;
+    match lie {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Tampered, "{e}"),
+        Ok(out) => panic!("an impersonated supervisor's answer was taken as the result: {out:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    for id in [&victim, &attacker, &third, &liar] {
+        f.docker.destroy(id).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn an_unreachable_engine_is_unavailable_not_absent() {
     let state = tempfile::tempdir().unwrap();

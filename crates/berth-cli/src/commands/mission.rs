@@ -160,8 +160,13 @@ fn print_record(record: &MissionRecord, base: &str, events: i64) {
 /// Runs a mission subcommand.
 pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
     match command {
-        MissionCommand::Run { file } => {
-            let id = orchestrator(app).create(&file).await?;
+        MissionCommand::Run {
+            file,
+            allow_outside_path,
+        } => {
+            let id = orchestrator(app)
+                .create_with(&file, allow_outside_path)
+                .await?;
             if !app.json {
                 println!("mission {id} registered from {}", file.display());
             }
