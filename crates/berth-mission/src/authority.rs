@@ -67,7 +67,8 @@ pub enum Phase {
     Staged,
     /// The agent ran and its process group is stopped.
     AgentStopped,
-    /// The workspace is frozen for validation.
+    /// The workspace is captured: taken out of the sandbox as data and committed on the host
+    /// (the commit the validator will judge).
     Frozen,
 }
 

@@ -18,7 +18,7 @@ use crate::OrchestratorError;
 /// Run in the attempt's repository (`sh -c`, a constant: nothing is interpolated). Writes a tar
 /// archive of the files git would commit (tracked and untracked, ignores honoured; deleted
 /// files are skipped) to stdout. A workspace that is no longer a git repository fails.
-pub(crate) const SCRIPT: &str = "l=$(mktemp) || exit 90
+pub const SCRIPT: &str = "l=$(mktemp) || exit 90
 git ls-files -z --cached --others --exclude-standard > \"$l\" || { rm -f \"$l\"; exit 91; }
 tar --null --no-recursion --ignore-failed-read --hard-dereference -T \"$l\" -cf -
 s=$?; rm -f \"$l\"

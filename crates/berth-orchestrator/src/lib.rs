@@ -5,9 +5,10 @@
 //!
 //! claim → sandbox (created under the ledger, named from the attempt key, adopted on recovery) →
 //! stage the repository at its base commit → run the harness under a timeout (its whole process
-//! group ends with it) → freeze (fork the sandbox; the agent never sees the copy) → run the
-//! validator on the frozen copy and check its declared evidence → commit → checkpoint (provider
-//! snapshot) → finalize (export the accepted commit as a git bundle) → teardown.
+//! group ends with it) → capture (the workspace leaves the sandbox as a tar archive and is
+//! committed on the host; see `capture`) → run the validator in a clean sandbox holding a
+//! checkout of that commit and check its declared evidence → record the commit → checkpoint
+//! (provider snapshot) → finalize (the commit's bundle, written on the host) → teardown.
 //!
 //! Each step's result is an authority event appended to the store in one transaction with the
 //! record it produces; a crash between a side effect and its event repeats at most that step,
@@ -30,6 +31,7 @@ use berth_mission::file::MissionFile;
 use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
 
+pub use capture::SCRIPT as CAPTURE_SCRIPT;
 pub use pipeline::Step;
 
 /// Schema version of the mission spec stored beside the record.

@@ -4,8 +4,11 @@
 //! - Create: the image must already be present (Berth never pulls and never substitutes an
 //!   image); the container gets Berth's labels, resource limits, network `none` unless asked,
 //!   docker's init as PID 1 (it reaps orphans) and the supervisor as its main process, bound
-//!   read-only from the host, listening on a socket in a per-sandbox host directory mounted at
-//!   `/run/berth`. Ready = the supervisor answers.
+//!   read-only from the host, listening on a socket in `/run/berth` (a `nosuid,nodev,noexec`
+//!   tmpfs reached through `/proc/<pid>/root` when Berth runs as root; see
+//!   [`DockerConfig::private_run`]). Ready = the supervisor answers; its identity is then pinned
+//!   and checked (`SO_PEERCRED`) on every connection. Default walls: [`DEFAULT_PIDS_LIMIT`],
+//!   [`DEFAULT_MEMORY_MIB`], `no-new-privileges`, [`KEPT_CAPABILITIES`] only.
 //! - Exec goes through the supervisor (a raw `docker exec` round trip costs ~85 ms here; the
 //!   supervisor answers in about a millisecond), which runs each command in its own process
 //!   group and kills the whole group on timeout — a timed-out `docker exec` would keep running.
@@ -44,8 +47,10 @@ pub const PROVIDER_ID: &str = "docker";
 pub const WORKSPACE: &str = "/workspace";
 /// Where the supervisor binary is mounted in the container.
 const SUPERVISOR_IN_CONTAINER: &str = "/usr/local/bin/berth-supervisor";
-/// The bind-mounted directory holding the supervisor's socket.
+/// The directory holding the supervisor's socket inside the container.
 const RUN_DIR_IN_CONTAINER: &str = "/run/berth";
+/// The supervisor's socket in it.
+const SOCKET_NAME: &str = "s.sock";
 /// Label naming the committed image a fork was made from (removed with the fork).
 const FORK_IMAGE_LABEL: &str = "berth.fork-image";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -87,6 +92,15 @@ pub struct DockerConfig {
     pub kill_grace: Duration,
     /// Seconds `stop` gives processes before the engine kills them.
     pub stop_timeout_secs: u32,
+    /// Where the supervisor's socket lives. `true` (the default when Berth runs as root): on a
+    /// tmpfs inside the container (`nosuid,nodev,noexec`), reached from the host through
+    /// `/proc/<supervisor>/root` — nothing of the host is writable from inside, no host path
+    /// shows in the container's mount table, and a symlink planted there resolves inside the
+    /// container. `false` (a non-root user, who cannot enter another user's `/proc/PID/root`):
+    /// a per-sandbox host directory bind-mounted at `/run/berth`, which Docker cannot mount
+    /// `nosuid,nodev`; it lives under the private state directory (0700), and the supervisor's
+    /// pinned identity is checked either way.
+    pub private_run: bool,
 }
 
 impl DockerConfig {
@@ -99,8 +113,45 @@ impl DockerConfig {
             ready_timeout: Duration::from_secs(60),
             kill_grace: Duration::from_millis(500),
             stop_timeout_secs: 5,
+            private_run: effective_uid() == Some(0),
         }
     }
+}
+
+/// Whether an ELF executable asks for a dynamic loader (has a `PT_INTERP` program header).
+/// Static and static-pie binaries do not; anything that is not a 64-bit little-endian ELF is
+/// an error.
+fn dynamic_interpreter(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned());
+    let mut file = std::fs::File::open(path)?;
+    let mut header = [0u8; 64];
+    file.read_exact(&mut header)?;
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        return Err(bad("not a 64-bit little-endian ELF executable"));
+    }
+    let phoff = u64::from_le_bytes(header[0x20..0x28].try_into().expect("8 bytes"));
+    let phentsize = u16::from_le_bytes([header[0x36], header[0x37]]) as u64;
+    let phnum = u16::from_le_bytes([header[0x38], header[0x39]]) as u64;
+    if phentsize < 4 || phnum > 256 {
+        return Err(bad("implausible program headers"));
+    }
+    for n in 0..phnum {
+        file.seek(SeekFrom::Start(phoff + n * phentsize))?;
+        let mut kind = [0u8; 4];
+        file.read_exact(&mut kind)?;
+        if u32::from_le_bytes(kind) == 3 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// This process's effective uid, from `/proc/self/status`.
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// The docker provider.
@@ -281,6 +332,21 @@ impl DockerProvider {
                 ),
             ));
         }
+        match dynamic_interpreter(&config.supervisor) {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(err(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "supervisor binary {} is dynamically linked: inside a sandbox it would \
+                         load the sandbox's own libraries (and its /etc/ld.so.preload); build the \
+                         static one with scripts/build-supervisor and point BERTH_SUPERVISOR at it",
+                        config.supervisor.display()
+                    ),
+                ))
+            }
+            Err(e) => return Err(io_err("read the supervisor binary", e)),
+        }
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| io_err("create the docker state dir", e))?;
         let engine = Engine::new(&config.socket);
@@ -307,8 +373,16 @@ impl DockerProvider {
         Ok(self.config.state_dir.join(name))
     }
 
-    fn socket(&self, name: &str) -> Result<PathBuf> {
-        let socket = self.run_dir(name)?.join("run").join("s.sock");
+    /// The supervisor's socket as the host reaches it; `pid` is a process in the container
+    /// (its init while starting, the pinned supervisor after).
+    fn socket(&self, name: &str, pid: u32) -> Result<PathBuf> {
+        let socket = if self.config.private_run {
+            PathBuf::from(format!(
+                "/proc/{pid}/root{RUN_DIR_IN_CONTAINER}/{SOCKET_NAME}"
+            ))
+        } else {
+            self.run_dir(name)?.join("run").join(SOCKET_NAME)
+        };
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(err(
                 ErrorKind::InvalidRequest,
@@ -357,7 +431,6 @@ impl DockerProvider {
     /// init and the supervisor runs in it, so the listener must be a child of the container's
     /// init.
     async fn wait_ready(&self, name: &str) -> Result<()> {
-        let socket = self.socket(name)?;
         let started = Instant::now();
         let init = match self.inspect(name).await? {
             Some(info) if info.state.pid > 0 => info.state.pid,
@@ -377,6 +450,7 @@ impl DockerProvider {
                 ))
             }
         };
+        let socket = self.socket(name, init)?;
         let mut checks = 0u32;
         loop {
             if let Ok(peer) = supervise::ping(&socket, &supervise::Expect::ChildOf(init)).await {
@@ -439,8 +513,8 @@ impl DockerProvider {
             .map_err(|e| io_err("record the supervisor's identity", e))
     }
 
-    /// The supervisor pinned at the sandbox's last start.
-    async fn pinned(&self, name: &str) -> Result<supervise::Expect> {
+    /// The socket of the supervisor pinned at the sandbox's last start, and who must serve it.
+    async fn channel(&self, name: &str) -> Result<(PathBuf, supervise::Expect)> {
         let path = self.pin_path(name)?;
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -458,9 +532,13 @@ impl DockerProvider {
                 })
             }
         };
-        serde_json::from_slice(&bytes)
-            .map(supervise::Expect::Pinned)
-            .map_err(|e| err(ErrorKind::Unknown, "unreadable supervisor identity").with_source(e))
+        let peer: supervise::Peer = serde_json::from_slice(&bytes).map_err(|e| {
+            err(ErrorKind::Unknown, "unreadable supervisor identity").with_source(e)
+        })?;
+        Ok((
+            self.socket(name, peer.pid)?,
+            supervise::Expect::Pinned(peer),
+        ))
     }
 
     async fn log_tail(&self, name: &str) -> String {
@@ -483,20 +561,43 @@ impl DockerProvider {
         extra_labels: BTreeMap<String, String>,
     ) -> Result<Created> {
         let name = req.name.0.as_str();
-        let run = self.run_dir(name)?.join("run");
-        let socket = self.socket(name)?;
-        std::fs::create_dir_all(&run).map_err(|e| io_err("create the supervisor directory", e))?;
+        // Checks the socket path fits (bind mode) before anything is created.
+        self.socket(name, 1)?;
+        let state = self.run_dir(name)?;
+        let run = state.join("run");
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            let mut dirs = std::fs::DirBuilder::new();
+            dirs.recursive(true).mode(0o700);
+            dirs.create(if self.config.private_run {
+                &state
+            } else {
+                &run
+            })
+            .map_err(|e| io_err("create the supervisor directory", e))?;
+        }
         let mut labels = req.labels.to_map(name);
         labels.extend(req.extra_labels.clone());
         labels.extend(extra_labels);
+        let supervisor_bind = format!(
+            "{}:{SUPERVISOR_IN_CONTAINER}:ro",
+            self.config.supervisor.display()
+        );
         let mut host_config = serde_json::json!({
             "Init": true,
-            "Binds": [
-                format!("{}:{SUPERVISOR_IN_CONTAINER}:ro", self.config.supervisor.display()),
-                format!("{}:{RUN_DIR_IN_CONTAINER}", run.display()),
-            ],
             "NetworkMode": match req.network { NetworkMode::None => "none", NetworkMode::Bridge => "bridge", NetworkMode::Host => "host" },
         });
+        if self.config.private_run {
+            host_config["Binds"] = serde_json::json!([supervisor_bind]);
+            host_config["Tmpfs"] = serde_json::json!({
+                RUN_DIR_IN_CONTAINER: "rw,nosuid,nodev,noexec,size=64m,mode=0755"
+            });
+        } else {
+            host_config["Binds"] = serde_json::json!([
+                supervisor_bind,
+                format!("{}:{RUN_DIR_IN_CONTAINER}", run.display()),
+            ]);
+        }
         if let Some(cpus) = req.resources.cpus {
             host_config["NanoCpus"] = serde_json::json!((cpus * 1e9) as i64);
         }
@@ -508,13 +609,7 @@ impl DockerProvider {
         host_config["SecurityOpt"] = serde_json::json!(["no-new-privileges"]);
         host_config["CapDrop"] = serde_json::json!(["ALL"]);
         host_config["CapAdd"] = serde_json::json!(KEPT_CAPABILITIES);
-        let socket_in_container = format!(
-            "{RUN_DIR_IN_CONTAINER}/{}",
-            socket
-                .file_name()
-                .expect("socket has a name")
-                .to_string_lossy()
-        );
+        let socket_in_container = format!("{RUN_DIR_IN_CONTAINER}/{SOCKET_NAME}");
         let body = serde_json::json!({
             "Image": image,
             "Cmd": [SUPERVISOR_IN_CONTAINER, "serve", "--socket", socket_in_container],
@@ -552,7 +647,6 @@ impl DockerProvider {
         req: &ExecRequest,
         mut on_chunk: impl FnMut(berth_contract::Stream, &[u8]),
     ) -> Result<(ExitStatus, Duration)> {
-        let socket = self.socket(&id.0)?;
         let (argv, cwd, env) = prepare(req)?;
         let request = Request::Exec {
             v: PROTOCOL_VERSION,
@@ -562,7 +656,7 @@ impl DockerProvider {
             timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
             grace_ms: self.config.kill_grace.as_millis() as u64,
         };
-        let expect = self.pinned(&id.0).await?;
+        let (socket, expect) = self.channel(&id.0).await?;
         self.alive(id, &socket, &expect).await?;
         let started = Instant::now();
         let exchange = supervise::exec(&socket, &expect, &request, &mut on_chunk);
@@ -624,8 +718,7 @@ impl DockerProvider {
 
     /// One single-answer request to the supervisor of `id`.
     async fn call(&self, id: &NativeId, request: &Request) -> Result<Exit> {
-        let socket = self.socket(&id.0)?;
-        let expect = self.pinned(&id.0).await?;
+        let (socket, expect) = self.channel(&id.0).await?;
         self.alive(id, &socket, &expect).await?;
         match supervise::call(&socket, &expect, request).await {
             Ok(supervise::Outcome::Exit(exit)) => Ok(exit),
@@ -784,12 +877,22 @@ impl Provider for DockerProvider {
     async fn observe(&self, id: &NativeId) -> Result<Observation> {
         Ok(match self.inspect(&id.0).await? {
             None => Observation::Absent,
-            Some(info) => Observation::Present {
-                state: canonical_state(&info.state.status, info.state.paused),
-                raw: raw_state(&info.state.status, info.state.paused),
-                soft_deleted: false,
-                labels: info.config.labels.unwrap_or_default(),
-            },
+            Some(info) => {
+                let mut state = canonical_state(&info.state.status, info.state.paused);
+                let mut raw = raw_state(&info.state.status, info.state.paused);
+                // Running but never pinned: a create or start was interrupted before the
+                // supervisor answered. It is not ready (and will not be trusted later).
+                if state == CanonicalState::Running && !self.pin_path(&id.0)?.is_file() {
+                    state = CanonicalState::Creating;
+                    raw = format!("{raw} (supervisor not pinned yet)");
+                }
+                Observation::Present {
+                    state,
+                    raw,
+                    soft_deleted: false,
+                    labels: info.config.labels.unwrap_or_default(),
+                }
+            }
         })
     }
 
@@ -926,9 +1029,9 @@ impl StreamingExec for DockerProvider {
     }
 }
 
-/// Where detached processes' output files go, inside the container (bind-mounted from the
-/// host's per-sandbox directory, so it is readable with the files API).
-pub const PROCESS_LOGS: &str = "/run/berth/procs";
+/// Where detached processes' output files go, inside the container's own filesystem (readable
+/// with the files API; the engine's archive API does not see tmpfs mounts).
+pub const PROCESS_LOGS: &str = "/var/tmp/berth-procs";
 
 #[async_trait]
 impl DetachedExec for DockerProvider {
@@ -1185,6 +1288,8 @@ impl StopStart for DockerProvider {
     }
 
     async fn start(&self, id: &NativeId) -> Result<Transition> {
+        // The supervisor starts anew; until it answers, nothing is trusted.
+        let _ = std::fs::remove_file(self.pin_path(&id.0)?);
         self.engine
             .expect(
                 Method::POST,
@@ -1485,6 +1590,22 @@ mod tests {
                 container_path(bad).unwrap_err().kind(),
                 ErrorKind::InvalidRequest,
                 "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dynamically_linked_supervisors_are_told_apart() {
+        // /bin/sh is dynamically linked on every machine this builds on.
+        assert!(super::dynamic_interpreter(Path::new("/bin/sh")).unwrap());
+        let not_elf = std::env::temp_dir().join(format!("berth-not-elf-{}", std::process::id()));
+        std::fs::write(&not_elf, [0u8; 80]).unwrap();
+        assert!(super::dynamic_interpreter(&not_elf).is_err());
+        std::fs::remove_file(&not_elf).unwrap();
+        if let Some(path) = std::env::var_os("BERTH_SUPERVISOR") {
+            assert!(
+                !super::dynamic_interpreter(Path::new(&path)).unwrap(),
+                "scripts/build-supervisor builds it static"
             );
         }
     }

@@ -103,6 +103,10 @@ async fn fixture(test: &str) -> Option<Fixture> {
 }
 
 impl Fixture {
+    fn docker_private_run(&self) -> bool {
+        DockerConfig::new(PathBuf::new(), PathBuf::new(), PathBuf::new()).private_run
+    }
+
     fn request(&self, name: &str) -> CreateRequest {
         let mut req = CreateRequest::new(
             SandboxName(format!("{name}-{}", std::process::id())),
@@ -566,7 +570,7 @@ async fn detached_processes_run_on_and_are_killed_by_group() {
         .docker
         .require_files()
         .unwrap()
-        .read(&id, &format!("/run/berth/procs/{}.out", handle.0))
+        .read(&id, &format!("/var/tmp/berth-procs/{}.out", handle.0))
         .await
         .unwrap();
     assert_eq!(text(&log), "started\n");
@@ -679,6 +683,29 @@ async fn default_walls_stop_a_fork_bomb_and_mknod() {
     assert!(!mknod.status.success(), "mknod succeeded without CAP_MKNOD");
     let nnp = f.sh(&id, "grep NoNewPrivs /proc/self/status").await;
     assert!(text(&nnp.stdout).contains('1'), "{}", text(&nnp.stdout));
+    // Nothing executable or special comes back through a mount (issue 9: a setuid-root copy
+    // of `id` appeared on the host): the socket directory is a nosuid,nodev,noexec tmpfs, and
+    // nothing written there reaches the host's state directory.
+    if f.docker_private_run() {
+        let mount = f.sh(&id, "grep ' /run/berth ' /proc/self/mountinfo").await;
+        let line = text(&mount.stdout);
+        for flag in ["nosuid", "nodev", "noexec"] {
+            assert!(line.contains(flag), "/run/berth lacks {flag}: {line}");
+        }
+        let planted = f
+            .sh(
+                &id,
+                "cp /bin/true /run/berth/suid && chmod u+s /run/berth/suid && /run/berth/suid",
+            )
+            .await;
+        assert!(!planted.status.success(), "a binary ran from /run/berth");
+        let on_host = std::process::Command::new("find")
+            .arg(f._state.path())
+            .args(["-name", "suid"])
+            .output()
+            .unwrap();
+        assert!(on_host.stdout.is_empty(), "{}", text(&on_host.stdout));
+    }
     f.docker.destroy(&id).await.unwrap();
 }
 
@@ -703,8 +730,21 @@ async fn a_replaced_supervisor_socket_receives_nothing_and_lies_about_nothing() 
         .sh(&attacker, "grep ' /run/berth ' /proc/self/mountinfo")
         .await;
     assert!(mountinfo.status.success(), "the run dir is a mount");
-    let victim_socket = f._state.path().join(&victim.0).join("run/s.sock");
-    assert!(victim_socket.exists());
+    // The victim's socket as the host reaches it (bound directory or its /proc root).
+    let pid = std::process::Command::new("docker")
+        .args(["inspect", "--format", "{{.State.Pid}}", &victim.0])
+        .output()
+        .unwrap();
+    let bound = f._state.path().join(&victim.0).join("run/s.sock");
+    let victim_socket = if bound.exists() {
+        bound
+    } else {
+        PathBuf::from(format!(
+            "/proc/{}/root/run/berth/s.sock",
+            text(&pid.stdout).trim()
+        ))
+    };
+    assert!(victim_socket.exists(), "{}", victim_socket.display());
     let relink = f
         .docker
         .exec(

@@ -2,9 +2,11 @@
 //!
 //! Overhead per attempt = a no-op attempt through the mission pipeline (authority, durable
 //! events and facts, ledger rows, recovery checks) minus the same provider operations done
-//! directly — create, write the repository bundle, stage, run `true`, fork to freeze, run the
-//! validator, check its evidence, commit, snapshot, export, destroy both — measured in the same
-//! run on the host provider. Throughput is accepted attempts per second with N missions running
+//! directly — create, write the repository bundle, stage, run `true`, the capture archive, a
+//! commit and its bundle (in the sandbox, where a hand-rolled script makes them; the pipeline
+//! makes them on the host), a second sandbox for the validator staged with that bundle, the
+//! validator and its evidence, a snapshot, destroy both — measured in the same run on the host
+//! provider. Throughput is accepted attempts per second with N missions running
 //! at once, every step durably committed (SQLite `synchronous=FULL`).
 
 use std::path::Path;
@@ -104,15 +106,40 @@ async fn raw_attempt(
     )
     .await?;
     sh(provider.as_ref(), &id, "true", Some("repo")).await?;
+    // The capture: the same archive exec the pipeline runs.
+    let mut capture = ExecRequest::shell(berth_orchestrator::CAPTURE_SCRIPT);
+    capture.cwd = Some("repo".into());
+    capture.max_output_bytes = 256 << 20;
+    let out = provider.exec(&id, &capture).await?;
+    if !out.status.success() {
+        bail!("capture: {}", out.status);
+    }
+    // The commit and its bundle, done where a hand-rolled script does them (in the sandbox);
+    // the pipeline does the same work on the host.
+    sh(
+        provider.as_ref(),
+        &id,
+        "git add -A && git -c user.name=b -c user.email=b@l commit -q --allow-empty -m x && git bundle create -q ../.berth-output.bundle HEAD",
+        Some("repo"),
+    )
+    .await?;
+    let committed = files.read(&id, ".berth-output.bundle").await?;
+    // The validator's clean sandbox, staged with the commit.
     let frozen_req = berth_contract::CreateRequest::new(
         berth_contract::SandboxName(format!("{name}-v")),
         labels,
     );
-    let frozen = provider
-        .require_fork()?
-        .fork(&id, &frozen_req)
-        .await?
-        .native_id;
+    let frozen = provider.create(&frozen_req).await?.native_id;
+    files
+        .write(&frozen, ".berth-input.bundle", &committed)
+        .await?;
+    sh(
+        provider.as_ref(),
+        &frozen,
+        "rm -rf repo && git clone -q .berth-input.bundle repo && rm -f .berth-input.bundle",
+        None,
+    )
+    .await?;
     sh(
         provider.as_ref(),
         &frozen,
@@ -121,22 +148,7 @@ async fn raw_attempt(
     )
     .await?;
     files.read(&frozen, "repo/.berth-out").await?;
-    sh(
-        provider.as_ref(),
-        &id,
-        "git add -A && git -c user.name=b -c user.email=b@l commit -q --allow-empty -m x && git rev-parse HEAD",
-        Some("repo"),
-    )
-    .await?;
     provider.require_snapshots()?.snapshot(&id).await?;
-    sh(
-        provider.as_ref(),
-        &id,
-        "git bundle create -q ../.berth-output.bundle HEAD",
-        Some("repo"),
-    )
-    .await?;
-    files.read(&id, ".berth-output.bundle").await?;
     provider.destroy(&frozen).await?;
     provider.destroy(&id).await?;
     Ok(started.elapsed())
