@@ -189,7 +189,7 @@ fn import_stream(refname: &str, parent: &str, message: &str, capture: &Capture) 
     let mut out = Vec::with_capacity(capture.bytes() + 4096);
     out.extend_from_slice(
         format!(
-            "commit {refname}\ncommitter berth <berth@localhost> 0 +0000\ndata {}\n{message}\nfrom {parent}\ndeleteall\n",
+            "commit {refname}\nmark :1\ncommitter berth <berth@localhost> 0 +0000\ndata {}\n{message}\nfrom {parent}\ndeleteall\n",
             message.len()
         )
         .as_bytes(),
@@ -277,24 +277,37 @@ pub(crate) fn commit(
             parent.escape_debug()
         )));
     }
-    let object = format!("{parent}^{{commit}}");
-    if git(repo, &["cat-file", "-e", &object]).is_err() {
-        fetch_bundle(repo, input)?;
-    }
     let stream = import_stream(refname, parent, message, capture);
-    git_with_input(
-        repo,
-        Transport::None,
-        &["fast-import", "--quiet", "--force", "--done"],
-        Some(&stream),
-    )?;
-    let id = git(
-        repo,
-        &["rev-parse", "--verify", &format!("{refname}^{{commit}}")],
-    )?;
+    let marks = repo.join(format!("import-marks-{}", std::process::id()));
+    let marks_arg = format!("--export-marks={}", marks.display());
+    let import = || {
+        git_with_input(
+            repo,
+            Transport::None,
+            &["fast-import", "--quiet", "--force", "--done", &marks_arg],
+            Some(&stream),
+        )
+    };
+    // The parent is normally here already (the base, or the previous task's commit); when it
+    // is not (a repository made before it existed), the input bundle brings it.
+    if import().is_err() {
+        fetch_bundle(repo, input)?;
+        import()?;
+    }
+    let exported = std::fs::read_to_string(&marks);
+    let _ = std::fs::remove_file(&marks);
+    let exported = exported.map_err(|e| {
+        OrchestratorError::Repository(format!("git fast-import left no marks: {e}"))
+    })?;
+    let id = exported
+        .lines()
+        .find_map(|l| l.strip_prefix(":1 "))
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
     if !is_commit_id(&id) {
         return Err(OrchestratorError::Repository(format!(
-            "git answered `{}` for {refname}",
+            "git fast-import reported `{}` for {refname}",
             id.escape_debug()
         )));
     }
@@ -307,6 +320,19 @@ pub(crate) fn resolve(repo: &Path, refname: &str) -> Result<String, Orchestrator
         repo,
         &["rev-parse", "--verify", &format!("{refname}^{{commit}}")],
     )
+}
+
+/// Copies a finished bundle to `path` (mode 0600, atomically).
+pub(crate) fn copy_bundle(from: &Path, path: &Path) -> Result<u64, OrchestratorError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |e: std::io::Error| {
+        OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
+    };
+    let temp = path.with_extension("bundle.partial");
+    let size = std::fs::copy(from, &temp).map_err(fail)?;
+    std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    std::fs::rename(&temp, path).map_err(fail)?;
+    Ok(size)
 }
 
 /// Writes a bundle of `refname` (with its whole history, and as its HEAD so that a plain

@@ -390,6 +390,8 @@ impl Orchestrator<'_> {
             &source,
             &["bundle", "create", &base_bundle.to_string_lossy(), "--all"],
         )?;
+        // The mission's own repository, where attempts are committed on the host.
+        capture::work_repo(&dir, &base_bundle)?;
         let record = MissionRecord::new(
             &id,
             file.tasks

@@ -862,11 +862,16 @@ pub(crate) async fn advance(
         AttemptStatus::Accepted {
             finalized: false, ..
         } => {
-            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
             let path = orch
                 .mission_dir(mission)
                 .join(format!("{}.bundle", task.id));
-            let bytes = capture::bundle(&repo, &attempt_ref(key), &path)?;
+            let made = attempt_bundle(orch, mission, task, attempt.ordinal);
+            let bytes = if made.is_file() {
+                capture::copy_bundle(&made, &path)?
+            } else {
+                let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+                capture::bundle(&repo, &attempt_ref(key), &path)?
+            };
             orch.commit_event(
                 mission,
                 record,
