@@ -22,8 +22,15 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn main() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let adapters: [(&str, &[&str]); 3] = [
-        ("HOST", &["berth-provider-host", "berth-local"]),
-        ("BWRAP", &["berth-provider-bwrap", "berth-local"]),
+        // Host and bwrap commands run under the supervisor crate's reaper (and bwrap's entry).
+        (
+            "HOST",
+            &["berth-provider-host", "berth-local", "berth-supervisor"],
+        ),
+        (
+            "BWRAP",
+            &["berth-provider-bwrap", "berth-local", "berth-supervisor"],
+        ),
         ("DOCKER", &["berth-provider-docker", "berth-supervisor"]),
     ];
     for (id, sources) in adapters {

@@ -329,30 +329,52 @@ pub struct VerifyArgs {
     /// Lifecycle iterations (create → first exec → destroy).
     #[arg(long, default_value_t = 5)]
     pub iterations: usize,
+    /// Sign the record with this private key (from `berth catalog keygen`). Unsigned records
+    /// are UNKNOWN to the gate.
+    #[arg(long)]
+    pub sign_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum CatalogCommand {
-    /// Show each provider's capabilities as VERIFIED / FAILED / UNKNOWN / UNSUPPORTED.
+    /// Show each provider's capabilities as VERIFIED / FAILED / UNKNOWN / UNSUPPORTED, with the
+    /// evidence record behind them.
     Show {
         /// Only this provider.
         provider: Option<String>,
-        /// Read manifests from this directory instead of the ones built in.
-        #[arg(long)]
-        catalog: Option<std::path::PathBuf>,
-        /// Directory of evidence records (default `$BERTH_HOME/evidence`).
-        #[arg(long)]
-        evidence: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        source: EvidenceSource,
     },
-    /// Fail when any manifest claims more than its evidence shows.
+    /// Fail when any manifest claims more than its evidence shows: a failing clause, a claimed
+    /// verification without proof, or — for adapters in this build — a capability declared
+    /// supported that is not VERIFIED.
     Check {
-        /// Read manifests from this directory instead of the ones built in.
-        #[arg(long)]
-        catalog: Option<std::path::PathBuf>,
-        /// Directory of evidence records (default `$BERTH_HOME/evidence`).
-        #[arg(long)]
-        evidence: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        source: EvidenceSource,
     },
+    /// Make an ed25519 key pair for signing evidence (`berth verify --sign-key FILE`): FILE
+    /// (the private seed, mode 0600, never printed) and FILE.pub.
+    Keygen {
+        /// Where the private key goes; it must not exist yet.
+        file: std::path::PathBuf,
+    },
+}
+
+/// Where catalog commands read manifests and evidence from, and whom they trust.
+#[derive(Debug, Args)]
+pub struct EvidenceSource {
+    /// Read manifests from this directory instead of the ones built in.
+    #[arg(long)]
+    pub catalog: Option<std::path::PathBuf>,
+    /// Read evidence records only from this directory (it must exist). Default: each
+    /// provider's record in `$BERTH_HOME/evidence` if there is one, else the record shipped
+    /// with this build (`catalog/evidence/`).
+    #[arg(long)]
+    pub evidence: Option<std::path::PathBuf>,
+    /// Also trust signatures by this public key (a `.pub` file from `catalog keygen`);
+    /// repeatable. The keys shipped in `catalog/keys/` are always trusted.
+    #[arg(long = "trust-key")]
+    pub trust_keys: Vec<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -165,6 +165,7 @@ impl Command {
             Command::Verify(_) => "verify",
             Command::Catalog(cli::CatalogCommand::Show { .. }) => "catalog show",
             Command::Catalog(cli::CatalogCommand::Check { .. }) => "catalog check",
+            Command::Catalog(cli::CatalogCommand::Keygen { .. }) => "catalog keygen",
             Command::Provider(cli::ProviderCommand::New { .. }) => "provider new",
             Command::Mission(cli::MissionCommand::Run { .. }) => "mission run",
             Command::Mission(cli::MissionCommand::Resume { .. }) => "mission resume",

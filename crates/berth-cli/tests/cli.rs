@@ -859,22 +859,52 @@ fn docker_user_path_through_the_cli() {
 fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
     let home = Home::new();
     let evidence = home.path().join("evidence");
-    let (code, doc) = home.json(&["verify", "host", "--out", evidence.to_str().unwrap()]);
+    let key = home.path().join("signing.key");
+    let (code, doc) = home.json(&["catalog", "keygen", key.to_str().unwrap()]);
+    assert_eq!(code, 0, "{doc}");
+    let public = format!("{}.pub", key.display());
+    let (code, doc) = home.json(&[
+        "verify",
+        "host",
+        "--out",
+        evidence.to_str().unwrap(),
+        "--sign-key",
+        key.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{doc}");
     assert_eq!(doc["failed_clauses"], 0);
+    let seed = std::fs::read_to_string(&key).unwrap();
+    assert!(
+        !doc.to_string().contains(seed.trim()),
+        "the private key was printed"
+    );
     let record_path = evidence.join("host.json");
-    let (code, doc) = home.json(&[
-        "catalog",
-        "show",
-        "host",
-        "--evidence",
-        evidence.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0);
+    let show = |extra: &[&str]| {
+        let mut args = vec![
+            "catalog",
+            "show",
+            "host",
+            "--evidence",
+            evidence.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        home.json(&args).1
+    };
+    let doc = show(&["--trust-key", &public]);
     let caps = &doc["providers"][0]["capabilities"];
     assert_eq!(caps["core"]["status"], "VERIFIED", "{doc}");
     assert_eq!(caps["files"]["status"], "VERIFIED");
     assert_eq!(caps["suspend_resume"]["status"], "UNSUPPORTED");
+    assert_eq!(
+        doc["providers"][0]["evidence"]["origin"]["kind"],
+        "explicit"
+    );
+    // Signed by a key nobody trusts: UNKNOWN, with the reason.
+    let doc = show(&[]);
+    let reason = doc["providers"][0]["capabilities"]["core"]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("not trusted here"), "{reason}");
     // Providers without a record stay UNKNOWN, never verified.
     let (_, doc) = home.json(&[
         "catalog",
@@ -884,15 +914,30 @@ fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
         evidence.to_str().unwrap(),
     ]);
     assert_eq!(
-        doc["providers"][0]["capabilities"]["core"]["status"],
-        "UNKNOWN"
-    );
-    assert_eq!(
         doc["providers"][0]["capabilities"]["core"]["reason"],
         "no evidence record"
     );
-    let (code, _) = home.json(&["catalog", "check", "--evidence", evidence.to_str().unwrap()]);
-    assert_eq!(code, 0);
+    // Built-in adapters whose supported capabilities are not VERIFIED fail the check.
+    let (code, doc) = home.json(&[
+        "catalog",
+        "check",
+        "--evidence",
+        evidence.to_str().unwrap(),
+        "--trust-key",
+        &public,
+    ]);
+    assert_eq!(code, 12, "{doc}");
+    let problems = doc["problems"].to_string();
+    assert!(
+        problems.contains(
+            "bwrap/core: declared supported by an adapter in this build, but not VERIFIED"
+        ),
+        "{problems}"
+    );
+    assert!(!problems.contains("host/"), "{problems}");
+    // A missing evidence directory is an error, not "ok".
+    let (code, doc) = home.json(&["catalog", "check", "--evidence", "/nonexistent"]);
+    assert_eq!(code, 5, "{doc}");
 
     // Tampering: flip a grade without resealing → UNKNOWN, with the reason.
     let text = std::fs::read_to_string(&record_path).unwrap();
@@ -905,37 +950,75 @@ fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
     files.grade = berth_evidence::Grade::Fail;
     files.diagnostics = vec!["injected failure".into()];
     std::fs::write(&record_path, serde_json::to_string(&record).unwrap()).unwrap();
-    let (_, doc) = home.json(&[
-        "catalog",
-        "show",
-        "host",
-        "--evidence",
-        evidence.to_str().unwrap(),
-    ]);
+    let doc = show(&["--trust-key", &public]);
     let reason = doc["providers"][0]["capabilities"]["files"]["reason"]
         .as_str()
         .unwrap()
         .to_owned();
     assert!(reason.contains("content hash does not match"), "{reason}");
+    // Resealed without the key: unsigned, so UNKNOWN.
+    std::fs::write(
+        &record_path,
+        serde_json::to_string(&record.clone().seal()).unwrap(),
+    )
+    .unwrap();
+    let doc = show(&["--trust-key", &public]);
+    let reason = doc["providers"][0]["capabilities"]["files"]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("not signed"), "{reason}");
 
-    // A sealed failing record: FAILED, and `catalog check` fails with exit 12.
-    std::fs::write(&record_path, serde_json::to_string(&record.seal()).unwrap()).unwrap();
-    let (_, doc) = home.json(&[
-        "catalog",
-        "show",
-        "host",
-        "--evidence",
-        evidence.to_str().unwrap(),
-    ]);
+    // A signed failing record: FAILED, and `catalog check` fails with exit 12.
+    let signing = berth_evidence::signing_key_from_hex(&seed).unwrap();
+    std::fs::write(
+        &record_path,
+        serde_json::to_string(&record.sign(&signing)).unwrap(),
+    )
+    .unwrap();
+    let doc = show(&["--trust-key", &public]);
     assert_eq!(
         doc["providers"][0]["capabilities"]["files"]["status"],
         "FAILED"
     );
-    let (code, doc) = home.json(&["catalog", "check", "--evidence", evidence.to_str().unwrap()]);
+    let (code, doc) = home.json(&[
+        "catalog",
+        "check",
+        "--evidence",
+        evidence.to_str().unwrap(),
+        "--trust-key",
+        &public,
+    ]);
     assert_eq!(code, 12, "{doc}");
-    assert!(
-        doc["problems"][0].as_str().unwrap().contains("host/files"),
-        "{doc}"
+    assert!(doc["problems"].to_string().contains("host/files"), "{doc}");
+}
+
+/// The evidence shipped with this build proves it: a fresh `BERTH_HOME` sees host, bwrap and
+/// docker VERIFIED from the signed records in `catalog/evidence/`, with when, where and which
+/// adapter build. (After an adapter changes, this fails until `scripts/refresh-evidence`.)
+#[test]
+fn shipped_evidence_verifies_this_build() {
+    let home = Home::new();
+    let (code, doc) = home.json(&["catalog", "show"]);
+    assert_eq!(code, 0, "{doc}");
+    for id in ["host", "bwrap", "docker"] {
+        let row = doc["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap();
+        assert_eq!(
+            row["capabilities"]["core"]["status"], "VERIFIED",
+            "{id}: {row}"
+        );
+        assert_eq!(row["evidence"]["origin"]["kind"], "shipped", "{row}");
+        assert!(row["evidence"]["finished_at"].is_string());
+        assert!(row["evidence"]["signed_by"].is_string());
+    }
+    let (code, doc) = home.json(&["catalog", "check"]);
+    assert_eq!(
+        code, 0,
+        "scripts/refresh-evidence, then commit catalog/evidence/: {doc}"
     );
 }
 

@@ -6,9 +6,10 @@
 //! measurements or `UNKNOWN(reason)` — never zero — and a content hash over all of it.
 //!
 //! The gate ([`evaluate`]) is the only place a provider/capability becomes VERIFIED: a passing,
-//! fresh, untampered record for this adapter build. A failing clause makes it FAILED; anything
-//! missing, stale, altered or for another build leaves it UNKNOWN with the reason; a capability
-//! the manifest declares unsupported is UNSUPPORTED.
+//! fresh, untampered record for this adapter build, signed (ed25519) by a key the caller trusts.
+//! A failing clause makes it FAILED; anything missing, stale, altered, unsigned, signed by an
+//! unknown key or for another build leaves it UNKNOWN with the reason; a capability the
+//! manifest declares unsupported is UNSUPPORTED.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The record format's schema tag.
-pub const EVIDENCE_SCHEMA: &str = "berth.evidence/v1";
+pub const EVIDENCE_SCHEMA: &str = "berth.evidence/v2";
 /// How old a record may be and still verify.
 pub const MAX_AGE_DAYS: i64 = 30;
 /// The pseudo-capability name of the required core (create, observe, exec, destroy).
@@ -135,8 +136,45 @@ pub struct EvidenceRecord {
     pub clauses: Vec<ClauseEvidence>,
     /// Lifecycle metrics by name.
     pub metrics: BTreeMap<String, Metric>,
-    /// `sha256:` of the record's canonical JSON with this field empty.
+    /// `sha256:` of the record's canonical JSON with this field empty and no signature.
     pub content_hash: String,
+    /// The signer's ed25519 signature over `content_hash`, when signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<RecordSignature>,
+}
+
+/// An ed25519 signature over a record's `content_hash` (its UTF-8 bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordSignature {
+    /// [`key_id`] of the signing key's public half.
+    pub key_id: String,
+    /// The 64-byte signature, hex.
+    pub ed25519: String,
+}
+
+/// A public key's short id: the first 16 hex digits of its SHA-256.
+pub fn key_id(public: &[u8; 32]) -> String {
+    hex::encode(&Sha256::digest(public)[..8])
+}
+
+/// A signing key from its file text: the 32-byte seed in hex (surrounding whitespace ignored).
+pub fn signing_key_from_hex(text: &str) -> Result<ed25519_dalek::SigningKey, String> {
+    let bytes = hex::decode(text.trim()).map_err(|_| "not hex".to_owned())?;
+    let seed: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| "not 32 bytes (64 hex digits)".to_owned())?;
+    Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
+}
+
+/// A public key from its file text: 32 bytes in hex.
+pub fn public_key_from_hex(text: &str) -> Result<[u8; 32], String> {
+    let bytes = hex::decode(text.trim()).map_err(|_| "not hex".to_owned())?;
+    let key: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| "not 32 bytes (64 hex digits)".to_owned())?;
+    ed25519_dalek::VerifyingKey::from_bytes(&key).map_err(|_| "not an ed25519 public key")?;
+    Ok(key)
 }
 
 impl EvidenceRecord {
@@ -144,14 +182,59 @@ impl EvidenceRecord {
     pub fn compute_hash(&self) -> String {
         let mut unsealed = self.clone();
         unsealed.content_hash = String::new();
+        unsealed.signature = None;
         let bytes = serde_json::to_vec(&unsealed).expect("record serializes");
         format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
     }
 
-    /// Sets `content_hash`.
+    /// Sets `content_hash` (and drops any signature: it signed other content).
     pub fn seal(mut self) -> Self {
         self.content_hash = self.compute_hash();
+        self.signature = None;
         self
+    }
+
+    /// Seals the record and signs its content hash.
+    pub fn sign(self, key: &ed25519_dalek::SigningKey) -> Self {
+        use ed25519_dalek::Signer;
+        let mut sealed = self.seal();
+        let signature = key.sign(sealed.content_hash.as_bytes());
+        sealed.signature = Some(RecordSignature {
+            key_id: key_id(&key.verifying_key().to_bytes()),
+            ed25519: hex::encode(signature.to_bytes()),
+        });
+        sealed
+    }
+
+    /// Why the signature does not make this record trusted by `keys`, if it does not.
+    pub fn signature_problem(&self, keys: &[[u8; 32]]) -> Option<String> {
+        let Some(signature) = &self.signature else {
+            return Some("the record is not signed".into());
+        };
+        let Some(key) = keys.iter().find(|k| key_id(k) == signature.key_id) else {
+            return Some(format!(
+                "signed by key {}, which is not trusted here",
+                signature.key_id
+            ));
+        };
+        let verifying = match ed25519_dalek::VerifyingKey::from_bytes(key) {
+            Ok(verifying) => verifying,
+            Err(_) => return Some("a trusted key is not an ed25519 key".into()),
+        };
+        let bytes: Option<[u8; 64]> = hex::decode(&signature.ed25519)
+            .ok()
+            .and_then(|b| b.try_into().ok());
+        let Some(bytes) = bytes else {
+            return Some("the signature is malformed".into());
+        };
+        let parsed = ed25519_dalek::Signature::from_bytes(&bytes);
+        match verifying.verify_strict(self.content_hash.as_bytes(), &parsed) {
+            Ok(()) => None,
+            Err(_) => Some(format!(
+                "the signature by key {} does not verify",
+                signature.key_id
+            )),
+        }
     }
 }
 
@@ -202,6 +285,8 @@ pub struct Expectations<'a> {
     pub adapter_source_hash: Option<&'a str>,
     /// Evaluation time.
     pub now: DateTime<Utc>,
+    /// Public keys whose signatures are trusted (ed25519, 32 bytes).
+    pub trusted_keys: Vec<[u8; 32]>,
 }
 
 /// The record-level reason nothing in it can be trusted, if any.
@@ -220,6 +305,9 @@ fn record_problem(
         return Some(
             "record content hash does not match its content (altered after sealing)".into(),
         );
+    }
+    if let Some(problem) = record.signature_problem(&expect.trusted_keys) {
+        return Some(problem);
     }
     if record.provider != manifest.id {
         return Some(format!("record is for provider `{}`", record.provider));

@@ -23,11 +23,16 @@ fn now() -> DateTime<Utc> {
         .with_timezone(&Utc)
 }
 
+fn key() -> ed25519_dalek::SigningKey {
+    ed25519_dalek::SigningKey::from_bytes(&[7; 32])
+}
+
 fn expect() -> Expectations<'static> {
     Expectations {
         clauses: CLAUSES.to_vec(),
         adapter_source_hash: Some("sha256:adapter"),
         now: now(),
+        trusted_keys: vec![key().verifying_key().to_bytes()],
     }
 }
 
@@ -71,8 +76,9 @@ fn record(grades: &[(&str, Grade)]) -> EvidenceRecord {
             },
         )]),
         content_hash: String::new(),
+        signature: None,
     }
-    .seal()
+    .sign(&key())
 }
 
 fn all_pass() -> EvidenceRecord {
@@ -132,7 +138,7 @@ fn a_failing_clause_fails_its_capability_only() {
 fn stale_records_are_unknown() {
     let mut rec = all_pass();
     rec.finished_at = now() - Duration::days(MAX_AGE_DAYS + 1);
-    let rec = rec.seal();
+    let rec = rec.sign(&key());
     let status = evaluate(&host(), Some(&rec), &expect());
     assert!(
         matches!(&status["core"], Status::Unknown(why) if why.starts_with("stale")),
@@ -145,7 +151,7 @@ fn stale_records_are_unknown() {
 fn a_record_for_another_adapter_build_is_unknown() {
     let mut rec = all_pass();
     rec.adapter_source_hash = "sha256:older".into();
-    let rec = rec.seal();
+    let rec = rec.sign(&key());
     let status = evaluate(&host(), Some(&rec), &expect());
     assert_eq!(
         status["files"],
@@ -199,7 +205,7 @@ fn unverified_clauses_and_wrong_provider_stay_unknown() {
     assert!(matches!(&status["core"], Status::Unknown(why) if why.contains("unverified")));
     let mut other = all_pass();
     other.provider = "docker".into();
-    let other = other.seal();
+    let other = other.sign(&key());
     let status = evaluate(&host(), Some(&other), &expect());
     assert_eq!(
         status["core"],
@@ -248,4 +254,49 @@ fn catalog_only_providers_are_unknown_for_lack_of_an_adapter() {
         Status::Unknown("no adapter in this build".into())
     );
     assert_eq!(status["stop_start"], Status::Unsupported);
+}
+
+#[test]
+fn unsigned_untrusted_and_forged_records_are_unknown() {
+    let unknown = |rec: &EvidenceRecord, needle: &str| {
+        let status = evaluate(&host(), Some(rec), &expect());
+        assert!(
+            matches!(&status["core"], Status::Unknown(why) if why.contains(needle)),
+            "{needle}: {:?}",
+            status["core"]
+        );
+    };
+    let unsigned = all_pass().seal();
+    unknown(&unsigned, "not signed");
+    let stranger = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
+    unknown(&all_pass().sign(&stranger), "not trusted here");
+    // A signature copied from another record, under the trusted key's id.
+    let mut forged = all_pass();
+    let mut other = all_pass();
+    other.run_id = "run-2".into();
+    forged.signature = other.sign(&stranger).signature.map(|mut s| {
+        s.key_id = key_id(&key().verifying_key().to_bytes());
+        s
+    });
+    unknown(&forged, "does not verify");
+    // A re-sealed record after editing drops the old signature.
+    let mut edited = all_pass();
+    edited.clauses[0].grade = Grade::Pass;
+    unknown(&edited.seal(), "not signed");
+    assert_eq!(
+        evaluate(&host(), Some(&all_pass()), &expect())["core"],
+        Status::Verified
+    );
+}
+
+#[test]
+fn key_files_parse_or_refuse() {
+    assert!(signing_key_from_hex(&"07".repeat(32)).is_ok());
+    assert!(signing_key_from_hex("zz").is_err());
+    assert!(signing_key_from_hex(&"07".repeat(31)).is_err());
+    let public = hex::encode(key().verifying_key().to_bytes());
+    assert_eq!(
+        public_key_from_hex(&format!(" {public}\n")).unwrap(),
+        key().verifying_key().to_bytes()
+    );
 }

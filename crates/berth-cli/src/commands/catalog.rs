@@ -45,15 +45,147 @@ fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
     Ok(Some(record))
 }
 
+/// Evidence records shipped with this build (`catalog/evidence/`), by provider id.
+const SHIPPED: &[(&str, &str)] = &[
+    (
+        "host",
+        include_str!("../../../../catalog/evidence/host.json"),
+    ),
+    (
+        "bwrap",
+        include_str!("../../../../catalog/evidence/bwrap.json"),
+    ),
+    (
+        "docker",
+        include_str!("../../../../catalog/evidence/docker.json"),
+    ),
+];
+
+/// Public keys shipped with this build (`catalog/keys/`): their signatures are trusted.
+const SHIPPED_KEYS: &[(&str, &str)] = &[(
+    "catalog/keys/berth-catalog.pub",
+    include_str!("../../../../catalog/keys/berth-catalog.pub"),
+)];
+
+/// Reads a small text file (keys): a regular file of at most 4 KiB.
+fn read_small(path: &Path, what: &str) -> Result<String> {
+    use std::io::Read;
+    let invalid = |why: String| CliError::invalid(format!("{what} {}: {why}", path.display()), "");
+    let file = std::fs::File::open(path).map_err(|e| invalid(e.to_string()))?;
+    if !file.metadata()?.is_file() {
+        return Err(invalid("not a regular file".into()).into());
+    }
+    let mut text = String::new();
+    file.take(4097)
+        .read_to_string(&mut text)
+        .map_err(|e| invalid(e.to_string()))?;
+    if text.len() > 4096 {
+        return Err(invalid("larger than 4 KiB".into()).into());
+    }
+    Ok(text)
+}
+
+/// The signing key in `path` (hex seed). Its value is never shown.
+pub fn signing_key(path: &Path) -> Result<ed25519_dalek::SigningKey> {
+    let text = read_small(path, "signing key")?;
+    berth_evidence::signing_key_from_hex(&text).map_err(|why| {
+        CliError::invalid(
+            format!("signing key {}: {why}", path.display()),
+            "make one with `berth catalog keygen FILE`",
+        )
+        .into()
+    })
+}
+
+fn trusted_keys(extra: &[PathBuf]) -> Result<Vec<[u8; 32]>> {
+    let mut keys = Vec::new();
+    for (origin, text) in SHIPPED_KEYS {
+        keys.push(
+            berth_evidence::public_key_from_hex(text)
+                .map_err(|why| anyhow::anyhow!("shipped key {origin}: {why}"))?,
+        );
+    }
+    for path in extra {
+        let text = read_small(path, "public key")?;
+        keys.push(berth_evidence::public_key_from_hex(&text).map_err(|why| {
+            CliError::invalid(format!("public key {}: {why}", path.display()), "")
+        })?);
+    }
+    Ok(keys)
+}
+
+/// Where a provider's record came from.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Origin {
+    /// `explicit`, `local` or `shipped`.
+    kind: &'static str,
+    path: String,
+}
+
+/// A provider's record: from `--evidence DIR` only when given; else the local record, else the
+/// shipped one.
+fn record_for(
+    explicit: Option<&Path>,
+    local: &Path,
+    id: &str,
+) -> Result<Option<(EvidenceRecord, Origin)>> {
+    let origin = |kind, dir: &Path| Origin {
+        kind,
+        path: dir.join(format!("{id}.json")).display().to_string(),
+    };
+    if let Some(dir) = explicit {
+        return Ok(load(dir, id)?.map(|r| (r, origin("explicit", dir))));
+    }
+    if let Some(record) = load(local, id)? {
+        return Ok(Some((record, origin("local", local))));
+    }
+    for (shipped_id, text) in SHIPPED {
+        if *shipped_id == id {
+            let record = serde_json::from_str(text).with_context(|| {
+                format!("the shipped evidence record for `{id}` does not parse")
+            })?;
+            return Ok(Some((
+                record,
+                Origin {
+                    kind: "shipped",
+                    path: format!("catalog/evidence/{id}.json"),
+                },
+            )));
+        }
+    }
+    Ok(None)
+}
+
 /// One provider's row of the catalog.
 struct Row {
     id: String,
     /// The manifest says it was verified (timestamp or evidence pointer set).
     claims_verification: bool,
+    /// This build has an adapter for it.
+    built_in: bool,
     capabilities: BTreeMap<String, Status>,
+    /// The record, summarised, and where it came from.
+    evidence: Option<serde_json::Value>,
+    /// Capabilities the manifest declares supported (and the core).
+    declared: Vec<String>,
 }
 
-fn statuses(registry: &Registry, dir: &Path, only: Option<&str>) -> Result<Vec<Row>> {
+fn statuses(
+    registry: &Registry,
+    explicit: Option<&Path>,
+    local: &Path,
+    keys: &[[u8; 32]],
+    only: Option<&str>,
+) -> Result<Vec<Row>> {
+    if let Some(dir) = explicit {
+        if !dir.is_dir() {
+            return Err(CliError::invalid(
+                format!("evidence directory {} does not exist", dir.display()),
+                "name a directory `berth verify --out` wrote, or leave --evidence out",
+            )
+            .into());
+        }
+    }
     // The library's clauses plus the runner-level must-fire clause `berth verify` adds.
     let clauses: Vec<(&str, Option<&str>)> = berth_conformance::CLAUSES
         .iter()
@@ -65,18 +197,40 @@ fn statuses(registry: &Registry, dir: &Path, only: Option<&str>) -> Result<Vec<R
         if only.is_some_and(|id| id != manifest.id) {
             continue;
         }
-        let record = load(dir, &manifest.id)?;
+        let found = record_for(explicit, local, &manifest.id)?;
+        let source_hash = berth_factory::adapter_source_hash(&manifest.id);
         let expect = Expectations {
             clauses: clauses.clone(),
-            adapter_source_hash: berth_factory::adapter_source_hash(&manifest.id),
+            adapter_source_hash: source_hash,
             now: Utc::now(),
+            trusted_keys: keys.to_vec(),
         };
         let claims =
             manifest.verification.verified_at.is_some() || manifest.verification.evidence.is_some();
+        let declared = std::iter::once(berth_evidence::CORE.to_owned())
+            .chain(
+                berth_contract::Capability::ALL
+                    .iter()
+                    .filter(|c| manifest.support(**c) == berth_contract::Support::Supported)
+                    .map(|c| c.as_str().to_owned()),
+            )
+            .collect();
         out.push(Row {
             id: manifest.id.clone(),
             claims_verification: claims,
-            capabilities: evaluate(manifest, record.as_ref(), &expect),
+            built_in: source_hash.is_some(),
+            capabilities: evaluate(manifest, found.as_ref().map(|(r, _)| r), &expect),
+            evidence: found.map(|(record, origin)| {
+                json!({
+                    "origin": origin,
+                    "finished_at": record.finished_at,
+                    "observed": record.provenance.observed,
+                    "kernel": record.environment.kernel,
+                    "adapter_source_hash": record.adapter_source_hash,
+                    "signed_by": record.signature.as_ref().map(|s| s.key_id.clone()),
+                })
+            }),
+            declared,
         });
     }
     if let Some(id) = only {
@@ -85,34 +239,84 @@ fn statuses(registry: &Registry, dir: &Path, only: Option<&str>) -> Result<Vec<R
     Ok(out)
 }
 
+fn keygen(json: bool, file: &Path) -> Result<i32> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("no OS randomness: {e}"))?;
+    let key = ed25519_dalek::SigningKey::from_bytes(&seed);
+    let public = key.verifying_key().to_bytes();
+    let public_path = PathBuf::from(format!("{}.pub", file.display()));
+    let mut private = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| format!("cannot create {} (it must not exist)", file.display()))?;
+    private.write_all(format!("{}\n", hex::encode(seed)).as_bytes())?;
+    std::fs::write(&public_path, format!("{}\n", hex::encode(public)))
+        .with_context(|| format!("cannot write {}", public_path.display()))?;
+    let id = berth_evidence::key_id(&public);
+    if json {
+        emit(
+            "catalog keygen",
+            json!({ "private_key": file, "public_key": public_path, "key_id": id }),
+        );
+    } else {
+        println!(
+            "key {id}: private {} (mode 0600; keep it secret), public {}",
+            file.display(),
+            public_path.display()
+        );
+    }
+    Ok(code::OK)
+}
+
 /// Runs a catalog subcommand.
 pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32> {
-    let (CatalogCommand::Show { catalog, .. } | CatalogCommand::Check { catalog, .. }) = command;
-    let registry = match catalog {
+    let source = match command {
+        CatalogCommand::Keygen { file } => return keygen(json, file),
+        CatalogCommand::Show { source, .. } | CatalogCommand::Check { source } => source,
+    };
+    let registry = match &source.catalog {
         // Manifests from a directory are validated like the built-in ones; whether an adapter
         // exists is this build's answer (its adapter source hashes).
         Some(dir) => Registry::with_manifests(berth_manifest::load_dir(dir)?),
         None => Registry::builtin()?,
     };
-    let default_dir = || config.home.join("evidence");
+    let keys = trusted_keys(&source.trust_keys)?;
+    let local = config.home.join("evidence");
+    let explicit = source.evidence.as_deref();
+    let shown_dir = explicit.map(Path::to_path_buf).unwrap_or(local.clone());
     match command {
-        CatalogCommand::Show {
-            provider, evidence, ..
-        } => {
-            let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
-            let table = statuses(&registry, &dir, provider.as_deref())?;
+        CatalogCommand::Show { provider, .. } => {
+            let table = statuses(&registry, explicit, &local, &keys, provider.as_deref())?;
             if json {
                 let providers: Vec<_> = table
                     .iter()
-                    .map(|row| json!({ "id": row.id, "capabilities": row.capabilities }))
+                    .map(|row| {
+                        json!({ "id": row.id, "evidence": row.evidence, "capabilities": row.capabilities })
+                    })
                     .collect();
                 emit(
                     "catalog show",
-                    json!({ "evidence_dir": dir, "providers": providers }),
+                    json!({ "evidence_dir": shown_dir, "providers": providers }),
                 );
             } else {
                 for row in &table {
-                    println!("{}", row.id);
+                    match &row.evidence {
+                        Some(e) => println!(
+                            "{}  (evidence: {} {}, recorded {}, {}, adapter {}, signed by {})",
+                            row.id,
+                            e["origin"]["kind"].as_str().unwrap_or(""),
+                            e["origin"]["path"].as_str().unwrap_or(""),
+                            e["finished_at"].as_str().unwrap_or(""),
+                            e["observed"].as_str().unwrap_or("no engine reported"),
+                            e["adapter_source_hash"].as_str().unwrap_or(""),
+                            e["signed_by"].as_str().unwrap_or("nobody"),
+                        ),
+                        None => println!("{}  (no evidence record)", row.id),
+                    }
                     for (capability, status) in &row.capabilities {
                         println!("  {capability:<20} {status}");
                     }
@@ -120,9 +324,8 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
             }
             Ok(code::OK)
         }
-        CatalogCommand::Check { evidence, .. } => {
-            let dir: PathBuf = evidence.clone().unwrap_or_else(default_dir);
-            let table = statuses(&registry, &dir, None)?;
+        CatalogCommand::Check { .. } => {
+            let table = statuses(&registry, explicit, &local, &keys, None)?;
             let mut problems = Vec::new();
             for row in &table {
                 let id = &row.id;
@@ -134,6 +337,13 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                         Status::Unknown(why) if row.claims_verification => problems.push(format!(
                             "{id}/{capability}: the manifest claims verification but the evidence does not prove it: {why}"
                         )),
+                        Status::Unknown(why)
+                            if row.built_in && row.declared.contains(capability) =>
+                        {
+                            problems.push(format!(
+                                "{id}/{capability}: declared supported by an adapter in this build, but not VERIFIED: {why}"
+                            ))
+                        }
                         _ => {}
                     }
                 }
@@ -141,7 +351,7 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
             if json {
                 emit(
                     "catalog check",
-                    json!({ "evidence_dir": dir, "ok": problems.is_empty(), "problems": problems }),
+                    json!({ "evidence_dir": shown_dir, "ok": problems.is_empty(), "problems": problems }),
                 );
             } else if problems.is_empty() {
                 println!(
@@ -159,5 +369,6 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                 code::VERIFICATION_FAILED
             })
         }
+        CatalogCommand::Keygen { .. } => unreachable!("handled above"),
     }
 }

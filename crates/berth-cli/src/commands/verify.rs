@@ -195,8 +195,12 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
         clauses,
         metrics,
         content_hash: String::new(),
-    }
-    .seal();
+        signature: None,
+    };
+    let record = match &args.sign_key {
+        Some(path) => record.sign(&super::catalog::signing_key(path)?),
+        None => record.seal(),
+    };
     let dir = args
         .out
         .clone()
@@ -218,10 +222,14 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
         );
     } else {
         println!(
-            "evidence: {} ({} clauses, {failed} failed, content {})",
+            "evidence: {} ({} clauses, {failed} failed, content {}, {})",
             path.display(),
             record.clauses.len(),
-            record.content_hash
+            record.content_hash,
+            match &record.signature {
+                Some(s) => format!("signed by key {}", s.key_id),
+                None => "unsigned: the gate will call it UNKNOWN".into(),
+            }
         );
     }
     Ok(if failed == 0 {
