@@ -112,7 +112,33 @@ fn assert_clean_ledger(home: &Path, expected_rows: usize) {
     assert_eq!(left, 0, "sandbox directories left in {}", dir.display());
 }
 
+/// How many events an uninterrupted run of the example stores (each is a durable boundary).
+fn example_events() -> u64 {
+    let home = home();
+    let out = run(
+        home.path(),
+        &["mission", "run", example().to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    doc["events"].as_u64().expect("an event count")
+}
+
 fn assert_example_succeeded(home: &Path, id: &str) {
+    assert_example_succeeded_in(home, id, example_events_cached());
+}
+
+fn example_events_cached() -> u64 {
+    static EVENTS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *EVENTS.get_or_init(example_events)
+}
+
+fn assert_example_succeeded_in(home: &Path, id: &str, events: u64) {
     let (code, doc) = json(home, &["mission", "status", id]);
     assert_eq!(code, 0);
     let mission = &doc["mission"];
@@ -122,7 +148,7 @@ fn assert_example_succeeded(home: &Path, id: &str) {
     assert_eq!(attempts[0]["status"]["status"], "rejected");
     assert_eq!(attempts[1]["status"]["status"], "accepted");
     assert_eq!(attempts[1]["status"]["finalized"], true);
-    assert_eq!(doc["events"], 13, "every event exactly once");
+    assert_eq!(doc["events"], events, "every event exactly once");
 }
 
 #[test]
@@ -162,8 +188,29 @@ fn the_bundled_example_is_rejected_once_then_accepted() {
 
 #[test]
 fn a_kill_at_every_durable_boundary_resumes_to_the_same_result() {
+    // The boundaries come from the event log of an uninterrupted run, not a hard-coded count.
+    let events = example_events_cached();
+    assert!(
+        events > 2,
+        "the example stores its steps as events ({events})"
+    );
     for boundary in ["kill-before-event", "kill-after-event"] {
-        for n in 1..=13 {
+        // One past the last event the fault never fires: the run completes on its own.
+        let beyond_home = home();
+        let beyond = format!("{boundary}:{}", events + 1);
+        let out = berth(
+            beyond_home.path(),
+            &["mission", "run", example().to_str().unwrap()],
+        )
+        .env("BERTH_FAULT", &beyond)
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{beyond}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for n in 1..=events {
             let home = home();
             let fault = format!("{boundary}:{n}");
             let out = berth(
