@@ -53,6 +53,28 @@ pub enum Command {
     },
     /// Run a command in a sandbox; exits with the command's exit code.
     Exec(ExecArgs),
+    /// Processes started with `berth exec --detach` in a sandbox, with their status.
+    Ps {
+        /// Sandbox id.
+        id: String,
+    },
+    /// What a detached process wrote (stdout, then stderr on stderr).
+    Logs {
+        /// Sandbox id.
+        id: String,
+        /// Process handle (from `exec --detach` or `berth ps`).
+        handle: String,
+        /// Keep printing new output until the process ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
+    /// Kill a detached process and everything it started.
+    Kill {
+        /// Sandbox id.
+        id: String,
+        /// Process handle.
+        handle: String,
+    },
     /// Copy a file between the host and a sandbox: `berth cp ID:path local` or `berth cp local ID:path`.
     Cp {
         /// Source: `ID:path`, a local path, or `-` for stdin.
@@ -138,6 +160,11 @@ pub enum Command {
     /// Provider development: `berth provider new NAME` scaffolds an adapter.
     #[command(subcommand)]
     Provider(ProviderCommand),
+    /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
@@ -245,6 +272,10 @@ pub struct CommandSpec {
 pub struct ExecArgs {
     /// Sandbox id.
     pub id: String,
+    /// Start the command in the background and print its process handle (`berth ps`, `berth
+    /// logs`, `berth kill` take it), where the provider supports detached exec.
+    #[arg(long, short = 'd', conflicts_with = "timeout")]
+    pub detach: bool,
     #[command(flatten)]
     pub spec: CommandSpec,
 }

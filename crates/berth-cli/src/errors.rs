@@ -37,6 +37,10 @@ pub mod code {
     pub const TAMPERED: i32 = 13;
     /// exec/run: berth itself failed (the command's codes pass through otherwise).
     pub const EXEC_FAILED: i32 = 125;
+    /// `exec`/`run`: the command exists but cannot be executed (as `docker exec`).
+    pub const COMMAND_NOT_EXECUTABLE: i32 = 126;
+    /// `exec`/`run`: no such command in the sandbox (as `docker exec`).
+    pub const COMMAND_NOT_FOUND: i32 = 127;
 }
 
 /// A user-facing error.
@@ -174,6 +178,32 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
         return Some((e.kind, e.exit_code, e.hint.clone()));
     }
     if let Some(e) = cause.downcast_ref::<ProviderError>() {
+        if let ProviderError::NotStarted { failure, .. } = e {
+            use berth_contract::StartFailure;
+            return Some(match failure {
+                StartFailure::NotFound => (
+                    "command_not_found",
+                    code::COMMAND_NOT_FOUND,
+                    Some(
+                        "no such program in the sandbox: check its name and the sandbox's PATH"
+                            .into(),
+                    ),
+                ),
+                StartFailure::NotExecutable => (
+                    "command_not_executable",
+                    code::COMMAND_NOT_EXECUTABLE,
+                    Some(
+                        "the program exists in the sandbox but cannot be executed (permissions?)"
+                            .into(),
+                    ),
+                ),
+                _ => (
+                    "command_not_started",
+                    code::EXEC_FAILED,
+                    Some("the command did not start in the sandbox; see the message".into()),
+                ),
+            });
+        }
         return Some(from_kind(e.kind()));
     }
     if let Some(e) = cause.downcast_ref::<LedgerError>() {

@@ -61,6 +61,14 @@ async fn run(cli: Cli) -> i32 {
     // Commands that touch no state.
     match &cli.command {
         Command::Schema { which } => return commands::schema(json, which),
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "berth", &mut script);
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            return 0;
+        }
         Command::Providers => return finish(json, name, commands::providers(&config, json)),
         Command::Catalog(command) => {
             return finish(json, name, commands::catalog::run(&config, json, command))
@@ -87,6 +95,12 @@ async fn run(cli: Cli) -> i32 {
             )
         }
     };
+    // A command's own exit code passes through only when one runs in the foreground.
+    let passes_exit_code = match &cli.command {
+        Command::Exec(args) => !args.detach,
+        Command::Run(_) => true,
+        _ => false,
+    };
     let mut task = tokio::spawn(commands::dispatch(app.clone(), cli.command));
     let ending = tokio::select! {
         joined = &mut task => match joined {
@@ -108,8 +122,11 @@ async fn run(cli: Cli) -> i32 {
             app.cleanup_after_failure().await;
             let code = output::failure(json, name, &err);
             // exec and run pass the command's exit code through; berth's own failure must not
-            // look like one of the command's codes.
-            if matches!(name, "exec" | "run") {
+            // look like one of the command's codes — except a command that could not start,
+            // which exits 127/126 as with `docker exec`.
+            let not_started =
+                matches!(code, code::COMMAND_NOT_FOUND | code::COMMAND_NOT_EXECUTABLE);
+            if passes_exit_code && !not_started {
                 code::EXEC_FAILED
             } else {
                 code
@@ -148,6 +165,9 @@ impl Command {
             Command::Status { .. } => "status",
             Command::Exec(_) => "exec",
             Command::Cp { .. } => "cp",
+            Command::Ps { .. } => "ps",
+            Command::Logs { .. } => "logs",
+            Command::Kill { .. } => "kill",
             Command::Snapshot { .. } => "snapshot",
             Command::Fork { .. } => "fork",
             Command::Restore { .. } => "restore",
@@ -173,6 +193,7 @@ impl Command {
             Command::Mission(cli::MissionCommand::List) => "mission list",
             Command::Mission(cli::MissionCommand::Bench { .. }) => "mission bench",
             Command::Schema { .. } => "schema",
+            Command::Completions { .. } => "completions",
         }
     }
 }

@@ -1352,3 +1352,92 @@ fn a_killed_exec_takes_its_command_tree_with_it() {
     );
     home.run(&["destroy", &id]);
 }
+
+/// The CLI contract: a command missing from the sandbox exits 127 (126 when not executable),
+/// naming it, on host and docker; `--json` never shares stdout with file bytes; what docker
+/// supports for detached processes the CLI reaches (`exec --detach`, `ps`, `logs`, `kill`), and
+/// host, which does not, answers unsupported (4).
+#[test]
+fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_exec() {
+    let home = Home::new();
+    let host = home.create("tester");
+    let out = home.run(&["exec", &host, "--", "no-such-command-xyz"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        text(&out.stderr).contains("no-such-command-xyz"),
+        "{}",
+        text(&out.stderr)
+    );
+    home.run(&["exec", &host, "-c", "printf '#!/bin/sh\\n' > plain.sh"]);
+    let out = home.run(&["exec", &host, "--", "./plain.sh"]);
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+    let (code, doc) = home.json(&["cp", &format!("{host}:plain.sh"), "-"]);
+    assert_eq!(code, 5, "{doc}");
+    let (code, doc) = home.json(&["exec", &host, "--detach", "--", "sleep", "1"]);
+    assert_eq!(code, 4, "{doc}");
+    home.json(&["destroy", &host]);
+    if !docker_ready() {
+        return;
+    }
+    let (code, doc) = home.json(&["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run(&["exec", &id, "--", "no-such-command-xyz"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let (code, doc) = home.json(&[
+        "exec",
+        &id,
+        "--detach",
+        "-c",
+        "echo one; echo two >&2; sleep 0.5; echo three",
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    let first = doc["handle"].as_str().unwrap().to_owned();
+    let (_, doc) = home.json(&["exec", &id, "--detach", "--", "sleep", "300"]);
+    let sleeper = doc["handle"].as_str().unwrap().to_owned();
+    let (_, doc) = home.json(&["ps", &id]);
+    let handles: Vec<&str> = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["handle"].as_str().unwrap())
+        .collect();
+    assert!(
+        handles.contains(&first.as_str()) && handles.contains(&sleeper.as_str()),
+        "{doc}"
+    );
+    let out = home.run(&["logs", "--follow", &id, &first]);
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout), "one\nthree\n");
+    assert_eq!(text(&out.stderr), "two\n");
+    let (_, doc) = home.json(&["logs", &id, &first]);
+    assert_eq!(doc["status"]["exit_code"], 0, "{doc}");
+    let (code, _) = home.json(&["kill", &id, &sleeper]);
+    assert_eq!(code, 0);
+    let (_, doc) = home.json(&["ps", &id]);
+    let state = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["handle"] == sleeper.as_str())
+        .map(|p| p["status"]["state"].clone());
+    assert_eq!(state, Some(Value::from("finished")), "{doc}");
+    let (code, _) = home.json(&["logs", &id, "../../etc/passwd"]);
+    assert_eq!(code, 5);
+    let (code, doc) = home.json(&["destroy", &id]);
+    assert_eq!(code, 0, "{doc}");
+}
+
+#[test]
+fn completions_cover_every_verb() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        for verb in ["exec", "ps", "logs", "kill", "mission", "catalog"] {
+            assert!(text(&out.stdout).contains(verb), "{shell} lacks {verb}");
+        }
+    }
+}

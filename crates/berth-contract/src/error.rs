@@ -143,6 +143,17 @@ pub enum ProviderError {
         /// The provider id.
         provider: String,
     },
+    /// The command could not be started in the sandbox (never a made-up exit code; the CLI
+    /// reports 127/126 like `docker exec`).
+    #[error("provider `{provider}`: {message}")]
+    NotStarted {
+        /// Why.
+        failure: StartFailure,
+        /// The provider id.
+        provider: String,
+        /// What failed, naming the command.
+        message: String,
+    },
     /// Any other classified failure.
     #[error("provider `{provider}`: {message}")]
     Failed {
@@ -158,7 +169,42 @@ pub enum ProviderError {
     },
 }
 
+/// Why a command did not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFailure {
+    /// No such program in the sandbox.
+    NotFound,
+    /// The program exists but cannot be executed (permissions, not an executable).
+    NotExecutable,
+    /// Anything else (a working directory that does not exist, resource limits, …).
+    Other,
+}
+
+impl StartFailure {
+    /// From the supervisor's and reaper's wire names (`not_found`, `permission_denied`, …).
+    pub fn from_wire(kind: &str) -> StartFailure {
+        match kind {
+            "not_found" => StartFailure::NotFound,
+            "permission_denied" => StartFailure::NotExecutable,
+            _ => StartFailure::Other,
+        }
+    }
+}
+
 impl ProviderError {
+    /// The command could not be started.
+    pub fn not_started(
+        failure: StartFailure,
+        provider: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        ProviderError::NotStarted {
+            failure,
+            provider: provider.into(),
+            message: message.into(),
+        }
+    }
+
     /// A classified failure without an underlying cause.
     pub fn new(kind: ErrorKind, provider: impl Into<String>, message: impl Into<String>) -> Self {
         ProviderError::Failed {
@@ -202,6 +248,13 @@ impl ProviderError {
                 capability,
                 provider: provider.into(),
             },
+            ProviderError::NotStarted {
+                failure, message, ..
+            } => ProviderError::NotStarted {
+                failure,
+                provider: provider.into(),
+                message,
+            },
             ProviderError::Failed {
                 kind,
                 message,
@@ -220,6 +273,11 @@ impl ProviderError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             ProviderError::Unsupported { .. } => ErrorKind::Unsupported,
+            ProviderError::NotStarted { failure, .. } => match failure {
+                StartFailure::NotFound => ErrorKind::NotFound,
+                StartFailure::NotExecutable => ErrorKind::InvalidRequest,
+                StartFailure::Other => ErrorKind::Unknown,
+            },
             ProviderError::Failed { kind, .. } => *kind,
         }
     }

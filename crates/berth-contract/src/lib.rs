@@ -23,7 +23,7 @@ pub mod spec;
 pub mod state;
 
 pub use capability::{Capability, CapabilitySet, Support};
-pub use error::{ErrorKind, ProviderError, Result};
+pub use error::{ErrorKind, ProviderError, Result, StartFailure};
 pub use exec::{
     check_env, Command, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink, Stream,
     DEFAULT_MAX_OUTPUT_BYTES, RESERVED_ENV,

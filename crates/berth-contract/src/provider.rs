@@ -166,6 +166,11 @@ pub trait DetachedExec: Send + Sync {
     async fn status(&self, id: &NativeId, process: &ProcessHandle) -> Result<ProcessStatus>;
     /// Kills a process's group.
     async fn kill(&self, id: &NativeId, process: &ProcessHandle) -> Result<()>;
+    /// Handles of the processes started with `spawn` whose output the sandbox still holds
+    /// (a handle may outlive what can be polled: see the provider's manifest).
+    async fn list(&self, id: &NativeId) -> Result<Vec<ProcessHandle>>;
+    /// Everything the process has written so far: `(stdout, stderr)`.
+    async fn output(&self, id: &NativeId, process: &ProcessHandle) -> Result<(Vec<u8>, Vec<u8>)>;
 }
 
 /// Kind of a file entry.

@@ -263,12 +263,11 @@ pub(crate) async fn run(
                 Some(Report::Started) => Some(control),
                 Some(Report::Failed { kind, message }) => {
                     let _ = child.wait().await;
-                    let kind = match kind.as_str() {
-                        "not_found" => ErrorKind::NotFound,
-                        "permission_denied" => ErrorKind::InvalidRequest,
-                        _ => ErrorKind::Unknown,
-                    };
-                    return Err(ProviderError::new(kind, PROVIDER_ID, message));
+                    return Err(ProviderError::not_started(
+                        berth_contract::StartFailure::from_wire(&kind),
+                        PROVIDER_ID,
+                        message,
+                    ));
                 }
                 other => {
                     let _ = child.kill().await;

@@ -220,13 +220,15 @@ impl Launcher for Bwrap {
         }
         let line = String::from_utf8_lossy(&finished.stderr_head);
         let line = line.lines().next().unwrap_or_default().to_owned();
-        let kind = if line.contains("execvp") && line.contains("No such file") {
-            ErrorKind::NotFound
+        let failure = if line.contains("execvp") && line.contains("No such file") {
+            berth_contract::StartFailure::NotFound
+        } else if line.contains("execvp") && line.contains("Permission denied") {
+            berth_contract::StartFailure::NotExecutable
         } else {
-            ErrorKind::Unknown
+            berth_contract::StartFailure::Other
         };
-        Err(ProviderError::new(
-            kind,
+        Err(ProviderError::not_started(
+            failure,
             PROVIDER_ID,
             format!("bubblewrap could not start the command: {line}"),
         ))

@@ -836,12 +836,11 @@ fn prepare(req: &ExecRequest) -> Result<(Vec<String>, String, BTreeMap<String, S
 }
 
 fn spawn_error(kind: &str, message: String) -> ProviderError {
-    let kind = match kind {
-        "not_found" => ErrorKind::NotFound,
-        "permission_denied" => ErrorKind::InvalidRequest,
-        _ => ErrorKind::Unknown,
-    };
-    err(kind, message)
+    ProviderError::not_started(
+        berth_contract::StartFailure::from_wire(kind),
+        PROVIDER_ID,
+        message,
+    )
 }
 
 /// Strips the 8-byte multiplexing headers of a non-TTY log stream.
@@ -1097,6 +1096,55 @@ impl DetachedExec for DockerProvider {
             )),
         }
     }
+
+    async fn list(&self, id: &NativeId) -> Result<Vec<ProcessHandle>> {
+        let entries = match Files::list(self, id, PROCESS_LOGS).await {
+            Ok(entries) => entries,
+            // Nothing was ever spawned here.
+            Err(e) if e.kind() == ErrorKind::NotFound && self.inspect(&id.0).await?.is_some() => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.kind == FileKind::File)
+            .filter_map(|e| e.name.strip_suffix(".out").map(str::to_owned))
+            .filter(|h| process_handle_ok(h))
+            .map(ProcessHandle)
+            .collect())
+    }
+
+    async fn output(&self, id: &NativeId, process: &ProcessHandle) -> Result<(Vec<u8>, Vec<u8>)> {
+        if !process_handle_ok(&process.0) {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!("`{}` is not a process handle", process.0.escape_debug()),
+            ));
+        }
+        let read = |stream: &'static str| async move {
+            let path = format!("{PROCESS_LOGS}/{}.{stream}", process.0);
+            match Files::read(self, id, &path).await {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let Some(stdout) = read("out").await? else {
+            return Err(unknown_process(id, &process.0));
+        };
+        let stderr = read("err").await?.unwrap_or_default();
+        Ok((stdout, stderr))
+    }
+}
+
+/// Handles are the supervisor's own (`p1`, `p2`, …); anything else never reaches a path.
+fn process_handle_ok(handle: &str) -> bool {
+    !handle.is_empty()
+        && handle.len() <= 32
+        && handle
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 fn unknown_process(id: &NativeId, process: &str) -> ProviderError {

@@ -112,6 +112,18 @@ async fn run_request(
 pub async fn exec(app: &App, args: ExecArgs) -> Result<i32> {
     let req = request(app, &args.spec)?;
     let (_row, provider, native) = app.sandbox(&args.id).await?;
+    if args.detach {
+        let handle = provider.require_detached()?.spawn(&native, &req).await?;
+        if app.json {
+            emit(
+                "exec",
+                json!({ "sandbox": args.id, "detached": true, "handle": handle.0 }),
+            );
+        } else {
+            println!("{}", handle.0);
+        }
+        return Ok(code::OK);
+    }
     let status = run_request(app, "exec", &args.id, provider.as_ref(), &native, &req).await?;
     Ok(status.shell_code())
 }
@@ -180,6 +192,13 @@ fn endpoint(text: &str) -> Endpoint<'_> {
 
 /// `berth cp`.
 pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
+    if app.json && destination == "-" {
+        return Err(CliError::invalid(
+            "with --json, stdout carries the JSON document; the file's bytes cannot share it",
+            "copy to a file (`berth --json cp ID:path ./file`), or leave out --json to stream the bytes",
+        )
+        .into());
+    }
     let bytes = match (endpoint(source), endpoint(destination)) {
         (Endpoint::Sandbox { id, path }, Endpoint::Local(local)) => {
             let (_row, provider, native) = app.sandbox(id).await?;
@@ -221,6 +240,116 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
         );
     } else if destination != "-" {
         eprintln!("copied {bytes} bytes");
+    }
+    Ok(code::OK)
+}
+
+fn process_status_json(
+    status: &Result<berth_contract::ProcessStatus, berth_contract::ProviderError>,
+) -> serde_json::Value {
+    match status {
+        Ok(berth_contract::ProcessStatus::Running) => json!({ "state": "running" }),
+        Ok(berth_contract::ProcessStatus::Finished { status }) => {
+            json!({ "state": "finished", "status": status, "exit_code": status.shell_code() })
+        }
+        Err(e) => json!({ "state": "unknown", "reason": e.to_string() }),
+    }
+}
+
+/// `berth ps`.
+pub async fn ps(app: &App, id: &str) -> Result<i32> {
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let detached = provider.require_detached()?;
+    let mut rows = Vec::new();
+    for handle in detached.list(&native).await? {
+        let status = detached.status(&native, &handle).await;
+        rows.push((handle, process_status_json(&status)));
+    }
+    if app.json {
+        let processes: Vec<_> = rows
+            .iter()
+            .map(|(h, s)| json!({ "handle": h.0, "status": s }))
+            .collect();
+        emit("ps", json!({ "sandbox": id, "processes": processes }));
+    } else {
+        println!("{:<10} STATUS", "HANDLE");
+        for (handle, status) in &rows {
+            let shown = match status["state"].as_str() {
+                Some("finished") => format!("finished ({})", status["exit_code"]),
+                Some("unknown") => format!("unknown: {}", status["reason"].as_str().unwrap_or("")),
+                other => other.unwrap_or("").to_owned(),
+            };
+            println!("{:<10} {shown}", handle.0);
+        }
+    }
+    Ok(code::OK)
+}
+
+/// `berth logs [--follow]`.
+pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32> {
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let detached = provider.require_detached()?;
+    let handle = berth_contract::ProcessHandle(handle.to_owned());
+    if app.json && follow {
+        return Err(CliError::invalid(
+            "--follow streams output; it does not combine with --json",
+            "leave out --follow for one JSON document of the output so far",
+        )
+        .into());
+    }
+    let (mut out_seen, mut err_seen) = (0usize, 0usize);
+    loop {
+        // The status first: output read after it is complete when it says finished.
+        let status = detached.status(&native, &handle).await;
+        let (stdout, stderr) = detached.output(&native, &handle).await?;
+        if app.json {
+            emit(
+                "logs",
+                json!({
+                    "sandbox": id,
+                    "handle": handle.0,
+                    "status": process_status_json(&status),
+                    "stdout": String::from_utf8_lossy(&stdout),
+                    "stderr": String::from_utf8_lossy(&stderr),
+                }),
+            );
+            return Ok(code::OK);
+        }
+        // A log that shrank (rewritten inside the sandbox) is shown again from its start.
+        if stdout.len() < out_seen {
+            out_seen = 0;
+        }
+        if stderr.len() < err_seen {
+            err_seen = 0;
+        }
+        Terminal.chunk(Stream::Stdout, &stdout[out_seen..]);
+        Terminal.chunk(Stream::Stderr, &stderr[err_seen..]);
+        (out_seen, err_seen) = (stdout.len(), stderr.len());
+        let running = matches!(status, Ok(berth_contract::ProcessStatus::Running));
+        if !follow || !running {
+            if follow {
+                if let Err(e) = &status {
+                    eprintln!("berth: {e}");
+                }
+            }
+            return Ok(code::OK);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// `berth kill`.
+pub async fn kill(app: &App, id: &str, handle: &str) -> Result<i32> {
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let handle = berth_contract::ProcessHandle(handle.to_owned());
+    provider.require_detached()?.kill(&native, &handle).await?;
+    if app.json {
+        emit(
+            "kill",
+            json!({ "sandbox": id, "handle": handle.0, "killed": true }),
+        );
+    } else {
+        eprintln!("killed {}", handle.0);
     }
     Ok(code::OK)
 }

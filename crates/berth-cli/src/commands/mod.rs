@@ -44,6 +44,9 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Suspend { id } => sandbox::power(&app, &id, sandbox::Power::Suspend).await,
         Command::Resume { id } => sandbox::power(&app, &id, sandbox::Power::Resume).await,
         Command::Exec(args) => exec::exec(&app, args).await,
+        Command::Ps { id } => exec::ps(&app, &id).await,
+        Command::Logs { id, handle, follow } => exec::logs(&app, &id, &handle, follow).await,
+        Command::Kill { id, handle } => exec::kill(&app, &id, &handle).await,
         Command::Run(args) => exec::run(&app, args).await,
         Command::Cp {
             source,
@@ -66,6 +69,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Mission(command) => mission::run(&app, command).await,
         Command::Providers
         | Command::Schema { .. }
+        | Command::Completions { .. }
         | Command::Catalog(_)
         | Command::Provider(_) => {
             unreachable!("handled without state")
