@@ -330,12 +330,18 @@ fn exit_codes_timeouts_and_errors_are_documented_values() {
     }
     // Hostile paths: invalid input, exit 5, nothing written outside.
     for remote in ["../escape", "/etc/passwd", "a/../../b"] {
-        let (code, doc) = home.json(&["cp", &format!("{id}:{remote}"), "-"]);
+        let sink = home.path().join("copied");
+        let (code, doc) = home.json(&["cp", &format!("{id}:{remote}"), sink.to_str().unwrap()]);
         assert_eq!(code, 5, "{remote}: {doc}");
         assert_eq!(doc["error"]["kind"], "invalid_request");
     }
     home.run(&["exec", &id, "-c", "ln -s /etc etc-link"]);
-    let (code, doc) = home.json(&["cp", &format!("{id}:etc-link/hostname"), "-"]);
+    let sink = home.path().join("copied");
+    let (code, doc) = home.json(&[
+        "cp",
+        &format!("{id}:etc-link/hostname"),
+        sink.to_str().unwrap(),
+    ]);
     assert_eq!(code, 5, "{doc}");
     assert!(doc["error"]["message"]
         .as_str()
@@ -556,7 +562,7 @@ fn must_not_fire_sweep_leaves_other_owners_alone() {
 fn a_failing_run_destroys_its_sandbox() {
     let home = Home::new();
     let out = home.run(&["run", "--", "definitely-not-a-program-4711"]);
-    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
     let (_, doc) = home.json(&["ledger", "list", "--all"]);
     let entries = doc["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 1);
@@ -1217,7 +1223,11 @@ fn hostile_input_is_invalid_input_everywhere_and_leaves_nothing() {
     );
     let long = "n".repeat(300);
     refused(&["cp", "-", &format!("{id}:{long}")], "too long");
-    refused(&["cp", &format!("{id}:{long}"), "-"], "too long");
+    let sink = home.path().join("copied");
+    refused(
+        &["cp", &format!("{id}:{long}"), sink.to_str().unwrap()],
+        "too long",
+    );
 
     // Mission files: unbounded sources, unknown providers and hostile fallbacks are refused
     // before anything is durable.
@@ -1299,7 +1309,11 @@ fn docker_names_that_would_change_an_engine_url_are_refused() {
     let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
     let long = "n".repeat(300);
     for args in [
-        vec!["cp".to_owned(), format!("{id}:{long}"), "-".to_owned()],
+        vec![
+            "cp".to_owned(),
+            format!("{id}:{long}"),
+            home.path().join("copied").display().to_string(),
+        ],
         vec![
             "cp".to_owned(),
             "/dev/null".to_owned(),
