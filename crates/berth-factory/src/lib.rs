@@ -406,13 +406,20 @@ fn construct_docker(
     _manifest: &ProviderManifest,
     config: &ProviderConfig,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
+    Ok(Arc::new(docker(config)?))
+}
+
+/// The docker adapter as `construct` builds it, typed (benchmarks reach its bare mechanism).
+#[cfg(feature = "docker")]
+pub fn docker(
+    config: &ProviderConfig,
+) -> Result<berth_provider_docker::DockerProvider, ProviderError> {
     use berth_provider_docker::{engine, locate_supervisor, DockerConfig, DockerProvider};
     let socket = engine::socket_from_docker_host(config.env.get("DOCKER_HOST"))?;
     let supervisor = locate_supervisor(config.env.get("BERTH_SUPERVISOR"))?;
-    let provider = DockerProvider::new(DockerConfig::new(
+    DockerProvider::new(DockerConfig::new(
         config.state_dir.join("docker"),
         socket,
         supervisor,
-    ))?;
-    Ok(Arc::new(provider))
+    ))
 }

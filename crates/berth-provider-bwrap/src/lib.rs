@@ -89,18 +89,32 @@ impl Bwrap {
         Self::find(enter)
     }
 
+    /// The bwrap binary this launcher runs (benchmarks run the same one).
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
     fn find(enter: Option<PathBuf>) -> Result<Bwrap> {
+        let on_path = std::env::var_os("PATH")
+            .map(|path| {
+                std::env::split_paths(&path)
+                    .filter(|dir| dir.is_absolute())
+                    .map(|dir| dir.join("bwrap"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
         ["/usr/bin/bwrap", "/usr/local/bin/bwrap", "/bin/bwrap"]
             .iter()
             .map(PathBuf::from)
+            .chain(on_path)
             .find(|p| p.is_file())
             .map(|program| Bwrap { program, enter })
             .ok_or_else(|| {
                 ProviderError::new(
                     ErrorKind::Unavailable,
                     PROVIDER_ID,
-                    "bubblewrap is not installed (no bwrap in /usr/bin, /usr/local/bin or /bin); \
-                     install the `bubblewrap` package",
+                    "bubblewrap is not installed (no bwrap in /usr/bin, /usr/local/bin, /bin or \
+                     on PATH); install the `bubblewrap` package",
                 )
             })
     }

@@ -358,6 +358,35 @@ impl DockerProvider {
         &self.engine
     }
 
+    /// For benchmarks: the socket of `id`'s supervisor, as the host reaches it.
+    pub async fn supervisor_socket(&self, id: &NativeId) -> Result<PathBuf> {
+        Ok(self.channel(&id.0).await?.0)
+    }
+
+    /// For benchmarks: runs `argv` through the supervisor at `socket` the way [`Provider::exec`]
+    /// does — the same request, environment and frames — but with none of its checks (no
+    /// ping, no peer credentials, no pinned identity): Berth's own mechanism, bare. Fails
+    /// unless the command exits 0.
+    pub async fn bare_exec(&self, socket: &Path, argv: &[&str]) -> Result<()> {
+        let (argv, cwd, env) = prepare(&ExecRequest::argv(argv.iter().copied()))?;
+        let request = Request::Exec {
+            v: PROTOCOL_VERSION,
+            argv,
+            cwd,
+            env,
+            timeout_ms: None,
+            grace_ms: self.config.kill_grace.as_millis() as u64,
+        };
+        match supervise::bare_exec(socket, &request).await {
+            Ok(supervise::Outcome::Exit(Exit::Exited { code: 0 })) => Ok(()),
+            Ok(other) => Err(err(
+                ErrorKind::Unknown,
+                format!("bare exec ended {other:?}"),
+            )),
+            Err(e) => Err(io_err("reach the supervisor", e)),
+        }
+    }
+
     fn run_dir(&self, name: &str) -> Result<PathBuf> {
         if name.is_empty()
             || name.starts_with('.')

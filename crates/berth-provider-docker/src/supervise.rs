@@ -170,6 +170,27 @@ pub(crate) async fn exec(
     }
 }
 
+/// For benchmarks: one exec over the socket with none of Berth's checks (no `lstat`, no peer
+/// credentials, no ping) — the same request and frames, the bare mechanism.
+pub(crate) async fn bare_exec(socket: &Path, request: &Request) -> io::Result<Outcome> {
+    let mut stream = UnixStream::connect(socket).await?;
+    let mut line = serde_json::to_vec(request).expect("request serializes");
+    line.push(b'\n');
+    stream.write_all(&line).await?;
+    loop {
+        match read_frame(&mut stream).await? {
+            Some((TAG_EXIT, payload)) => {
+                return Ok(match serde_json::from_slice(&payload) {
+                    Ok(exit) => Outcome::Exit(exit),
+                    Err(err) => Outcome::Lost(format!("unreadable exit frame: {err}")),
+                })
+            }
+            Some(_) => {}
+            None => return Ok(Outcome::Lost("connection closed".into())),
+        }
+    }
+}
+
 /// Sends a request answered by a single exit frame (spawn, status, kill).
 pub(crate) async fn call(socket: &Path, expect: &Expect, request: &Request) -> io::Result<Outcome> {
     exec(socket, expect, request, |_, _| {}).await
