@@ -22,8 +22,8 @@ use crate::app::App;
 use crate::errors::code;
 use crate::output::emit;
 
-/// The control-plane target from the issue: at most 15 ms per attempt (median).
-const TARGET_OVERHEAD_MS: f64 = 15.0;
+/// The control-plane target (issue 10): at most 5 ms per attempt (median).
+const TARGET_OVERHEAD_MS: f64 = 5.0;
 
 fn write_fixture(dir: &Path) -> Result<std::path::PathBuf> {
     std::fs::create_dir_all(dir.join("repo"))?;
