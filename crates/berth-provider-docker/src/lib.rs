@@ -56,8 +56,6 @@ const FORK_IMAGE_LABEL: &str = "berth.fork-image";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Slack beyond timeout + grace before the client stops waiting for the supervisor's answer.
 const CLIENT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
-/// How long a live supervisor may take to answer a ping.
-const PING_DEADLINE: Duration = Duration::from_secs(2);
 /// The walls every container gets unless a request sets its own limits: a fork bomb or a
 /// runaway build stops at the container, not the host.
 pub const DEFAULT_PIDS_LIMIT: u64 = 1024;
@@ -685,8 +683,9 @@ impl DockerProvider {
             timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
             grace_ms: self.config.kill_grace.as_millis() as u64,
         };
+        // No separate ping: the supervisor acknowledges the request before running it, within
+        // a deadline, and drops it if the caller has gone (a paused container).
         let (socket, expect) = self.channel(&id.0).await?;
-        self.alive(id, &socket, &expect).await?;
         let started = Instant::now();
         let exchange = supervise::exec(&socket, &expect, &request, &mut on_chunk);
         // The supervisor enforces the timeout; this deadline only catches a supervisor that
@@ -733,22 +732,9 @@ impl DockerProvider {
         Ok((status, took))
     }
 
-    /// A frozen (paused) container accepts connections but never answers: ping first, with a
-    /// deadline, so a request is never queued to run later behind the caller's back.
-    async fn alive(&self, id: &NativeId, socket: &Path, expect: &supervise::Expect) -> Result<()> {
-        match tokio::time::timeout(PING_DEADLINE, supervise::ping(socket, expect)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(connect)) => Err(self.unreachable_supervisor(id, connect).await),
-            Err(_) => Err(self
-                .unreachable_supervisor(id, std::io::Error::other("ping timed out"))
-                .await),
-        }
-    }
-
     /// One single-answer request to the supervisor of `id`.
     async fn call(&self, id: &NativeId, request: &Request) -> Result<Exit> {
         let (socket, expect) = self.channel(&id.0).await?;
-        self.alive(id, &socket, &expect).await?;
         match supervise::call(&socket, &expect, request).await {
             Ok(supervise::Outcome::Exit(exit)) => Ok(exit),
             Ok(supervise::Outcome::Lost(reason)) => Err(err(ErrorKind::Unavailable, reason)),

@@ -6,8 +6,13 @@ use std::path::Path;
 
 use berth_contract::Stream;
 use berth_supervisor::{
-    Exit, Request, MAX_FRAME, PROTOCOL_VERSION, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
+    Exit, Request, MAX_FRAME, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
 };
+
+/// How long the supervisor may take to acknowledge a request. A frozen (paused) container
+/// accepts connections but never answers; the client then hangs up, and the supervisor drops
+/// the request instead of running it later behind the caller's back.
+pub(crate) const ACCEPT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -145,6 +150,35 @@ pub(crate) async fn exec(
     mut on_chunk: impl FnMut(Stream, &[u8]),
 ) -> io::Result<Outcome> {
     let mut stream = send(socket, expect, request).await?;
+    match tokio::time::timeout(ACCEPT_DEADLINE, read_frame(&mut stream)).await {
+        Ok(Ok(Some((TAG_ACCEPTED, _)))) => {}
+        // Refused before running (bad request, protocol version).
+        Ok(Ok(Some((TAG_EXIT, payload)))) => {
+            return Ok(match serde_json::from_slice(&payload) {
+                Ok(exit) => Outcome::Exit(exit),
+                Err(err) => Outcome::Lost(format!("unreadable exit frame: {err}")),
+            })
+        }
+        Ok(Ok(Some((tag, _)))) => {
+            return Ok(Outcome::Lost(format!(
+                "the supervisor answered with frame {tag} before accepting the request"
+            )))
+        }
+        // Nothing ran: the request was never accepted.
+        Ok(Ok(None)) => {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the supervisor closed the connection before accepting the request",
+            ))
+        }
+        Ok(Err(err)) => return Err(err),
+        Err(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the supervisor did not accept the request within {ACCEPT_DEADLINE:?}"),
+            ))
+        }
+    }
     loop {
         match read_frame(&mut stream).await {
             Ok(Some((TAG_STDOUT, bytes))) => on_chunk(Stream::Stdout, &bytes),

@@ -36,14 +36,19 @@ use std::io::{self, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-/// Protocol version carried by every request.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Protocol version carried by every request. 2: requests other than ping are acknowledged
+/// with a [`TAG_ACCEPTED`] frame before anything runs.
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Frame tag: stdout bytes.
 pub const TAG_STDOUT: u8 = 1;
 /// Frame tag: stderr bytes.
 pub const TAG_STDERR: u8 = 2;
 /// Frame tag: the final exit record (JSON).
 pub const TAG_EXIT: u8 = 3;
+/// Frame tag (empty): the request was read and will run — sent first, before anything runs,
+/// and only while the client is still connected. A client that gets no such frame in time (a
+/// paused sandbox) hangs up, and the request then never runs.
+pub const TAG_ACCEPTED: u8 = 4;
 /// Largest frame payload accepted.
 pub const MAX_FRAME: u32 = 1 << 20;
 

@@ -15,7 +15,9 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::reaper::Report;
-use crate::{write_frame, Exit, Request, PROTOCOL_VERSION, TAG_EXIT, TAG_STDERR, TAG_STDOUT};
+use crate::{
+    write_frame, Exit, Request, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
+};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 4 << 20;
@@ -47,6 +49,18 @@ fn send_exit(stream: &Mutex<UnixStream>, exit: &Exit) -> io::Result<()> {
     let payload = serde_json::to_vec(exit).expect("exit serializes");
     let mut out = stream.lock().unwrap_or_else(|p| p.into_inner());
     write_frame(&mut *out, TAG_EXIT, &payload)
+}
+
+/// Whether the client has hung up (it sends nothing after its request line, so a readable
+/// end-of-file means it is gone).
+fn client_gone(stream: &UnixStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    let gone = matches!((&*stream).read(&mut byte), Ok(0));
+    let _ = stream.set_nonblocking(false);
+    gone
 }
 
 fn handle(stream: UnixStream) -> io::Result<()> {
@@ -82,6 +96,16 @@ fn handle(stream: UnixStream) -> io::Result<()> {
             )
         }
         Request::Ping { .. } => send_exit(&out, &Exit::Exited { code: 0 }),
+        // Anything that acts runs only for a client still waiting for it: a request read late
+        // (the sandbox was paused and the client gave up) is dropped, never run behind its back.
+        _ if client_gone(&stream) => Ok(()),
+        _ if {
+            let mut writer = out.lock().unwrap_or_else(|p| p.into_inner());
+            write_frame(&mut *writer, TAG_ACCEPTED, &[]).is_err()
+        } =>
+        {
+            Ok(())
+        }
         Request::Spawn {
             argv,
             cwd,

@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use berth_supervisor::{
-    read_frame, Exit, Request, PROTOCOL_VERSION, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
+    read_frame, Exit, Request, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
 };
 
 struct Server {
@@ -60,11 +60,19 @@ fn send(socket: &Path, request: &Request) -> UnixStream {
 
 fn read_reply(mut stream: UnixStream) -> Reply {
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let mut first = true;
     loop {
         let (tag, payload) = read_frame(&mut stream)
             .unwrap()
             .expect("exit frame before EOF");
+        // Every acting request is acknowledged first (or refused outright).
+        assert!(
+            !first || matches!(tag, TAG_ACCEPTED | TAG_EXIT),
+            "first frame {tag}"
+        );
+        first = false;
         match tag {
+            TAG_ACCEPTED => assert!(payload.is_empty()),
             TAG_STDOUT => stdout.extend(payload),
             TAG_STDERR => stderr.extend(payload),
             TAG_EXIT => {
@@ -305,4 +313,31 @@ fn detached_processes_outlive_their_connection_and_can_be_killed() {
             process: "p999".into()
         }
     );
+}
+
+/// A request the supervisor reads only after its client gave up (the supervisor was frozen, as
+/// in a paused container) never runs: nothing is queued behind the caller's back.
+#[test]
+fn a_request_read_after_its_client_left_never_runs() {
+    let server = server();
+    let marker = server.dir.path().join("ran");
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let request = exec(
+        server.dir.path(),
+        &format!("touch {}", marker.display()),
+        None,
+    );
+    let stream = send(&server.socket, &request);
+    drop(stream);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // A live request still runs afterwards (the supervisor is not wedged)…
+    let reply = read_reply(send(
+        &server.socket,
+        &exec(server.dir.path(), "echo alive", None),
+    ));
+    assert_eq!(reply.stdout, b"alive\n");
+    // …and the abandoned one did not.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!marker.exists(), "a request whose client left ran anyway");
 }
