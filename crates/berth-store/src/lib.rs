@@ -133,8 +133,6 @@ impl Store {
     }
 
     /// The schema version: the newest applied migration.
-    ///
-    /// (See also [`schema_is_current`], the fast path of [`Store::open`].)
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
         sqlx::query_scalar::<_, i64>(
             "SELECT COALESCE(MAX(version), 0) FROM _sqlx_migrations WHERE success = 1",
