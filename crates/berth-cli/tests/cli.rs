@@ -896,6 +896,16 @@ fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
         args.extend_from_slice(extra);
         home.json(&args).1
     };
+    let check = || {
+        home.json(&[
+            "catalog",
+            "check",
+            "--evidence",
+            evidence.to_str().unwrap(),
+            "--trust-key",
+            &public,
+        ])
+    };
     let doc = show(&["--trust-key", &public]);
     let caps = &doc["providers"][0]["capabilities"];
     assert_eq!(caps["core"]["status"], "VERIFIED", "{doc}");
@@ -924,14 +934,7 @@ fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
         "no evidence record"
     );
     // Built-in adapters whose supported capabilities are not VERIFIED fail the check.
-    let (code, doc) = home.json(&[
-        "catalog",
-        "check",
-        "--evidence",
-        evidence.to_str().unwrap(),
-        "--trust-key",
-        &public,
-    ]);
+    let (code, doc) = check();
     assert_eq!(code, 12, "{doc}");
     let problems = doc["problems"].to_string();
     assert!(
@@ -986,14 +989,7 @@ fn verify_writes_evidence_and_the_gate_reads_it_honestly() {
         doc["providers"][0]["capabilities"]["files"]["status"],
         "FAILED"
     );
-    let (code, doc) = home.json(&[
-        "catalog",
-        "check",
-        "--evidence",
-        evidence.to_str().unwrap(),
-        "--trust-key",
-        &public,
-    ]);
+    let (code, doc) = check();
     assert_eq!(code, 12, "{doc}");
     assert!(doc["problems"].to_string().contains("host/files"), "{doc}");
 }

@@ -121,15 +121,9 @@ impl Drop for DockerCleanup<'_> {
     }
 }
 
-fn cleanup_docker(home: &Path, owner: &str) {
-    // Checkpoints are the mission's restorable artifacts; the test removes them.
-    let ledger = berth(home, owner, &["--json", "ledger", "list", "--all"]);
-    let ledger: Value = serde_json::from_slice(&ledger.stdout).unwrap_or_default();
-    for row in ledger["entries"].as_array().into_iter().flatten() {
-        if row["kind"] == "snapshot" {
-            let _ = berth(home, owner, &["destroy", row["berth_id"].as_str().unwrap()]);
-        }
-    }
+/// No container of `owner` is left (the mission verified its sandboxes gone; the
+/// [`DockerCleanup`] guard deletes the checkpoints when the test ends).
+fn assert_no_containers(owner: &str) {
     let left = Command::new("docker")
         .args([
             "ps",
@@ -140,6 +134,20 @@ fn cleanup_docker(home: &Path, owner: &str) {
         .output()
         .unwrap();
     assert!(left.stdout.is_empty(), "containers left behind");
+}
+
+/// Runs the mission in `file` to its end and returns its status document; panics, with both
+/// outputs and the document, unless it succeeded.
+fn run_to_success(home: &Path, owner: &str, file: &Path) -> Value {
+    let out = berth(home, owner, &["mission", "run", file.to_str().unwrap()]);
+    let doc = status(home, owner);
+    assert!(
+        out.status.success(),
+        "{}{} {doc}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    doc
 }
 
 /// The agent installs a pre-commit hook that rewrites the validated answer, and a `git` that
@@ -171,18 +179,7 @@ fn hook_and_lying_git(provider: &str) {
             attempts: 1,
         },
     );
-    let out = berth(
-        home.path(),
-        &owner,
-        &["mission", "run", file.to_str().unwrap()],
-    );
-    let doc = status(home.path(), &owner);
-    assert!(
-        out.status.success(),
-        "{}{} {doc}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let doc = run_to_success(home.path(), &owner, &file);
     let dir = home
         .path()
         .join("missions")
@@ -209,7 +206,7 @@ fn hook_and_lying_git(provider: &str) {
         );
     }
     if provider == "docker" {
-        cleanup_docker(home.path(), &owner);
+        assert_no_containers(&owner);
     }
 }
 
@@ -252,17 +249,7 @@ fn the_validator_runs_on_a_clean_system_on_docker() {
             attempts: 2,
         },
     );
-    let out = berth(
-        home.path(),
-        &owner,
-        &["mission", "run", file.to_str().unwrap()],
-    );
-    let doc = status(home.path(), &owner);
-    assert!(
-        out.status.success(),
-        "{} {doc}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let doc = run_to_success(home.path(), &owner, &file);
     let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
     assert_eq!(
         attempts[0]["status"]["status"], "rejected",
@@ -274,7 +261,7 @@ fn the_validator_runs_on_a_clean_system_on_docker() {
         "{reason}"
     );
     assert_eq!(attempts[1]["status"]["status"], "accepted", "{doc}");
-    cleanup_docker(home.path(), &owner);
+    assert_no_containers(&owner);
 }
 
 /// A workspace that is no longer a repository, or has entries git does not store, is captured
@@ -457,16 +444,7 @@ fn a_mission_never_commits_into_the_users_repository() {
     git(&["commit", "-q", "-m", "user"]);
     std::fs::write(repo.join("uncommitted.txt"), "mine\n").unwrap();
     let before = (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain"]));
-    let out = berth(
-        home.path(),
-        "hostile-worktree",
-        &["mission", "run", file.to_str().unwrap()],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_to_success(home.path(), "hostile-worktree", &file);
     let after = (git(&["rev-parse", "HEAD"]), git(&["status", "--porcelain"]));
     assert_eq!(before, after, "the mission changed the user's repository");
 }

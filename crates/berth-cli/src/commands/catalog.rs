@@ -17,8 +17,22 @@ use crate::output::emit;
 /// The largest evidence record read; real records are a few KiB.
 const MAX_EVIDENCE_BYTES: u64 = 4 * 1024 * 1024;
 
-fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
+/// At most `max` bytes of an opened file that must be a regular file; the inner `Err` says why
+/// the content is refused (for the caller's message), the outer one is an I/O failure.
+fn read_regular(file: std::fs::File, max: u64) -> std::io::Result<Result<Vec<u8>, String>> {
     use std::io::Read;
+    if !file.metadata()?.is_file() {
+        return Ok(Err("not a regular file".into()));
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(Err(format!("larger than {max} bytes")));
+    }
+    Ok(Ok(bytes))
+}
+
+fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
     let path = dir.join(format!("{id}.json"));
     let invalid = |why: String| {
         CliError::invalid(
@@ -31,16 +45,9 @@ fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
-    if !file.metadata()?.is_file() {
-        return Err(invalid("not a regular file".into()).into());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_EVIDENCE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    if bytes.len() as u64 > MAX_EVIDENCE_BYTES {
-        return Err(invalid(format!("larger than {MAX_EVIDENCE_BYTES} bytes")).into());
-    }
+    let bytes = read_regular(file, MAX_EVIDENCE_BYTES)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .map_err(invalid)?;
     let record = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
     Ok(Some(record))
 }
@@ -69,20 +76,12 @@ const SHIPPED_KEYS: &[(&str, &str)] = &[(
 
 /// Reads a small text file (keys): a regular file of at most 4 KiB.
 fn read_small(path: &Path, what: &str) -> Result<String> {
-    use std::io::Read;
     let invalid = |why: String| CliError::invalid(format!("{what} {}: {why}", path.display()), "");
     let file = std::fs::File::open(path).map_err(|e| invalid(e.to_string()))?;
-    if !file.metadata()?.is_file() {
-        return Err(invalid("not a regular file".into()).into());
-    }
-    let mut text = String::new();
-    file.take(4097)
-        .read_to_string(&mut text)
-        .map_err(|e| invalid(e.to_string()))?;
-    if text.len() > 4096 {
-        return Err(invalid("larger than 4 KiB".into()).into());
-    }
-    Ok(text)
+    let bytes = read_regular(file, 4096)
+        .map_err(|e| invalid(e.to_string()))?
+        .map_err(invalid)?;
+    String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text".into()).into())
 }
 
 /// The signing key in `path` (hex seed). Its value is never shown.
