@@ -173,8 +173,37 @@ fn describe(steps: &[FallbackStep]) -> String {
 
 /// Manifests plus the adapters compiled into this build.
 pub struct Registry {
-    manifests: BTreeMap<String, ProviderManifest>,
+    manifests: BTreeMap<String, Entry>,
     constructors: BTreeMap<String, Constructor>,
+}
+
+/// A manifest, parsed on first use: a command that touches one provider (`berth exec`) parses
+/// one manifest, not the whole catalog.
+struct Entry {
+    source: Option<(&'static str, &'static str)>,
+    parsed: std::sync::OnceLock<ProviderManifest>,
+}
+
+impl Entry {
+    fn get(&self) -> Result<&ProviderManifest, ManifestError> {
+        if let Some(manifest) = self.parsed.get() {
+            return Ok(manifest);
+        }
+        let (origin, text) = self
+            .source
+            .expect("an entry without a parsed manifest has a source");
+        let _ = self.parsed.set(berth_manifest::parse(origin, text)?);
+        Ok(self.parsed.get().expect("just set"))
+    }
+}
+
+/// The id an embedded manifest declares: its file name (a test checks they agree).
+fn embedded_id(origin: &str) -> &str {
+    origin
+        .rsplit('/')
+        .next()
+        .unwrap_or(origin)
+        .trim_end_matches(".toml")
 }
 
 impl fmt::Debug for Registry {
@@ -189,11 +218,19 @@ impl fmt::Debug for Registry {
 impl Registry {
     /// The embedded manifests and the adapters enabled by this crate's features.
     pub fn builtin() -> Result<Self, FactoryError> {
-        let mut manifests = Vec::new();
-        for (origin, text) in berth_manifest::embedded() {
-            manifests.push(berth_manifest::parse(origin, text)?);
-        }
-        let mut registry = Registry::with_manifests(manifests);
+        let mut registry = Registry {
+            manifests: berth_manifest::embedded()
+                .iter()
+                .map(|&(origin, text)| {
+                    let entry = Entry {
+                        source: Some((origin, text)),
+                        parsed: std::sync::OnceLock::new(),
+                    };
+                    (embedded_id(origin).to_owned(), entry)
+                })
+                .collect(),
+            constructors: BTreeMap::new(),
+        };
         #[cfg(feature = "host")]
         registry.register("host", construct_host);
         #[cfg(feature = "bwrap")]
@@ -206,7 +243,17 @@ impl Registry {
     /// A registry of these manifests and no adapters.
     pub fn with_manifests(manifests: impl IntoIterator<Item = ProviderManifest>) -> Self {
         Registry {
-            manifests: manifests.into_iter().map(|m| (m.id.clone(), m)).collect(),
+            manifests: manifests
+                .into_iter()
+                .map(|m| {
+                    let id = m.id.clone();
+                    let entry = Entry {
+                        source: None,
+                        parsed: std::sync::OnceLock::from(m),
+                    };
+                    (id, entry)
+                })
+                .collect(),
             constructors: BTreeMap::new(),
         }
     }
@@ -217,13 +264,17 @@ impl Registry {
     }
 
     /// Every manifest, by id.
-    pub fn manifests(&self) -> impl Iterator<Item = &ProviderManifest> {
-        self.manifests.values()
+    pub fn manifests(&self) -> Result<Vec<&ProviderManifest>, FactoryError> {
+        self.manifests
+            .values()
+            .map(|entry| entry.get().map_err(FactoryError::from))
+            .collect()
     }
 
     /// One manifest.
     pub fn manifest(&self, id: &str) -> Result<&ProviderManifest, FactoryError> {
-        self.manifests
+        let entry = self
+            .manifests
             .get(id)
             .ok_or_else(|| FactoryError::UnknownProvider {
                 id: id.to_owned(),
@@ -233,7 +284,8 @@ impl Registry {
                     .cloned()
                     .collect::<Vec<_>>()
                     .join(", "),
-            })
+            })?;
+        Ok(entry.get()?)
     }
 
     /// Whether this build has an adapter for `id`.
@@ -243,8 +295,8 @@ impl Registry {
 
     /// The credential variables `id` needs that `env` lacks.
     pub fn missing_credentials(&self, id: &str, env: &Environment) -> Vec<String> {
-        self.manifests
-            .get(id)
+        self.manifest(id)
+            .ok()
             .map(|m| {
                 m.required_env()
                     .filter(|name| !env.is_set(name))

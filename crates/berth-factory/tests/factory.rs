@@ -370,3 +370,21 @@ async fn fallback_stops_on_request_errors_and_reports_exhaustion() {
         FallbackError::Factory(FactoryError::EmptyFallback)
     ));
 }
+
+/// The built-in registry parses a manifest only when it is used, keyed by its file name: every
+/// embedded manifest must parse and declare the id its file name gives it, or `manifest(id)`
+/// would hand out a different provider's manifest.
+#[test]
+fn every_embedded_manifest_parses_under_its_file_name() {
+    let registry = Registry::builtin().unwrap();
+    let all = registry.manifests().unwrap();
+    assert_eq!(all.len(), berth_manifest::embedded().len());
+    for (origin, _) in berth_manifest::embedded() {
+        let stem = origin.rsplit('/').next().unwrap().trim_end_matches(".toml");
+        assert_eq!(registry.manifest(stem).unwrap().id, stem, "{origin}");
+    }
+    assert!(matches!(
+        registry.manifest("no-such-provider"),
+        Err(FactoryError::UnknownProvider { .. })
+    ));
+}

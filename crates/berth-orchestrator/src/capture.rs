@@ -314,8 +314,15 @@ pub(crate) fn commit(
     Ok(id)
 }
 
-/// The commit `refname` points at in `repo` (made by [`commit`]).
+/// The commit `refname` points at in `repo` (made by [`commit`]): the loose ref fast-import
+/// wrote (Berth's own repository, so no `git` process for it), else git's answer (a packed ref).
 pub(crate) fn resolve(repo: &Path, refname: &str) -> Result<String, OrchestratorError> {
+    if let Ok(text) = std::fs::read_to_string(repo.join(refname)) {
+        let id = text.trim_end_matches('\n');
+        if is_commit_id(id) {
+            return Ok(id.to_owned());
+        }
+    }
     git(
         repo,
         &["rev-parse", "--verify", &format!("{refname}^{{commit}}")],
@@ -341,8 +348,14 @@ pub(crate) fn bundle(repo: &Path, refname: &str, path: &Path) -> Result<u64, Orc
     use std::os::unix::fs::PermissionsExt;
     let temp = path.with_extension("bundle.partial");
     let _ = std::fs::remove_file(&temp);
-    // One runner per mission (the lease), so moving the work repository's HEAD is safe.
-    git(repo, &["symbolic-ref", "HEAD", refname])?;
+    // One runner per mission (the lease), so moving the work repository's HEAD is safe; it is
+    // Berth's own repository, so the symbolic ref is written directly (atomically).
+    let head = repo.join("HEAD.berth-partial");
+    std::fs::write(&head, format!("ref: {refname}\n"))
+        .and_then(|()| std::fs::rename(&head, repo.join("HEAD")))
+        .map_err(|e| {
+            OrchestratorError::Repository(format!("cannot point HEAD at {refname}: {e}"))
+        })?;
     git(
         repo,
         &[

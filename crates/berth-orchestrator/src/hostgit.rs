@@ -69,6 +69,15 @@ pub(crate) fn git_with_input(
             "core.hooksPath=/dev/null",
             "-c",
             "core.fsmonitor=false",
+            // Berth's own repositories are short-lived and small: no background maintenance
+            // process after a step, and an import is kept as one pack (not unpacked into loose
+            // objects by a second process).
+            "-c",
+            "maintenance.auto=false",
+            "-c",
+            "gc.auto=0",
+            "-c",
+            "fastimport.unpackLimit=1",
         ])
         .args(["-c", "protocol.allow=never"]);
     if let Transport::Scheme(scheme) = transport {

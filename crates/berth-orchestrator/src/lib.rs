@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
 pub use pipeline::Step;
+pub use pipeline::STAGE_SCRIPT;
 
 /// Schema version of the mission spec stored beside the record.
 pub const SPEC_VERSION: u32 = 1;
@@ -446,22 +447,47 @@ impl Orchestrator<'_> {
         event: &Event,
         facts: &[(&str, serde_json::Value)],
     ) -> Result<(MissionRecord, i64), OrchestratorError> {
-        let next = authority::apply(record, event)?;
-        if let Some(hook) = self.boundary {
-            hook(Boundary::BeforeEvent(seq + 1));
+        self.commit_events(id, record, seq, std::slice::from_ref(event), facts)
+            .await
+    }
+
+    /// Applies events in order through the authority and stores them, the record they produce
+    /// and the facts in one transaction: one durable commit for a step that decides several
+    /// things at once. The crash boundaries are before and after that commit, for every event.
+    pub(crate) async fn commit_events(
+        &self,
+        id: &str,
+        record: &MissionRecord,
+        seq: i64,
+        events: &[Event],
+        facts: &[(&str, serde_json::Value)],
+    ) -> Result<(MissionRecord, i64), OrchestratorError> {
+        let mut next = record.clone();
+        for event in events {
+            next = authority::apply(&next, event)?;
         }
-        let key = match event {
-            Event::Start { .. } => String::new(),
-            Event::Reached { key, .. }
-            | Event::ValidatorPassed { key, .. }
-            | Event::Rejected { key, .. }
-            | Event::Committed { key, .. }
-            | Event::Checkpointed { key, .. }
-            | Event::Finalized { key } => key.0.clone(),
+        let count = events.len() as i64;
+        if let Some(hook) = self.boundary {
+            (1..=count).for_each(|n| hook(Boundary::BeforeEvent(seq + n)));
+        }
+        let key = match events.first() {
+            Some(Event::Start { .. }) | None => String::new(),
+            Some(
+                Event::Reached { key, .. }
+                | Event::ValidatorPassed { key, .. }
+                | Event::Rejected { key, .. }
+                | Event::Committed { key, .. }
+                | Event::Checkpointed { key, .. }
+                | Event::Finalized { key },
+            ) => key.0.clone(),
         };
         let facts: Vec<(&str, &str, String)> = facts
             .iter()
             .map(|(kind, detail)| (key.as_str(), *kind, detail.to_string()))
+            .collect();
+        let events_json: Vec<String> = events
+            .iter()
+            .map(|e| serde_json::to_string(e).expect("event serializes"))
             .collect();
         let new_seq = self
             .store
@@ -469,14 +495,14 @@ impl Orchestrator<'_> {
                 id,
                 seq,
                 self.lease.fence(),
-                &serde_json::to_string(event).expect("event serializes"),
+                &events_json,
                 &serde_json::to_string(&next).expect("record serializes"),
                 state_name(&next.state),
                 &facts,
             )
             .await??;
         if let Some(hook) = self.boundary {
-            hook(Boundary::AfterEvent(new_seq));
+            (seq + 1..=new_seq).for_each(|n| hook(Boundary::AfterEvent(n)));
         }
         Ok((next, new_seq))
     }

@@ -755,14 +755,32 @@ pub(crate) async fn advance(
                     ),
                 },
             };
+            // An accepted attempt's commit is the one just judged: recorded in the same
+            // transaction as the verdict (one durable commit, not two).
+            let accepted = matches!(event, Event::ValidatorPassed { .. })
+                && berth_mission::authority::apply(record, &event).is_ok_and(|next| {
+                    next.tasks[index].attempts.iter().any(|a| {
+                        &a.key == key && matches!(a.status, AttemptStatus::Accepted { .. })
+                    })
+                });
+            let (events, facts) = match event {
+                Event::ValidatorPassed { .. } if accepted => (
+                    vec![
+                        event,
+                        Event::Committed {
+                            key: key.clone(),
+                            commit: commit.clone(),
+                        },
+                    ],
+                    vec![
+                        ("validator", validator_fact),
+                        ("commit", json!({ "commit": commit })),
+                    ],
+                ),
+                other => (vec![other], vec![("validator", validator_fact)]),
+            };
             let (next, _) = orch
-                .commit_event(
-                    mission,
-                    record,
-                    seq,
-                    &event,
-                    &[("validator", validator_fact)],
-                )
+                .commit_events(mission, record, seq, &events, &facts)
                 .await?;
             // The frozen copy has served its purpose.
             if let Ok(row) = orch.ledger.row(&frozen.0).await {
@@ -843,20 +861,36 @@ pub(crate) async fn advance(
                     )
                 }
             };
-            orch.commit_event(
+            // Finalizing is local (the bundle made at capture, copied): it lands in the same
+            // transaction as the checkpoint.
+            let path = orch
+                .mission_dir(mission)
+                .join(format!("{}.bundle", task.id));
+            let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
+            orch.commit_events(
                 mission,
                 record,
                 seq,
-                &Event::Checkpointed {
-                    key: key.clone(),
-                    checkpoint: checkpoint.clone(),
-                },
-                &[("checkpoint", detail)],
+                &[
+                    Event::Checkpointed {
+                        key: key.clone(),
+                        checkpoint: checkpoint.clone(),
+                    },
+                    Event::Finalized { key: key.clone() },
+                ],
+                &[
+                    ("checkpoint", detail),
+                    ("finalize", json!({ "bundle": path, "bytes": bytes })),
+                ],
             )
             .await?;
+            teardown(orch, spec, key, spec.file.sandbox.keep).await;
             Ok(Step::Advanced {
                 key: key.clone(),
-                what: format!("checkpoint {checkpoint}"),
+                what: format!(
+                    "checkpoint {checkpoint}; finalized, task `{}` done",
+                    task.id
+                ),
             })
         }
         AttemptStatus::Accepted {
@@ -865,13 +899,7 @@ pub(crate) async fn advance(
             let path = orch
                 .mission_dir(mission)
                 .join(format!("{}.bundle", task.id));
-            let made = attempt_bundle(orch, mission, task, attempt.ordinal);
-            let bytes = if made.is_file() {
-                capture::copy_bundle(&made, &path)?
-            } else {
-                let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
-                capture::bundle(&repo, &attempt_ref(key), &path)?
-            };
+            let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
             orch.commit_event(
                 mission,
                 record,
@@ -889,6 +917,26 @@ pub(crate) async fn advance(
         other => Err(OrchestratorError::Corrupt(format!(
             "attempt {key} is not open: {other:?}"
         ))),
+    }
+}
+
+/// Writes the task's final bundle at `path`: the one made at capture, copied (or made again from
+/// the work repository when a crash lost it). Returns its size.
+fn final_bundle(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    mission: &str,
+    task: &Task,
+    ordinal: u32,
+    key: &AttemptKey,
+    path: &std::path::Path,
+) -> Result<u64, OrchestratorError> {
+    let made = attempt_bundle(orch, mission, task, ordinal);
+    if made.is_file() {
+        capture::copy_bundle(&made, path)
+    } else {
+        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+        capture::bundle(&repo, &attempt_ref(key), path)
     }
 }
 
@@ -914,6 +962,9 @@ fn attempt_bundle(
         .join(format!("{}.attempt-{ordinal}.bundle", task.id))
 }
 
+/// The staging command: `.berth-input.bundle` checked out at `$BERTH_COMMIT` as `repo/`.
+pub const STAGE_SCRIPT: &str = "rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q --detach \"$BERTH_COMMIT\" && rm -f .berth-input.bundle";
+
 /// Stages a repository bundle at `commit` as `repo/` in the sandbox (replacing what is
 /// there). The commit travels in the environment, never in the command line.
 async fn stage(
@@ -933,11 +984,9 @@ async fn stage(
         .write(id, ".berth-input.bundle", &bytes)
         .await
         .map_err(|e| e.to_string())?;
-    let req = ExecRequest::shell(
-        "rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q --detach \"$BERTH_COMMIT\" && rm -f .berth-input.bundle",
-    )
-    .with_env("BERTH_COMMIT", commit)
-    .with_timeout(Duration::from_secs(600));
+    let req = ExecRequest::shell(STAGE_SCRIPT)
+        .with_env("BERTH_COMMIT", commit)
+        .with_timeout(Duration::from_secs(600));
     let out = provider.exec(id, &req).await.map_err(|e| e.to_string())?;
     if out.status.success() {
         Ok(())

@@ -220,7 +220,8 @@ pub struct LedgerQuery {
 }
 
 impl Store {
-    /// Records the intent to create, before any provider call. Durable when this returns.
+    /// Records the intent to create, before any provider call. Durable when this returns, even
+    /// across power loss.
     pub async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError> {
         let now = ts(Utc::now());
         sqlx::query(
@@ -239,7 +240,7 @@ impl Store {
         .bind(row.expires_at.map(ts))
         .bind(&now)
         .bind(&now)
-        .execute(self.pool())
+        .execute(self.durable())
         .await
         .map_err(query_err("record create intent"))?;
         Ok(())

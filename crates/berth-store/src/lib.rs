@@ -1,6 +1,15 @@
-//! Berth's durable state. SQLite is the embedded default: WAL journal, `synchronous=FULL`
-//! (a committed row survives power loss), schema managed by versioned migrations in
-//! `migrations/`. This crate stores and fetches; the rules about what a row may become live in
+//! Berth's durable state. SQLite is the embedded default: WAL journal, schema managed by
+//! versioned migrations in `migrations/`.
+//!
+//! Durability is tiered by what a lost row would cost. An **intent** — a row written before
+//! the thing it names exists (a sandbox or snapshot about to be created, a mission being
+//! registered, a mission's final state) — is committed with `synchronous=FULL`: it survives
+//! power loss, so nothing Berth makes can exist unrecorded. Every other write (what happened
+//! after an intent: created, destroyed, a mission step) is committed with WAL
+//! `synchronous=NORMAL`: durable across process crashes (`kill -9`), and after power loss or a
+//! kernel crash the log loses at most a suffix of such writes — the same state as a crash a
+//! moment earlier, which recovery already handles (rows are re-observed, steps are
+//! repeatable). A FULL commit flushes the whole WAL, so order is never lost. This crate stores and fetches; the rules about what a row may become live in
 //! the families that own them (the ledger crate for ledger rows).
 //!
 //! - [`Store`] — opening, migrating, schema version.
@@ -60,12 +69,18 @@ pub enum StoreError {
     /// No such row.
     #[error("no ledger entry `{0}`")]
     NotFound(String),
+    /// The caller asked for something the contract does not allow (a bug in the caller).
+    #[error("invalid store request: {0}")]
+    Invalid(String),
 }
 
 /// The durable store.
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
+    /// Intents: the same database through connections with `synchronous=FULL`, opened on first
+    /// use (a read-only command never pays for them).
+    durable: SqlitePool,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
@@ -82,9 +97,12 @@ impl Store {
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        let durable = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_lazy_with(options.clone().synchronous(SqliteSynchronous::Full));
         // Most opens find the schema current: a read-only check, with no lock, no write
         // transaction and no fsync (a short-lived CLI process pays for each).
         if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
@@ -94,7 +112,7 @@ impl Store {
                 .await
             {
                 if schema_is_current(&pool).await {
-                    return Ok(Store { pool });
+                    return Ok(Store { pool, durable });
                 }
                 pool.close().await;
             }
@@ -129,7 +147,7 @@ impl Store {
             path: shown,
             source,
         })?;
-        Ok(Store { pool })
+        Ok(Store { pool, durable })
     }
 
     /// The schema version: the newest applied migration.
@@ -150,13 +168,21 @@ impl Store {
         MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
     }
 
-    /// Closes the pool, flushing the WAL.
+    /// Closes the pools, flushing the WAL.
     pub async fn close(&self) {
         self.pool.close().await;
+        self.durable.close().await;
     }
 
+    /// Connections for writes a crash a moment earlier would equal (`synchronous=NORMAL`).
     pub(crate) fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// Connections for intents (`synchronous=FULL`: survives power loss when the commit
+    /// returns, and flushes every earlier write with it).
+    pub(crate) fn durable(&self) -> &SqlitePool {
+        &self.durable
     }
 }
 
@@ -177,4 +203,32 @@ async fn schema_is_current(pool: &sqlx::SqlitePool) -> bool {
             .iter()
             .zip(known)
             .all(|((version, checksum), m)| *version == m.version && checksum[..] == m.checksum[..])
+}
+
+#[cfg(test)]
+mod durability_tests {
+    use super::*;
+
+    /// Intents go through FULL connections, everything else through NORMAL ones (WAL both).
+    #[tokio::test]
+    async fn intents_are_full_and_steps_are_normal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("berth.db")).await.unwrap();
+        let level = |pool: &SqlitePool| {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(level(store.durable()).await, 2, "FULL");
+        assert_eq!(level(store.pool()).await, 1, "NORMAL");
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(store.durable())
+            .await
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
 }

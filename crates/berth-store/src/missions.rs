@@ -102,10 +102,12 @@ pub struct LeaseHeld {
 /// What the mission service needs from durable storage. The SQLite [`Store`] implements it; a
 /// PostgreSQL backend implements the same contract:
 ///
-/// - `mission_append` is atomic: the event, the new record and the facts land together or not
-///   at all, and only if the mission is still at `expected_seq` (a stale writer gets
+/// - `mission_append` is atomic: the events (one or more, numbered in order), the new record
+///   and the facts land together or not at all, and only if the mission is still at `expected_seq` (a stale writer gets
 ///   [`Conflict`] and changes nothing);
-/// - a committed append survives a crash of the process and of the machine;
+/// - a committed append survives a crash of the process; after a crash of the machine, the
+///   log may have lost a suffix of `running` appends (never a registration or a final state),
+///   which is the state of an earlier process crash — steps are repeatable;
 /// - reads see every committed append.
 #[async_trait::async_trait]
 pub trait MissionStore: Send + Sync + std::fmt::Debug {
@@ -137,15 +139,16 @@ pub trait MissionStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Gives the lease up (no-op when `fence` no longer holds it).
     async fn mission_lease_release(&self, id: &str, fence: i64) -> Result<(), StoreError>;
-    /// Appends one event with its record and facts (see the trait contract). With a fence, the
-    /// append succeeds only while that fence still holds the lease.
+    /// Appends events with the record they produced and their facts (see the trait contract),
+    /// returning the last event's sequence number. With a fence, the append succeeds only while
+    /// that fence still holds the lease.
     #[allow(clippy::too_many_arguments)] // one atomic write: its inputs travel together
     async fn mission_append(
         &self,
         id: &str,
         expected_seq: i64,
         fence: Option<i64>,
-        event_json: &str,
+        events_json: &[String],
         record_json: &str,
         state: &str,
         facts: &[(&str, &str, String)],
@@ -188,7 +191,7 @@ impl MissionStore for Store {
         .bind(state)
         .bind(&at)
         .bind(&at)
-        .execute(self.pool())
+        .execute(self.durable())
         .await
         .map_err(q("record mission"))?;
         Ok(())
@@ -285,19 +288,33 @@ impl MissionStore for Store {
         id: &str,
         expected_seq: i64,
         fence: Option<i64>,
-        event_json: &str,
+        events_json: &[String],
         record_json: &str,
         state: &str,
         facts: &[(&str, &str, String)],
     ) -> Result<Result<i64, Conflict>, StoreError> {
+        let count = events_json.len() as i64;
+        if count == 0 {
+            return Err(StoreError::Invalid(
+                "an append needs at least one event".into(),
+            ));
+        }
         let at = now();
-        let mut tx = self.pool().begin().await.map_err(q("begin transaction"))?;
+        // A mission's final state is what its runner reports to the user: it survives power
+        // loss. Steps before it are repeatable (see the crate's durability note).
+        let pool = if matches!(state, "running") {
+            self.pool()
+        } else {
+            self.durable()
+        };
+        let mut tx = pool.begin().await.map_err(q("begin transaction"))?;
         let updated = sqlx::query(
-            "UPDATE missions SET record_json = ?, state = ?, seq = seq + 1, updated_at = ? \
+            "UPDATE missions SET record_json = ?, state = ?, seq = seq + ?, updated_at = ? \
              WHERE id = ? AND seq = ? AND (? IS NULL OR (lease_fence = ? AND lease_holder IS NOT NULL))",
         )
         .bind(record_json)
         .bind(state)
+        .bind(count)
         .bind(&at)
         .bind(id)
         .bind(expected_seq)
@@ -312,16 +329,18 @@ impl MissionStore for Store {
                 expected: expected_seq,
             }));
         }
-        sqlx::query(
-            "INSERT INTO mission_events (mission_id, seq, event_json, at) VALUES (?, ?, ?, ?)",
-        )
-        .bind(id)
-        .bind(expected_seq + 1)
-        .bind(event_json)
-        .bind(&at)
-        .execute(&mut *tx)
-        .await
-        .map_err(q("append mission event"))?;
+        for (n, event_json) in (1..).zip(events_json) {
+            sqlx::query(
+                "INSERT INTO mission_events (mission_id, seq, event_json, at) VALUES (?, ?, ?, ?)",
+            )
+            .bind(id)
+            .bind(expected_seq + n)
+            .bind(event_json)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("append mission event"))?;
+        }
         for (attempt_key, kind, detail_json) in facts {
             sqlx::query(
                 "INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) \
@@ -337,7 +356,7 @@ impl MissionStore for Store {
             .map_err(q("record attempt fact"))?;
         }
         tx.commit().await.map_err(q("commit mission event"))?;
-        Ok(Ok(expected_seq + 1))
+        Ok(Ok(expected_seq + count))
     }
 
     /// One mission.
@@ -432,7 +451,7 @@ mod tests {
                 "m1",
                 0,
                 None,
-                "{\"e\":1}",
+                &["{\"e\":1}".into()],
                 "{\"v\":1}",
                 "running",
                 &[("at-1", "agent", "{}".into())],
@@ -447,7 +466,7 @@ mod tests {
                 "m1",
                 0,
                 None,
-                "{\"e\":2}",
+                &["{\"e\":2}".into()],
                 "{\"v\":2}",
                 "running",
                 &[("at-1", "lost", "{}".into())],
@@ -476,12 +495,12 @@ mod tests {
             .await
             .unwrap();
         let first = store
-            .mission_append("m", 0, None, "{}", "{\"a\":1}", "running", &[])
+            .mission_append("m", 0, None, &["{}".into()], "{\"a\":1}", "running", &[])
             .await
             .unwrap();
         assert_eq!(first.unwrap(), 1);
         let stale = store
-            .mission_append("m", 0, None, "{}", "{\"a\":2}", "failed", &[])
+            .mission_append("m", 0, None, &["{}".into()], "{\"a\":2}", "failed", &[])
             .await
             .unwrap();
         assert!(stale.is_err());
@@ -523,12 +542,28 @@ mod tests {
         assert!(second > first);
         assert!(!store.mission_lease_renew("m1", first, ttl).await.unwrap());
         let stale = store
-            .mission_append("m1", 0, Some(first), "{}", "{\"v\":1}", "running", &[])
+            .mission_append(
+                "m1",
+                0,
+                Some(first),
+                &["{}".into()],
+                "{\"v\":1}",
+                "running",
+                &[],
+            )
             .await
             .unwrap();
         assert!(stale.is_err(), "a fenced-out runner appended");
         let ok = store
-            .mission_append("m1", 0, Some(second), "{}", "{\"v\":1}", "running", &[])
+            .mission_append(
+                "m1",
+                0,
+                Some(second),
+                &["{}".into()],
+                "{\"v\":1}",
+                "running",
+                &[],
+            )
             .await
             .unwrap();
         assert_eq!(ok.unwrap(), 1);

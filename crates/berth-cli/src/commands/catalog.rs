@@ -192,7 +192,7 @@ fn statuses(
         .chain(std::iter::once((super::verify::SIGTERM_CLAUSE, None)))
         .collect();
     let mut out = Vec::new();
-    for manifest in registry.manifests() {
+    for manifest in registry.manifests()? {
         if only.is_some_and(|id| id != manifest.id) {
             continue;
         }

@@ -57,7 +57,8 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
 pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool) -> Result<i32> {
     let discover = if discover {
         app.registry
-            .manifests()
+            .manifests()?
+            .into_iter()
             .map(|m| m.id.clone())
             .filter(|id| {
                 app.registry.has_adapter(id)

@@ -99,7 +99,7 @@ fn support_str(support: Support) -> &'static str {
 pub fn providers(config: &Config, json: bool) -> Result<i32> {
     let registry = berth_factory::Registry::builtin()?;
     let mut rows = Vec::new();
-    for manifest in registry.manifests() {
+    for manifest in registry.manifests()? {
         let missing = registry.missing_credentials(&manifest.id, &config.env);
         let capabilities: serde_json::Map<_, _> = Capability::ALL
             .iter()
@@ -124,7 +124,7 @@ pub fn providers(config: &Config, json: bool) -> Result<i32> {
         emit("providers", json!({ "providers": rows }));
         return Ok(code::OK);
     }
-    for manifest in registry.manifests() {
+    for manifest in registry.manifests()? {
         let adapter = if registry.has_adapter(&manifest.id) {
             "adapter built in"
         } else {
