@@ -68,17 +68,16 @@ impl App {
         let store = Store::open(&config.database()).await?;
         private_store(&config.home)?;
         let registry = Registry::builtin()?;
-        let provider_config = ProviderConfig {
+        let mut provider_config = ProviderConfig {
             state_dir: config.state_dir(),
             env: config.env.clone(),
-            // The per-exec reaper: the small static supervisor when one is configured (it
-            // starts faster), else `berth` itself (`berth __reap …`).
-            reaper: config
-                .env
-                .get("BERTH_SUPERVISOR")
-                .map(std::path::PathBuf::from)
-                .or_else(|| std::env::current_exe().ok()),
+            reaper: None,
         };
+        // The per-exec reaper: the small static supervisor (`BERTH_SUPERVISOR`, or the one
+        // this build carries; it starts faster), else `berth` itself (`berth __reap …`).
+        provider_config.reaper = berth_factory::supervisor(&provider_config)
+            .ok()
+            .or_else(|| std::env::current_exe().ok());
         let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
         Ok(App {
             config,

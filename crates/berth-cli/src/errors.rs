@@ -35,6 +35,8 @@ pub mod code {
     pub const VERIFICATION_FAILED: i32 = 12;
     /// The sandbox interfered with Berth's control channel (its supervisor was impersonated).
     pub const TAMPERED: i32 = 13;
+    /// This host (or this build) lacks a piece the provider needs; the message names it.
+    pub const SETUP: i32 = 14;
     /// exec/run: berth itself failed (the command's codes pass through otherwise).
     pub const EXEC_FAILED: i32 = 125;
     /// `exec`/`run`: the command exists but cannot be executed (as `docker exec`).
@@ -133,6 +135,12 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
             kind.as_str(),
             code::TAMPERED,
             "the sandbox is compromised: `berth destroy` it",
+        ),
+        ErrorKind::Setup => (
+            kind.as_str(),
+            code::SETUP,
+            "install or configure what the message names, then run the command again \
+             (scripts/setup-substrates installs Docker and bubblewrap)",
         ),
         _ => (
             kind.as_str(),

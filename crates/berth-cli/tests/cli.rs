@@ -671,17 +671,6 @@ fn docker_ready() -> bool {
     let ok = matches!(engine, Ok(ref o) if o.status.success())
         && matches!(has_image, Ok(ref o) if o.status.success());
     if ok {
-        // `berth` finds the supervisor next to itself; make sure cargo built it.
-        let supervisor = Path::new(env!("CARGO_BIN_EXE_berth")).with_file_name("berth-supervisor");
-        if !supervisor.is_file() {
-            let built = Command::new(env!("CARGO"))
-                .args(["build", "-p", "berth-supervisor"])
-                .status();
-            assert!(
-                matches!(built, Ok(s) if s.success()),
-                "cannot build berth-supervisor"
-            );
-        }
         return true;
     }
     if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
@@ -721,6 +710,87 @@ fn foreign_container(name: &str, labels: &[&str]) -> ForeignContainer {
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     ForeignContainer(name.to_owned())
+}
+
+/// Installing is one step: with no `BERTH_SUPERVISOR`, `berth` writes out the static supervisor
+/// it carries (under its state directory) and docker works with any image.
+#[test]
+fn docker_works_with_the_supervisor_berth_carries() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("tester-carried-{}", std::process::id());
+    let run = |args: &[&str]| {
+        let mut cmd = home.command(&me, args);
+        cmd.env_remove("BERTH_SUPERVISOR");
+        cmd.output().unwrap()
+    };
+    let image = test_image();
+    let out = run(&[
+        "run",
+        "-p",
+        "docker",
+        "--image",
+        &image,
+        "--",
+        "sh",
+        "-c",
+        "echo carried",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "carried");
+    let written: Vec<_> = std::fs::read_dir(home.path().join("state/bin"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let supervisor = &written[0];
+    assert!(supervisor
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("berth-supervisor-"));
+    let headers = Command::new("readelf")
+        .arg("-l")
+        .arg(supervisor)
+        .output()
+        .unwrap();
+    assert!(headers.status.success());
+    assert!(
+        !text(&headers.stdout).contains("INTERP"),
+        "the carried supervisor is static"
+    );
+    // The second use reuses it.
+    let again = run(&["run", "-p", "docker", "--image", &image, "--", "true"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(
+        std::fs::read_dir(home.path().join("state/bin"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
+
+/// A missing piece of setup is a setup error (exit 14) naming the fix, never "retry later".
+#[test]
+fn a_missing_supervisor_is_a_setup_error_with_the_fix() {
+    let home = Home::new();
+    let mut cmd = home.command(
+        "tester",
+        &["--json", "create", "-p", "docker", "--image", "x"],
+    );
+    cmd.env("BERTH_SUPERVISOR", home.path().join("no-such-supervisor"));
+    let out = cmd.output().unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(14), "{doc}");
+    assert_eq!(doc["error"]["kind"], "setup", "{doc}");
+    let message = doc["error"]["message"].as_str().unwrap();
+    assert!(message.contains("BERTH_SUPERVISOR"), "{message}");
+    let hint = doc["error"]["hint"].as_str().unwrap();
+    assert!(!hint.contains("retry later"), "{hint}");
+    assert!(hint.contains("install or configure"), "{hint}");
 }
 
 #[test]

@@ -49,13 +49,17 @@ pub enum ErrorKind {
     /// by another process (replaced or impersonated from inside). Nothing was sent. Not
     /// retryable: the sandbox is compromised; destroy it.
     Tampered,
+    /// Berth or the host lacks a piece this provider needs (a program, a daemon's API version,
+    /// a directory, a binary Berth should carry). Not retryable until it is installed — the
+    /// message names the fix; fallback may move on (another provider may be set up).
+    Setup,
     /// Not classified. Not retryable, because nothing says it is safe.
     Unknown,
 }
 
 impl ErrorKind {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::Auth,
         ErrorKind::Quota,
         ErrorKind::RateLimited,
@@ -69,6 +73,7 @@ impl ErrorKind {
         ErrorKind::TimeoutServer,
         ErrorKind::Provider5xx,
         ErrorKind::Tampered,
+        ErrorKind::Setup,
         ErrorKind::Unknown,
     ];
 
@@ -88,17 +93,18 @@ impl ErrorKind {
             | ErrorKind::NotFound
             | ErrorKind::Unsupported
             | ErrorKind::Tampered
+            | ErrorKind::Setup
             | ErrorKind::Unknown => false,
         }
     }
 
     /// Whether an ordered fallback may move on to the next provider. Only capacity, quota and
-    /// unavailability qualify; `Unsupported` never does (a missing capability is a request error,
+    /// unavailability (or a provider this host is not set up for) qualify; `Unsupported` never does (a missing capability is a request error,
     /// not a reason to silently change provider).
     pub fn allows_fallback(self) -> bool {
         matches!(
             self,
-            ErrorKind::Capacity | ErrorKind::Quota | ErrorKind::Unavailable
+            ErrorKind::Capacity | ErrorKind::Quota | ErrorKind::Unavailable | ErrorKind::Setup
         )
     }
 
@@ -118,6 +124,7 @@ impl ErrorKind {
             ErrorKind::TimeoutServer => "timeout_server",
             ErrorKind::Provider5xx => "provider_5xx",
             ErrorKind::Tampered => "tampered",
+            ErrorKind::Setup => "setup",
             ErrorKind::Unknown => "unknown",
         }
     }
@@ -293,7 +300,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fallback_only_on_capacity_quota_unavailable() {
+    fn fallback_only_on_capacity_quota_unavailable_setup() {
         let fallback: Vec<_> = ErrorKind::ALL
             .into_iter()
             .filter(|k| k.allows_fallback())
@@ -303,7 +310,8 @@ mod tests {
             vec![
                 ErrorKind::Quota,
                 ErrorKind::Capacity,
-                ErrorKind::Unavailable
+                ErrorKind::Unavailable,
+                ErrorKind::Setup
             ]
         );
         assert!(!ErrorKind::Unsupported.allows_fallback());

@@ -68,7 +68,7 @@ impl Bwrap {
         let enter = if rustix::process::geteuid().is_root() {
             let helper = helper.ok_or_else(|| {
                 ProviderError::new(
-                    ErrorKind::Unavailable,
+                    ErrorKind::Setup,
                     PROVIDER_ID,
                     "running as root, bwrap sandboxes are entered as an unprivileged user \
                      through Berth's helper, and none is configured (run through `berth`, or \
@@ -77,7 +77,7 @@ impl Bwrap {
             })?;
             if !Path::new(ENTRY_MOUNT).is_dir() {
                 return Err(ProviderError::new(
-                    ErrorKind::Unavailable,
+                    ErrorKind::Setup,
                     PROVIDER_ID,
                     format!("{ENTRY_MOUNT} does not exist; the root helper binds workspaces there"),
                 ));
@@ -111,7 +111,7 @@ impl Bwrap {
             .map(|program| Bwrap { program, enter })
             .ok_or_else(|| {
                 ProviderError::new(
-                    ErrorKind::Unavailable,
+                    ErrorKind::Setup,
                     PROVIDER_ID,
                     "bubblewrap is not installed (no bwrap in /usr/bin, /usr/local/bin, /bin or \
                      on PATH); install the `bubblewrap` package",

@@ -103,7 +103,7 @@ impl Engine {
                 })?;
                 if server < MIN_API {
                     return Err(ProviderError::new(
-                        ErrorKind::Unavailable,
+                        ErrorKind::Setup,
                         PROVIDER_ID,
                         format!(
                             "engine API {} is older than the {}.{} this adapter needs",

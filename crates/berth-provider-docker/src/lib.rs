@@ -167,35 +167,6 @@ fn io_err(what: &str, source: std::io::Error) -> ProviderError {
     err(ErrorKind::Unknown, format!("cannot {what}")).with_source(source)
 }
 
-/// Finds `berth-supervisor` next to the running executable (or one directory up, where cargo
-/// puts binaries relative to test executables).
-pub fn locate_supervisor(explicit: Option<&str>) -> Result<PathBuf> {
-    if let Some(path) = explicit.filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(err(
-                ErrorKind::InvalidRequest,
-                format!("BERTH_SUPERVISOR `{}` is not a file", path.display()),
-            ))
-        };
-    }
-    let exe = std::env::current_exe().map_err(|e| io_err("find the running executable", e))?;
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("berth-supervisor"))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| {
-            err(
-                ErrorKind::Unavailable,
-                "berth-supervisor binary not found next to berth; build it with \
-                 `cargo build -p berth-supervisor` or set BERTH_SUPERVISOR",
-            )
-        })
-}
-
 #[derive(Debug, Deserialize)]
 struct Inspect {
     #[serde(rename = "State")]
@@ -323,7 +294,7 @@ impl DockerProvider {
     pub fn new(config: DockerConfig) -> Result<DockerProvider> {
         if !config.supervisor.is_file() {
             return Err(err(
-                ErrorKind::Unavailable,
+                ErrorKind::Setup,
                 format!(
                     "supervisor binary {} not found",
                     config.supervisor.display()
@@ -334,11 +305,12 @@ impl DockerProvider {
             Ok(false) => {}
             Ok(true) => {
                 return Err(err(
-                    ErrorKind::InvalidRequest,
+                    ErrorKind::Setup,
                     format!(
                         "supervisor binary {} is dynamically linked: inside a sandbox it would \
                          load the sandbox's own libraries (and its /etc/ld.so.preload); build the \
-                         static one with scripts/build-supervisor and point BERTH_SUPERVISOR at it",
+                         static one with scripts/build-supervisor and point BERTH_SUPERVISOR at it (or unset \
+                         it: berth carries a static one)",
                         config.supervisor.display()
                     ),
                 ))
