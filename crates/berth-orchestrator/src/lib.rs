@@ -18,6 +18,7 @@
 mod capture;
 mod hostgit;
 mod pipeline;
+mod steps;
 
 use hostgit::{copy_tree, git, git_over, scheme_of, Transport};
 

@@ -4,18 +4,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_contract::{
-    CanonicalState, ExecOutput, ExecRequest, ExitStatus, NativeId, Observation, Provider,
-    ProviderExt, SandboxName,
+    CanonicalState, ExecOutput, ExecRequest, NativeId, Observation, Provider, ProviderExt,
+    SandboxName,
 };
 use berth_ledger::LedgerError;
 use berth_mission::authority::{
     AttemptInputs, AttemptKey, AttemptStatus, Event, MissionRecord, MissionState, Phase,
 };
-use berth_mission::file::{parse_duration, Task};
+use berth_mission::file::Task;
 use berth_store::{LedgerState, StoreError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::steps::Attempt;
 use crate::{capture, MissionSpec, Orchestrator, OrchestratorError};
 
 /// What one tick did.
@@ -76,14 +77,14 @@ pub(crate) fn inputs(spec: &MissionSpec, task_id: &str) -> AttemptInputs {
 }
 
 /// The providers an attempt may use, in order: the mission's provider, then its fallbacks.
-fn candidates(spec: &MissionSpec) -> Vec<String> {
+pub(crate) fn candidates(spec: &MissionSpec) -> Vec<String> {
     std::iter::once(spec.file.sandbox.provider.clone())
         .chain(spec.file.sandbox.fallback.iter().cloned())
         .collect()
 }
 
 /// The attempt's sandbox name on candidate `choice` (0 = the mission's provider).
-fn main_name(key: &AttemptKey, choice: usize) -> SandboxName {
+pub(crate) fn main_name(key: &AttemptKey, choice: usize) -> SandboxName {
     match choice {
         0 => sandbox_name(key),
         n => SandboxName(format!("{}-f{n}", sandbox_name(key).0)),
@@ -93,7 +94,7 @@ fn main_name(key: &AttemptKey, choice: usize) -> SandboxName {
 /// Generation `n` (1-based) of the attempt's frozen copy. A freeze interrupted by a crash is
 /// not adopted half-made: it is destroyed and the next generation is made under a new name (a
 /// ledger name is never reused).
-fn frozen_gen(main: &SandboxName, n: usize) -> SandboxName {
+pub(crate) fn frozen_gen(main: &SandboxName, n: usize) -> SandboxName {
     match n {
         1 => SandboxName(format!("{}-v", main.0)),
         n => SandboxName(format!("{}-v{n}", main.0)),
@@ -102,13 +103,13 @@ fn frozen_gen(main: &SandboxName, n: usize) -> SandboxName {
 
 /// How long a mission's checkpoints are kept after they are taken, once the mission is no
 /// longer running (while it runs, they are always kept).
-const CHECKPOINT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
+pub(crate) const CHECKPOINT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
 
 /// Most freezes one attempt may start before it is rejected (each crash mid-freeze costs one).
-const MAX_FREEZES: usize = 8;
+pub(crate) const MAX_FREEZES: usize = 8;
 
 /// Every frozen-copy generation with a ledger row, oldest first.
-async fn frozen_rows(
+pub(crate) async fn frozen_rows(
     orch: &Orchestrator<'_>,
     main: &SandboxName,
 ) -> Result<Vec<berth_store::LedgerRow>, OrchestratorError> {
@@ -125,7 +126,7 @@ async fn frozen_rows(
 }
 
 /// The current frozen copy's name: the newest generation with a row (the first when none).
-async fn frozen_of(
+pub(crate) async fn frozen_of(
     orch: &Orchestrator<'_>,
     main: &SandboxName,
 ) -> Result<SandboxName, OrchestratorError> {
@@ -141,7 +142,7 @@ pub(crate) fn mission_origin(mission: &str, role: &str) -> String {
 
 /// The candidate whose sandbox this attempt created and still holds, if any (ledger rows say;
 /// a failed or gone row does not count).
-async fn placement(
+pub(crate) async fn placement(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
     key: &AttemptKey,
@@ -165,7 +166,7 @@ async fn placement(
     Ok(None)
 }
 
-fn sandbox_name(key: &AttemptKey) -> SandboxName {
+pub(crate) fn sandbox_name(key: &AttemptKey) -> SandboxName {
     SandboxName(format!("bx-{}", key.0.trim_start_matches("at-")))
 }
 
@@ -174,7 +175,7 @@ fn sandbox_name(key: &AttemptKey) -> SandboxName {
 /// Candidates tried before (their ledger rows exist) are not tried again. Returns the provider,
 /// the sandbox name and id, and why earlier candidates were passed over.
 #[allow(clippy::type_complexity)]
-async fn choose(
+pub(crate) async fn choose(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
     task: &Task,
@@ -211,7 +212,7 @@ async fn choose(
     )))
 }
 
-fn tail(bytes: &[u8]) -> String {
+pub(crate) fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let start = text.len().saturating_sub(2000);
     let start = (start..text.len())
@@ -220,7 +221,7 @@ fn tail(bytes: &[u8]) -> String {
     text[start..].to_owned()
 }
 
-fn output_json(out: &ExecOutput) -> serde_json::Value {
+pub(crate) fn output_json(out: &ExecOutput) -> serde_json::Value {
     json!({
         "status": out.status,
         "stdout_tail": tail(&out.stdout),
@@ -231,7 +232,7 @@ fn output_json(out: &ExecOutput) -> serde_json::Value {
 
 /// A sandbox that should exist for this attempt: found in the ledger and observed present.
 /// `Ok(Err(reason))` when it is provably gone.
-async fn existing(
+pub(crate) async fn existing(
     orch: &Orchestrator<'_>,
     provider: &dyn Provider,
     name: &SandboxName,
@@ -257,7 +258,7 @@ async fn existing(
 
 /// Adopts the attempt's sandbox if the ledger has it, else creates it under the ledger with the
 /// attempt-derived name. Never creates while a ledger row says it may exist.
-async fn ensure(
+pub(crate) async fn ensure(
     orch: &Orchestrator<'_>,
     provider: &Arc<dyn Provider>,
     spec: &MissionSpec,
@@ -309,7 +310,7 @@ async fn ensure(
 }
 
 /// The row's resource is present and running (not absent, not still being created).
-async fn is_ready(provider: &dyn Provider, row: &berth_store::LedgerRow) -> bool {
+pub(crate) async fn is_ready(provider: &dyn Provider, row: &berth_store::LedgerRow) -> bool {
     row.state != LedgerState::VerifiedGone
         && matches!(
             provider.observe(&berth_ledger::native_id(row)).await,
@@ -321,7 +322,7 @@ async fn is_ready(provider: &dyn Provider, row: &berth_store::LedgerRow) -> bool
 }
 
 /// Prefix of an `ensure` failure that allows moving on to the next provider.
-const FALLBACK_MARK: &str = "fallback-eligible: ";
+pub(crate) const FALLBACK_MARK: &str = "fallback-eligible: ";
 
 /// Recovery: sandboxes of attempts that are over (rejected, or finalized and not kept) must be
 /// gone; a crash between an attempt's last event and its teardown leaves them, so every tick
@@ -356,7 +357,12 @@ pub(crate) async fn reconcile(
 
 /// Destroys the attempt's sandboxes on every candidate provider (ledger-verified), unless the
 /// mission keeps the main one.
-async fn teardown(orch: &Orchestrator<'_>, spec: &MissionSpec, key: &AttemptKey, keep_main: bool) {
+pub(crate) async fn teardown(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    key: &AttemptKey,
+    keep_main: bool,
+) {
     for choice in 0..candidates(spec).len() {
         let main = main_name(key, choice);
         let mut rows = frozen_rows(orch, &main).await.unwrap_or_default();
@@ -381,7 +387,7 @@ async fn teardown(orch: &Orchestrator<'_>, spec: &MissionSpec, key: &AttemptKey,
     }
 }
 
-fn task_of<'s>(spec: &'s MissionSpec, record: &MissionRecord) -> (usize, &'s Task) {
+pub(crate) fn task_of<'s>(spec: &'s MissionSpec, record: &MissionRecord) -> (usize, &'s Task) {
     let current = record
         .current_task()
         .expect("an attempt in progress has a current task");
@@ -401,7 +407,7 @@ fn task_of<'s>(spec: &'s MissionSpec, record: &MissionRecord) -> (usize, &'s Tas
 }
 
 /// The input of task `index`: the base bundle and commit, or the previous task's accepted work.
-fn input_of(
+pub(crate) fn input_of(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
     record: &MissionRecord,
@@ -465,455 +471,39 @@ pub(crate) async fn advance(
         )
         .await;
     }
-    // A needed sandbox that is provably gone rejects the attempt, with the reason.
-    macro_rules! or_reject {
-        ($found:expr) => {
-            match $found {
-                Ok(id) => id,
-                Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
-            }
-        };
-    }
-    let mission = &record.id;
-    // Each step's facts are stored in the same transaction as its event.
-    let reached = |phase: Phase, what: String, kind: &'static str, detail: serde_json::Value| async move {
-        let event = Event::Reached {
-            key: key.clone(),
-            phase,
-        };
-        orch.commit_event(mission, record, seq, &event, &[(kind, detail)])
-            .await?;
-        Ok::<Step, OrchestratorError>(Step::Advanced {
-            key: key.clone(),
-            what,
-        })
+    let attempt = Attempt {
+        orch,
+        spec,
+        record,
+        seq,
+        key,
+        index,
+        task,
+        attempt,
+        provider,
+        main,
+        placed,
     };
     match status {
-        // Sandbox and staging are one durable step: adoption by name makes the sandbox half
-        // repeatable and staging starts from scratch, so a crash in between costs no event.
         AttemptStatus::InProgress {
             phase: Phase::Claimed | Phase::SandboxReady,
-        } => {
-            // A sandbox a crash left half-made (intent recorded, absent or still creating) holds
-            // nothing yet: it is destroyed, its name retired, and the attempt places again —
-            // the crash costs no attempt.
-            let mut placed = placed;
-            if let Some((_, name)) = &placed {
-                if let Ok(row) = orch.ledger.row(&name.0).await {
-                    if !is_ready(provider.as_ref(), &row).await {
-                        if row.state != LedgerState::VerifiedGone {
-                            orch.ledger
-                                .destroy_row(provider.as_ref(), &row)
-                                .await
-                                .map_err(|e| {
-                                    OrchestratorError::Repository(format!(
-                                        "cannot remove the interrupted sandbox `{name}`: {e}"
-                                    ))
-                                })?;
-                        }
-                        orch.ledger.store().ledger_retire(&name.0).await?;
-                        placed = None;
-                    }
-                }
-            }
-            let (provider, main, id, skipped) = if placed.is_none() {
-                match choose(orch, spec, task, mission, key).await? {
-                    Ok(chosen) => chosen,
-                    Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
-                }
-            } else {
-                let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-                (provider.clone(), main.clone(), id, Vec::new())
-            };
-            let (bundle, commit) = input_of(orch, spec, record, index);
-            let staged = stage(provider.as_ref(), &id, &bundle, &commit).await;
-            match staged {
-                Ok(()) => {
-                    let event = Event::Reached {
-                        key: key.clone(),
-                        phase: Phase::Staged,
-                    };
-                    let facts = [
-                        (
-                            "sandbox",
-                            json!({
-                                "sandbox": main.0.clone(),
-                                "native_id": id.0,
-                                "provider": provider.id(),
-                                "fallback_skipped": skipped,
-                            }),
-                        ),
-                        ("stage", json!({ "commit": commit })),
-                    ];
-                    orch.commit_event(mission, record, seq, &event, &facts)
-                        .await?;
-                    Ok(Step::Advanced {
-                        key: key.clone(),
-                        what: format!(
-                            "sandbox {} ready, repository staged at {}",
-                            main,
-                            &commit[..12.min(commit.len())]
-                        ),
-                    })
-                }
-                Err(reason) => reject(orch, spec, record, seq, key, reason).await,
-            }
-        }
+        } => attempt.stage_sandbox().await,
         AttemptStatus::InProgress {
             phase: Phase::Staged,
-        } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            let timeout = parse_duration(&task.agent_timeout).expect("validated");
-            let req = ExecRequest::shell(spec.file.harness.command.clone())
-                .with_cwd("repo")
-                .with_timeout(timeout)
-                .with_env("BERTH_TASK", task.id.clone())
-                .with_env("BERTH_INSTRUCTIONS", task.instructions.clone())
-                .with_env("BERTH_ATTEMPT", attempt.ordinal.to_string());
-            match provider.exec(&id, &req).await {
-                Ok(out) => {
-                    reached(
-                        Phase::AgentStopped,
-                        format!("agent {}", out.status),
-                        "agent",
-                        output_json(&out),
-                    )
-                    .await
-                }
-                Err(e) => {
-                    reject(
-                        orch,
-                        spec,
-                        record,
-                        seq,
-                        key,
-                        format!("the agent could not run: {e}"),
-                    )
-                    .await
-                }
-            }
-        }
+        } => attempt.run_agent().await,
         AttemptStatus::InProgress {
             phase: Phase::AgentStopped,
-        } => {
-            // The workspace leaves the agent's sandbox as data and is committed on the host;
-            // the validator judges exactly that commit, in a clean sandbox.
-            let main_id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            let mut req = ExecRequest::shell(capture::SCRIPT)
-                .with_cwd("repo")
-                .with_timeout(Duration::from_secs(600));
-            req.max_output_bytes = capture::LIMIT + 1;
-            let out = match provider.exec(&main_id, &req).await {
-                Ok(out) if out.status.success() => out,
-                Ok(out) => {
-                    let why = format!(
-                        "the workspace could not be captured ({}): {}",
-                        out.status,
-                        tail(out.stderr.as_deref().unwrap_or_default()).trim()
-                    );
-                    return reject(orch, spec, record, seq, key, why).await;
-                }
-                Err(e) => {
-                    let why = format!("the workspace could not be captured: {e}");
-                    return reject(orch, spec, record, seq, key, why).await;
-                }
-            };
-            let captured = match capture::parse(&out.stdout) {
-                Ok(captured) => captured,
-                Err(why) => return reject(orch, spec, record, seq, key, why).await,
-            };
-            let (input, parent) = input_of(orch, spec, record, index);
-            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
-            let commit = capture::commit(
-                &repo,
-                &input,
-                &attempt_ref(key),
-                &parent,
-                &format!("berth: {} (attempt {})", task.id, attempt.ordinal),
-                &captured,
-            )?;
-            let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-            let bytes = capture::bundle(&repo, &attempt_ref(key), &bundle)?;
-            reached(
-                Phase::Frozen,
-                format!(
-                    "workspace captured: {} files, commit {}",
-                    captured.files.len(),
-                    &commit[..12]
-                ),
-                "capture",
-                json!({
-                    "commit": commit,
-                    "files": captured.files.len(),
-                    "bytes": captured.bytes(),
-                    "skipped": captured.skipped,
-                    "bundle": bundle,
-                    "bundle_bytes": bytes,
-                }),
-            )
-            .await
-        }
+        } => attempt.capture().await,
         AttemptStatus::InProgress {
             phase: Phase::Frozen,
-        } => {
-            // A fresh sandbox from the mission's image, holding a checkout of the captured
-            // commit and nothing else of the agent's. A sandbox a crash left half-made is
-            // destroyed and the next generation made (it costs no attempt).
-            let mut frozen = frozen_of(orch, &main).await?;
-            if let Ok(row) = orch.ledger.row(&frozen.0).await {
-                if !is_ready(provider.as_ref(), &row).await {
-                    let generations = frozen_rows(orch, &main).await?.len();
-                    if generations >= MAX_FREEZES {
-                        let why = format!(
-                            "the validator's sandbox could not be made in {MAX_FREEZES} tries"
-                        );
-                        return reject(orch, spec, record, seq, key, why).await;
-                    }
-                    if row.state != LedgerState::VerifiedGone {
-                        if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
-                            return Err(OrchestratorError::Repository(format!(
-                                "cannot remove the interrupted validator sandbox `{frozen}`: {e}"
-                            )));
-                        }
-                    }
-                    frozen = frozen_gen(&main, generations + 1);
-                }
-            }
-            let frozen = match ensure(orch, &provider, spec, mission, task, &frozen, true).await? {
-                Ok(id) => id,
-                Err(reason) => return reject(orch, spec, record, seq, key, reason).await,
-            };
-            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
-            let commit = capture::resolve(&repo, &attempt_ref(key))?;
-            let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-            if let Err(why) = stage(provider.as_ref(), &frozen, &bundle, &commit).await {
-                return reject(orch, spec, record, seq, key, format!("validator {why}")).await;
-            }
-            let timeout = parse_duration(&task.validator.timeout).expect("validated");
-            if let Some(setup) = &task.validator.setup {
-                let req = ExecRequest::shell(setup.clone())
-                    .with_cwd("repo")
-                    .with_timeout(timeout);
-                let why = match provider.exec(&frozen, &req).await {
-                    Ok(out) if out.status.success() => None,
-                    Ok(out) => Some(format!(
-                        "validator setup {}: {}",
-                        out.status,
-                        tail(out.stderr.as_deref().unwrap_or_default()).trim()
-                    )),
-                    Err(e) => Some(format!("validator setup could not run: {e}")),
-                };
-                if let Some(why) = why {
-                    return reject(orch, spec, record, seq, key, why).await;
-                }
-            }
-            let req = ExecRequest::shell(task.validator.command.clone())
-                .with_cwd("repo")
-                .with_timeout(timeout);
-            let out = match provider.exec(&frozen, &req).await {
-                Ok(out) => out,
-                Err(e) => {
-                    let why = format!("the validator could not run: {e}");
-                    return reject(orch, spec, record, seq, key, why).await;
-                }
-            };
-            let validator_fact = output_json(&out);
-            let event = match &out.status {
-                ExitStatus::Exited { code: 0 } => {
-                    let files = provider
-                        .require_files()
-                        .map_err(|e| OrchestratorError::Repository(e.to_string()));
-                    let mut present = Vec::new();
-                    if let Ok(files) = files {
-                        for evidence in &task.validator.evidence {
-                            if files
-                                .read(&frozen, &format!("repo/{evidence}"))
-                                .await
-                                .is_ok()
-                            {
-                                present.push(evidence.clone());
-                            }
-                        }
-                    }
-                    Event::ValidatorPassed {
-                        key: key.clone(),
-                        evidence: present,
-                    }
-                }
-                ExitStatus::TimedOut => Event::Rejected {
-                    key: key.clone(),
-                    reason: format!("validator timed out after {}", task.validator.timeout),
-                },
-                other => Event::Rejected {
-                    key: key.clone(),
-                    reason: format!(
-                        "validator {other}: {}",
-                        tail(out.stderr.as_deref().unwrap_or_default())
-                            .lines()
-                            .last()
-                            .unwrap_or("")
-                    ),
-                },
-            };
-            // An accepted attempt's commit is the one just judged: recorded in the same
-            // transaction as the verdict (one durable commit, not two).
-            let accepted = matches!(event, Event::ValidatorPassed { .. })
-                && berth_mission::authority::apply(record, &event).is_ok_and(|next| {
-                    next.tasks[index].attempts.iter().any(|a| {
-                        &a.key == key && matches!(a.status, AttemptStatus::Accepted { .. })
-                    })
-                });
-            let (events, facts) = match event {
-                Event::ValidatorPassed { .. } if accepted => (
-                    vec![
-                        event,
-                        Event::Committed {
-                            key: key.clone(),
-                            commit: commit.clone(),
-                        },
-                    ],
-                    vec![
-                        ("validator", validator_fact),
-                        ("commit", json!({ "commit": commit })),
-                    ],
-                ),
-                other => (vec![other], vec![("validator", validator_fact)]),
-            };
-            let (next, _) = orch
-                .commit_events(mission, record, seq, &events, &facts)
-                .await?;
-            // The frozen copy has served its purpose.
-            if let Ok(row) = orch.ledger.row(&frozen.0).await {
-                let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
-            }
-            let status = &next.tasks[index]
-                .attempts
-                .iter()
-                .find(|a| &a.key == key)
-                .expect("attempt")
-                .status;
-            match status {
-                AttemptStatus::Rejected { reason } => {
-                    teardown(orch, spec, key, false).await;
-                    Ok(Step::Rejected {
-                        key: key.clone(),
-                        reason: reason.clone(),
-                    })
-                }
-                _ => Ok(Step::Advanced {
-                    key: key.clone(),
-                    what: "validator accepted".into(),
-                }),
-            }
-        }
-        AttemptStatus::Accepted { commit: None, .. } => {
-            // The commit the validator judged, computed on the host at capture.
-            let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
-            let commit = capture::resolve(&repo, &attempt_ref(key))?;
-            orch.commit_event(
-                mission,
-                record,
-                seq,
-                &Event::Committed {
-                    key: key.clone(),
-                    commit: commit.clone(),
-                },
-                &[("commit", json!({ "commit": commit }))],
-            )
-            .await?;
-            Ok(Step::Advanced {
-                key: key.clone(),
-                what: format!("committed {}", &commit[..12.min(commit.len())]),
-            })
-        }
+        } => attempt.validate().await,
+        AttemptStatus::Accepted { commit: None, .. } => attempt.record_commit().await,
         AttemptStatus::Accepted {
             checkpoint: None, ..
-        } => {
-            let id = or_reject!(existing(orch, provider.as_ref(), &main).await?);
-            // A provider snapshot where the provider has one; otherwise a workspace snapshot: the
-            // repository exported as a git bundle under the mission directory.
-            let (checkpoint, detail) = match provider.snapshots() {
-                Some(_) => {
-                    // A ledger row keyed by the attempt, recorded before the snapshot: a
-                    // checkpoint a crash interrupted is replaced, never duplicated, and the
-                    // snapshot is deleted once the mission is over and its retention passed.
-                    let snap = orch
-                        .ledger
-                        .snapshot_tracked(
-                            provider.as_ref(),
-                            &id,
-                            &format!("ck-{}", key.0.trim_start_matches("at-")),
-                            &mission_origin(mission, "checkpoint"),
-                            Some(CHECKPOINT_RETENTION),
-                        )
-                        .await
-                        .map_err(|e| {
-                            OrchestratorError::Repository(format!("checkpoint failed: {e}"))
-                        })?;
-                    (snap.handle.clone(), json!({ "snapshot": snap }))
-                }
-                // The captured commit's bundle, written on the host at capture.
-                None => {
-                    let path = attempt_bundle(orch, mission, task, attempt.ordinal);
-                    (
-                        format!("bundle:{}", path.display()),
-                        json!({ "workspace_bundle": path }),
-                    )
-                }
-            };
-            // Finalizing is local (the bundle made at capture, copied): it lands in the same
-            // transaction as the checkpoint.
-            let path = orch
-                .mission_dir(mission)
-                .join(format!("{}.bundle", task.id));
-            let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
-            orch.commit_events(
-                mission,
-                record,
-                seq,
-                &[
-                    Event::Checkpointed {
-                        key: key.clone(),
-                        checkpoint: checkpoint.clone(),
-                    },
-                    Event::Finalized { key: key.clone() },
-                ],
-                &[
-                    ("checkpoint", detail),
-                    ("finalize", json!({ "bundle": path, "bytes": bytes })),
-                ],
-            )
-            .await?;
-            teardown(orch, spec, key, spec.file.sandbox.keep).await;
-            Ok(Step::Advanced {
-                key: key.clone(),
-                what: format!(
-                    "checkpoint {checkpoint}; finalized, task `{}` done",
-                    task.id
-                ),
-            })
-        }
+        } => attempt.checkpoint().await,
         AttemptStatus::Accepted {
             finalized: false, ..
-        } => {
-            let path = orch
-                .mission_dir(mission)
-                .join(format!("{}.bundle", task.id));
-            let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
-            orch.commit_event(
-                mission,
-                record,
-                seq,
-                &Event::Finalized { key: key.clone() },
-                &[("finalize", json!({ "bundle": path, "bytes": bytes }))],
-            )
-            .await?;
-            teardown(orch, spec, key, spec.file.sandbox.keep).await;
-            Ok(Step::Advanced {
-                key: key.clone(),
-                what: format!("finalized; task `{}` done", task.id),
-            })
-        }
+        } => attempt.finalize().await,
         other => Err(OrchestratorError::Corrupt(format!(
             "attempt {key} is not open: {other:?}"
         ))),
@@ -922,7 +512,7 @@ pub(crate) async fn advance(
 
 /// Writes the task's final bundle at `path`: the one made at capture, copied (or made again from
 /// the work repository when a crash lost it). Returns its size.
-fn final_bundle(
+pub(crate) fn final_bundle(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
     mission: &str,
@@ -941,7 +531,7 @@ fn final_bundle(
 }
 
 /// The branch of the mission's work repository holding the attempt's captured commit.
-fn attempt_ref(key: &AttemptKey) -> String {
+pub(crate) fn attempt_ref(key: &AttemptKey) -> String {
     // Attempt keys are Berth's own (`at-` + hex); anything else never reaches a ref name.
     let safe: String = key
         .0
@@ -952,7 +542,7 @@ fn attempt_ref(key: &AttemptKey) -> String {
 }
 
 /// Where the attempt's captured commit is bundled on the host.
-fn attempt_bundle(
+pub(crate) fn attempt_bundle(
     orch: &Orchestrator<'_>,
     mission: &str,
     task: &Task,
@@ -967,7 +557,7 @@ pub const STAGE_SCRIPT: &str = "rm -rf repo && git clone -q .berth-input.bundle 
 
 /// Stages a repository bundle at `commit` as `repo/` in the sandbox (replacing what is
 /// there). The commit travels in the environment, never in the command line.
-async fn stage(
+pub(crate) async fn stage(
     provider: &dyn Provider,
     id: &NativeId,
     bundle: &std::path::Path,
@@ -998,7 +588,7 @@ async fn stage(
     }
 }
 
-async fn reject(
+pub(crate) async fn reject(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
     record: &MissionRecord,

@@ -1,0 +1,597 @@
+//! The attempt's named steps: one per durable phase, each ending in one transaction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use berth_contract::{ExecRequest, ExitStatus, Provider, ProviderExt, SandboxName};
+use berth_mission::authority::{
+    AttemptKey, AttemptRecord, AttemptStatus, Event, MissionRecord, Phase,
+};
+use berth_mission::file::{parse_duration, Task};
+use berth_store::LedgerState;
+use serde_json::json;
+
+use crate::pipeline::*;
+use crate::{capture, MissionSpec, Orchestrator, OrchestratorError};
+
+/// A needed sandbox that is provably gone rejects the attempt, with the reason.
+macro_rules! or_reject {
+    ($attempt:expr, $found:expr) => {
+        match $found {
+            Ok(id) => id,
+            Err(reason) => return $attempt.reject(reason).await,
+        }
+    };
+}
+
+/// One attempt at one step: what every step reads.
+pub(crate) struct Attempt<'a, 'o> {
+    pub(crate) orch: &'a Orchestrator<'o>,
+    pub(crate) spec: &'a MissionSpec,
+    pub(crate) record: &'a MissionRecord,
+    pub(crate) seq: i64,
+    pub(crate) key: &'a AttemptKey,
+    pub(crate) index: usize,
+    pub(crate) task: &'a Task,
+    pub(crate) attempt: &'a AttemptRecord,
+    /// The provider the attempt uses (its sandbox's, or the mission's before one exists).
+    pub(crate) provider: Arc<dyn Provider>,
+    /// The attempt's main sandbox name.
+    pub(crate) main: SandboxName,
+    /// The candidate whose sandbox the attempt holds, if any.
+    pub(crate) placed: Option<(String, SandboxName)>,
+}
+
+impl Attempt<'_, '_> {
+    async fn reject(&self, reason: String) -> Result<Step, OrchestratorError> {
+        reject(
+            self.orch,
+            self.spec,
+            self.record,
+            self.seq,
+            self.key,
+            reason,
+        )
+        .await
+    }
+
+    /// Stores the step's event with its facts, in one transaction.
+    async fn reached(
+        &self,
+        phase: Phase,
+        what: String,
+        kind: &'static str,
+        detail: serde_json::Value,
+    ) -> Result<Step, OrchestratorError> {
+        let event = Event::Reached {
+            key: self.key.clone(),
+            phase,
+        };
+        self.orch
+            .commit_event(
+                &self.record.id,
+                self.record,
+                self.seq,
+                &event,
+                &[(kind, detail)],
+            )
+            .await?;
+        Ok(Step::Advanced {
+            key: self.key.clone(),
+            what,
+        })
+    }
+
+    /// Makes (or adopts) the sandbox and stages the input: one durable step — adoption by name
+    /// makes the sandbox half repeatable and staging starts from scratch, so a crash in between
+    /// costs no event.
+    pub(crate) async fn stage_sandbox(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        // A sandbox a crash left half-made (intent recorded, absent or still creating) holds
+        // nothing yet: it is destroyed, its name retired, and the attempt places again —
+        // the crash costs no attempt.
+        let mut placed = self.placed.clone();
+        if let Some((_, name)) = &placed {
+            if let Ok(row) = orch.ledger.row(&name.0).await {
+                if !is_ready(provider.as_ref(), &row).await {
+                    if row.state != LedgerState::VerifiedGone {
+                        orch.ledger
+                            .destroy_row(provider.as_ref(), &row)
+                            .await
+                            .map_err(|e| {
+                                OrchestratorError::Repository(format!(
+                                    "cannot remove the interrupted sandbox `{name}`: {e}"
+                                ))
+                            })?;
+                    }
+                    orch.ledger.store().ledger_retire(&name.0).await?;
+                    placed = None;
+                }
+            }
+        }
+        let (provider, main, id, skipped) = if placed.is_none() {
+            match choose(orch, spec, task, mission, key).await? {
+                Ok(chosen) => chosen,
+                Err(reason) => return self.reject(reason).await,
+            }
+        } else {
+            let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+            (provider.clone(), main.clone(), id, Vec::new())
+        };
+        let (bundle, commit) = input_of(orch, spec, record, index);
+        let staged = stage(provider.as_ref(), &id, &bundle, &commit).await;
+        match staged {
+            Ok(()) => {
+                let event = Event::Reached {
+                    key: key.clone(),
+                    phase: Phase::Staged,
+                };
+                let facts = [
+                    (
+                        "sandbox",
+                        json!({
+                            "sandbox": main.0.clone(),
+                            "native_id": id.0,
+                            "provider": provider.id(),
+                            "fallback_skipped": skipped,
+                        }),
+                    ),
+                    ("stage", json!({ "commit": commit })),
+                ];
+                orch.commit_event(mission, record, seq, &event, &facts)
+                    .await?;
+                Ok(Step::Advanced {
+                    key: key.clone(),
+                    what: format!(
+                        "sandbox {} ready, repository staged at {}",
+                        main,
+                        &commit[..12.min(commit.len())]
+                    ),
+                })
+            }
+            Err(reason) => self.reject(reason).await,
+        }
+    }
+
+    /// Runs the agent (the harness command) in the staged repository.
+    pub(crate) async fn run_agent(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let seq = self.seq;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+        let timeout = parse_duration(&task.agent_timeout).expect("validated");
+        let req = ExecRequest::shell(spec.file.harness.command.clone())
+            .with_cwd("repo")
+            .with_timeout(timeout)
+            .with_env("BERTH_TASK", task.id.clone())
+            .with_env("BERTH_INSTRUCTIONS", task.instructions.clone())
+            .with_env("BERTH_ATTEMPT", attempt.ordinal.to_string());
+        match provider.exec(&id, &req).await {
+            Ok(out) => {
+                self.reached(
+                    Phase::AgentStopped,
+                    format!("agent {}", out.status),
+                    "agent",
+                    output_json(&out),
+                )
+                .await
+            }
+            Err(e) => self.reject(format!("the agent could not run: {e}")).await,
+        }
+    }
+
+    /// Captures the workspace as data and commits it on the host.
+    pub(crate) async fn capture(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        // The workspace leaves the agent's sandbox as data and is committed on the host;
+        // the validator judges exactly that commit, in a clean sandbox.
+        let main_id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+        let mut req = ExecRequest::shell(capture::SCRIPT)
+            .with_cwd("repo")
+            .with_timeout(Duration::from_secs(600));
+        req.max_output_bytes = capture::LIMIT + 1;
+        let out = match provider.exec(&main_id, &req).await {
+            Ok(out) if out.status.success() => out,
+            Ok(out) => {
+                let why = format!(
+                    "the workspace could not be captured ({}): {}",
+                    out.status,
+                    tail(out.stderr.as_deref().unwrap_or_default()).trim()
+                );
+                return self.reject(why).await;
+            }
+            Err(e) => {
+                let why = format!("the workspace could not be captured: {e}");
+                return self.reject(why).await;
+            }
+        };
+        let captured = match capture::parse(&out.stdout) {
+            Ok(captured) => captured,
+            Err(why) => return self.reject(why).await,
+        };
+        let (input, parent) = input_of(orch, spec, record, index);
+        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+        let commit = capture::commit(
+            &repo,
+            &input,
+            &attempt_ref(key),
+            &parent,
+            &format!("berth: {} (attempt {})", task.id, attempt.ordinal),
+            &captured,
+        )?;
+        let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
+        let bytes = capture::bundle(&repo, &attempt_ref(key), &bundle)?;
+        self.reached(
+            Phase::Frozen,
+            format!(
+                "workspace captured: {} files, commit {}",
+                captured.files.len(),
+                &commit[..12]
+            ),
+            "capture",
+            json!({
+                "commit": commit,
+                "files": captured.files.len(),
+                "bytes": captured.bytes(),
+                "skipped": captured.skipped,
+                "bundle": bundle,
+                "bundle_bytes": bytes,
+            }),
+        )
+        .await
+    }
+
+    /// Runs the validator on exactly the captured commit, in a clean sandbox.
+    pub(crate) async fn validate(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        // A fresh sandbox from the mission's image, holding a checkout of the captured
+        // commit and nothing else of the agent's. A sandbox a crash left half-made is
+        // destroyed and the next generation made (it costs no attempt).
+        let mut frozen = frozen_of(orch, main).await?;
+        if let Ok(row) = orch.ledger.row(&frozen.0).await {
+            if !is_ready(provider.as_ref(), &row).await {
+                let generations = frozen_rows(orch, main).await?.len();
+                if generations >= MAX_FREEZES {
+                    let why =
+                        format!("the validator's sandbox could not be made in {MAX_FREEZES} tries");
+                    return self.reject(why).await;
+                }
+                if row.state != LedgerState::VerifiedGone {
+                    if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
+                        return Err(OrchestratorError::Repository(format!(
+                            "cannot remove the interrupted validator sandbox `{frozen}`: {e}"
+                        )));
+                    }
+                }
+                frozen = frozen_gen(main, generations + 1);
+            }
+        }
+        let frozen = match ensure(orch, provider, spec, mission, task, &frozen, true).await? {
+            Ok(id) => id,
+            Err(reason) => return self.reject(reason).await,
+        };
+        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+        let commit = capture::resolve(&repo, &attempt_ref(key))?;
+        let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
+        if let Err(why) = stage(provider.as_ref(), &frozen, &bundle, &commit).await {
+            return self.reject(format!("validator {why}")).await;
+        }
+        let timeout = parse_duration(&task.validator.timeout).expect("validated");
+        if let Some(setup) = &task.validator.setup {
+            let req = ExecRequest::shell(setup.clone())
+                .with_cwd("repo")
+                .with_timeout(timeout);
+            let why = match provider.exec(&frozen, &req).await {
+                Ok(out) if out.status.success() => None,
+                Ok(out) => Some(format!(
+                    "validator setup {}: {}",
+                    out.status,
+                    tail(out.stderr.as_deref().unwrap_or_default()).trim()
+                )),
+                Err(e) => Some(format!("validator setup could not run: {e}")),
+            };
+            if let Some(why) = why {
+                return self.reject(why).await;
+            }
+        }
+        let req = ExecRequest::shell(task.validator.command.clone())
+            .with_cwd("repo")
+            .with_timeout(timeout);
+        let out = match provider.exec(&frozen, &req).await {
+            Ok(out) => out,
+            Err(e) => {
+                let why = format!("the validator could not run: {e}");
+                return self.reject(why).await;
+            }
+        };
+        let validator_fact = output_json(&out);
+        let event = match &out.status {
+            ExitStatus::Exited { code: 0 } => {
+                let files = provider
+                    .require_files()
+                    .map_err(|e| OrchestratorError::Repository(e.to_string()));
+                let mut present = Vec::new();
+                if let Ok(files) = files {
+                    for evidence in &task.validator.evidence {
+                        if files
+                            .read(&frozen, &format!("repo/{evidence}"))
+                            .await
+                            .is_ok()
+                        {
+                            present.push(evidence.clone());
+                        }
+                    }
+                }
+                Event::ValidatorPassed {
+                    key: key.clone(),
+                    evidence: present,
+                }
+            }
+            ExitStatus::TimedOut => Event::Rejected {
+                key: key.clone(),
+                reason: format!("validator timed out after {}", task.validator.timeout),
+            },
+            other => Event::Rejected {
+                key: key.clone(),
+                reason: format!(
+                    "validator {other}: {}",
+                    tail(out.stderr.as_deref().unwrap_or_default())
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                ),
+            },
+        };
+        // An accepted attempt's commit is the one just judged: recorded in the same
+        // transaction as the verdict (one durable commit, not two).
+        let accepted = matches!(event, Event::ValidatorPassed { .. })
+            && berth_mission::authority::apply(record, &event).is_ok_and(|next| {
+                next.tasks[index]
+                    .attempts
+                    .iter()
+                    .any(|a| &a.key == key && matches!(a.status, AttemptStatus::Accepted { .. }))
+            });
+        let (events, facts) = match event {
+            Event::ValidatorPassed { .. } if accepted => (
+                vec![
+                    event,
+                    Event::Committed {
+                        key: key.clone(),
+                        commit: commit.clone(),
+                    },
+                ],
+                vec![
+                    ("validator", validator_fact),
+                    ("commit", json!({ "commit": commit })),
+                ],
+            ),
+            other => (vec![other], vec![("validator", validator_fact)]),
+        };
+        let (next, _) = orch
+            .commit_events(mission, record, seq, &events, &facts)
+            .await?;
+        // The frozen copy has served its purpose.
+        if let Ok(row) = orch.ledger.row(&frozen.0).await {
+            let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+        }
+        let status = &next.tasks[index]
+            .attempts
+            .iter()
+            .find(|a| &a.key == key)
+            .expect("attempt")
+            .status;
+        match status {
+            AttemptStatus::Rejected { reason } => {
+                teardown(orch, spec, key, false).await;
+                Ok(Step::Rejected {
+                    key: key.clone(),
+                    reason: reason.clone(),
+                })
+            }
+            _ => Ok(Step::Advanced {
+                key: key.clone(),
+                what: "validator accepted".into(),
+            }),
+        }
+    }
+
+    /// Records the commit the validator judged (computed on the host at capture).
+    pub(crate) async fn record_commit(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        // The commit the validator judged, computed on the host at capture.
+        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+        let commit = capture::resolve(&repo, &attempt_ref(key))?;
+        orch.commit_event(
+            mission,
+            record,
+            seq,
+            &Event::Committed {
+                key: key.clone(),
+                commit: commit.clone(),
+            },
+            &[("commit", json!({ "commit": commit }))],
+        )
+        .await?;
+        Ok(Step::Advanced {
+            key: key.clone(),
+            what: format!("committed {}", &commit[..12.min(commit.len())]),
+        })
+    }
+
+    /// Checkpoints the accepted attempt and finalizes it, in one transaction.
+    pub(crate) async fn checkpoint(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+        // A provider snapshot where the provider has one; otherwise a workspace snapshot: the
+        // repository exported as a git bundle under the mission directory.
+        let (checkpoint, detail) = match provider.snapshots() {
+            Some(_) => {
+                // A ledger row keyed by the attempt, recorded before the snapshot: a
+                // checkpoint a crash interrupted is replaced, never duplicated, and the
+                // snapshot is deleted once the mission is over and its retention passed.
+                let snap = orch
+                    .ledger
+                    .snapshot_tracked(
+                        provider.as_ref(),
+                        &id,
+                        &format!("ck-{}", key.0.trim_start_matches("at-")),
+                        &mission_origin(mission, "checkpoint"),
+                        Some(CHECKPOINT_RETENTION),
+                    )
+                    .await
+                    .map_err(|e| {
+                        OrchestratorError::Repository(format!("checkpoint failed: {e}"))
+                    })?;
+                (snap.handle.clone(), json!({ "snapshot": snap }))
+            }
+            // The captured commit's bundle, written on the host at capture.
+            None => {
+                let path = attempt_bundle(orch, mission, task, attempt.ordinal);
+                (
+                    format!("bundle:{}", path.display()),
+                    json!({ "workspace_bundle": path }),
+                )
+            }
+        };
+        // Finalizing is local (the bundle made at capture, copied): it lands in the same
+        // transaction as the checkpoint.
+        let path = orch
+            .mission_dir(mission)
+            .join(format!("{}.bundle", task.id));
+        let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
+        orch.commit_events(
+            mission,
+            record,
+            seq,
+            &[
+                Event::Checkpointed {
+                    key: key.clone(),
+                    checkpoint: checkpoint.clone(),
+                },
+                Event::Finalized { key: key.clone() },
+            ],
+            &[
+                ("checkpoint", detail),
+                ("finalize", json!({ "bundle": path, "bytes": bytes })),
+            ],
+        )
+        .await?;
+        teardown(orch, spec, key, spec.file.sandbox.keep).await;
+        Ok(Step::Advanced {
+            key: key.clone(),
+            what: format!(
+                "checkpoint {checkpoint}; finalized, task `{}` done",
+                task.id
+            ),
+        })
+    }
+
+    /// Writes the task's final bundle and tears the attempt down.
+    pub(crate) async fn finalize(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        let _ = (
+            orch, spec, seq, index, task, attempt, mission, provider, main,
+        );
+        let path = orch
+            .mission_dir(mission)
+            .join(format!("{}.bundle", task.id));
+        let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
+        orch.commit_event(
+            mission,
+            record,
+            seq,
+            &Event::Finalized { key: key.clone() },
+            &[("finalize", json!({ "bundle": path, "bytes": bytes }))],
+        )
+        .await?;
+        teardown(orch, spec, key, spec.file.sandbox.keep).await;
+        Ok(Step::Advanced {
+            key: key.clone(),
+            what: format!("finalized; task `{}` done", task.id),
+        })
+    }
+}
