@@ -88,6 +88,17 @@ impl App {
         })
     }
 
+    /// What a benchmark reads: this invocation's providers, ledger and home.
+    pub fn bench_context(&self) -> Result<berth_bench::BenchContext> {
+        Ok(berth_bench::BenchContext {
+            registry: std::sync::Arc::new(Registry::builtin()?),
+            provider_config: self.provider_config.clone(),
+            ledger: self.ledger.clone(),
+            home: self.config.home.clone(),
+            berth: std::env::current_exe()?,
+        })
+    }
+
     /// Constructs a provider.
     pub fn provider(&self, id: &str) -> Result<Arc<dyn Provider>> {
         Ok(self.registry.construct(id, &self.provider_config)?)
@@ -137,7 +148,7 @@ impl App {
     pub async fn cleanup_after_failure(&self) {
         match self
             .ledger
-            .cleanup_run(&self.registry, &self.provider_config)
+            .cleanup_run(&self.registry.bind(&self.provider_config))
             .await
         {
             Ok(report) if !report.complete() => eprintln!(

@@ -152,11 +152,16 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
 
 /// Classifies an error by the first typed cause in its chain.
 pub fn classify(err: &anyhow::Error) -> Failure {
-    let message = err
-        .chain()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ");
+    // A wrapper that names its context repeats its source's text (`ledger store: query
+    // failed`); a cause already said by the one before it is not said twice.
+    let mut said: Vec<String> = Vec::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !said.last().is_some_and(|last| last.ends_with(&text)) {
+            said.push(text);
+        }
+    }
+    let message = said.join(": ");
     let (kind, exit_code, hint) = classify_chain(err);
     Failure {
         kind,
@@ -179,8 +184,9 @@ fn from_kind(kind: ErrorKind) -> Classified {
     (name, code, Some(hint.into()))
 }
 
-/// Classifies one error if its type is known. Wrappers marked `#[error(transparent)]` hide
-/// their inner error from the `source()` chain, so they are unwrapped here.
+/// Classifies one error if its type is known; `None` lets the chain's next cause decide (every
+/// library wrapper keeps its inner error as its `source`, so the typed cause is always in the
+/// chain).
 fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified> {
     if let Some(e) = cause.downcast_ref::<CliError>() {
         return Some((e.kind, e.exit_code, e.hint.clone()));
@@ -221,9 +227,8 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::REFUSED,
                 Some("berth only touches resources labelled for this owner (BERTH_OWNER)".into()),
             )),
-            LedgerError::Factory(inner) => classify_one(inner),
-            LedgerError::Store(inner) => classify_one(inner),
-            // Provider errors are the `source` of this one; the chain reaches them next.
+            // Store, factory and provider errors are the `source` of this one; the chain
+            // reaches them next.
             _ => None,
         };
     }
@@ -234,7 +239,6 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::UNAVAILABLE,
                 Some("every provider in the fallback list is unavailable; retry later".into()),
             )),
-            FallbackError::Factory(inner) => classify_one(inner),
             _ => None,
         };
     }
@@ -290,9 +294,31 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::INVALID,
                 Some("`berth providers` lists the providers this build has".into()),
             )),
-            O::Factory(inner) => classify_one(inner),
-            O::Store(inner) => classify_one(inner),
             _ => None,
+        };
+    }
+    if let Some(berth_bench::BenchError::Invalid(_)) = cause.downcast_ref() {
+        return Some((
+            "invalid_request",
+            code::INVALID,
+            Some("fix the request and retry".into()),
+        ));
+    }
+    if let Some(berth_verify::VerifyError::NoAdapter(_)) = cause.downcast_ref() {
+        return Some((
+            "invalid_request",
+            code::INVALID,
+            Some("`berth providers` lists the providers this build has adapters for".into()),
+        ));
+    }
+    if let Some(e) = cause.downcast_ref::<berth_scaffold::ScaffoldError>() {
+        return match e {
+            berth_scaffold::ScaffoldError::Write { .. } => None,
+            _ => Some((
+                "invalid_request",
+                code::INVALID,
+                Some("the message says what to change".into()),
+            )),
         };
     }
     if cause.downcast_ref::<ManifestError>().is_some() {
@@ -310,4 +336,41 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
         ));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Library wrappers keep their inner error as `source`: the typed cause is found by walking
+    /// the chain (no wrapper is unwrapped by hand), and its text is said once.
+    #[test]
+    fn wrapped_causes_classify_through_the_chain_and_are_said_once() {
+        let missing = FactoryError::MissingCredential {
+            provider: "e2b".into(),
+            variable: "E2B_API_KEY".into(),
+            purpose: "API access".into(),
+        };
+        let said = missing.to_string();
+        let wrapped = anyhow::Error::new(berth_orchestrator::OrchestratorError::from(missing));
+        let failure = classify(&wrapped);
+        assert_eq!((failure.kind, failure.exit_code), ("auth", code::AUTH));
+        assert_eq!(failure.message, said);
+        assert_eq!(wrapped.chain().count(), 2, "the wrapper keeps its source");
+
+        let gone = LedgerError::from(StoreError::NotFound("bx-1".into()));
+        let failure = classify(&anyhow::Error::new(gone).context("destroy"));
+        assert_eq!(
+            (failure.kind, failure.exit_code),
+            ("not_found", code::NOT_FOUND)
+        );
+        assert_eq!(failure.message, "destroy: no ledger entry `bx-1`");
+
+        let fallback = FallbackError::from(FactoryError::NoAdapter { id: "e2b".into() });
+        let failure = classify(&anyhow::Error::new(fallback));
+        assert_eq!(
+            (failure.kind, failure.exit_code),
+            ("not_found", code::NOT_FOUND)
+        );
+    }
 }

@@ -32,8 +32,8 @@ pub use labels::{LabelFilter, Labels};
 pub use provider::{
     check_snapshot_key, implemented_capabilities, Access, AccessInfo, DetachedExec, FileEntry,
     FileKind, Files, Fork, Listed, Listing, MemorySnapshots, ProcessHandle, ProcessStatus,
-    Provider, ProviderExt, SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec,
-    SuspendResume, Ttl,
+    Provider, ProviderExt, ProviderLookup, SnapshotHandleKind, SnapshotRef, Snapshots, StopStart,
+    StreamingExec, SuspendResume, Ttl,
 };
 pub use spec::{CreateRequest, Created, NativeId, NetworkMode, Resources, SandboxName};
 pub use state::{CanonicalState, DestroyOutcome, Observation, Transition};

@@ -414,3 +414,12 @@ pub trait ProviderExt: Provider {
 }
 
 impl<P: Provider + ?Sized> ProviderExt for P {}
+
+/// Finds the adapter for a provider id: the factory's registry bound to a configuration. The
+/// ledger sweeps through it, so the ledger (and everything that uses it, like the conformance
+/// kit) never depends on the factory or on any adapter.
+pub trait ProviderLookup: Send + Sync {
+    /// Provider `id`, constructed. An id this build cannot construct is an error whose kind
+    /// says why (not found, auth, setup…).
+    fn provider(&self, id: &str) -> Result<std::sync::Arc<dyn Provider>>;
+}

@@ -422,3 +422,39 @@ fn capability_status(
 
 #[cfg(test)]
 mod tests;
+
+// The one percentile helper: every median and p95 Berth reports (evidence metrics,
+// benchmarks) is nearest rank on sorted samples.
+
+/// The `p`-th percentile (0 < p ≤ 1) of `samples` by nearest rank; `None` when there are none.
+/// Sorts in place.
+pub fn percentile(samples: &mut [f64], p: f64) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort_by(f64::total_cmp);
+    let rank = ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
+    Some(samples[rank - 1])
+}
+
+/// The median (nearest rank); `None` when there are no samples.
+pub fn median(samples: &mut [f64]) -> Option<f64> {
+    percentile(samples, 0.5)
+}
+
+#[cfg(test)]
+mod percentile_tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank() {
+        let mut s = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(median(&mut s), Some(3.0));
+        assert_eq!(percentile(&mut s, 0.95), Some(5.0));
+        assert_eq!(percentile(&mut s, 0.2), Some(1.0));
+        let mut hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut hundred, 0.95), Some(95.0));
+        assert_eq!(percentile(&mut hundred, 0.99), Some(99.0));
+        assert_eq!(median(&mut []), None);
+    }
+}

@@ -98,7 +98,7 @@ pub enum FactoryError {
         adapter: String,
     },
     /// A manifest is invalid.
-    #[error(transparent)]
+    #[error("{0}")]
     Manifest(#[from] ManifestError),
     /// The adapter's constructor failed.
     #[error("cannot construct provider `{provider}`")]
@@ -142,7 +142,7 @@ pub struct Fallback<T> {
 #[non_exhaustive]
 pub enum FallbackError {
     /// A provider could not be constructed (configuration errors never trigger fallback).
-    #[error(transparent)]
+    #[error("{0}")]
     Factory(#[from] FactoryError),
     /// A provider failed with an error that does not allow fallback.
     #[error("provider `{provider}` failed (not a fallback reason: {})", .source.kind())]
@@ -286,6 +286,14 @@ impl Registry {
                     .join(", "),
             })?;
         Ok(entry.get()?)
+    }
+
+    /// This registry with a configuration: what the ledger sweeps through.
+    pub fn bind<'a>(&'a self, config: &'a ProviderConfig) -> Bound<'a> {
+        Bound {
+            registry: self,
+            config,
+        }
     }
 
     /// Whether this build has an adapter for `id`.
@@ -474,6 +482,48 @@ pub fn docker(
         socket,
         supervisor,
     ))
+}
+
+/// A registry bound to a configuration ([`Registry::bind`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound<'a> {
+    registry: &'a Registry,
+    config: &'a ProviderConfig,
+}
+
+impl berth_contract::ProviderLookup for Bound<'_> {
+    fn provider(&self, id: &str) -> Result<Arc<dyn Provider>, ProviderError> {
+        use berth_contract::ErrorKind;
+        self.registry.construct(id, self.config).map_err(|e| {
+            let kind = match &e {
+                FactoryError::Construct { source, .. } => source.kind(),
+                FactoryError::MissingCredential { .. } => ErrorKind::Auth,
+                FactoryError::UnknownProvider { .. } | FactoryError::NoAdapter { .. } => {
+                    ErrorKind::NotFound
+                }
+                _ => ErrorKind::InvalidRequest,
+            };
+            ProviderError::new(kind, id, "cannot construct the provider").with_source(e)
+        })
+    }
+}
+
+/// What a provider's substrate reports about itself, where this build can ask (the docker
+/// engine's version and the negotiated API version); `None` elsewhere or when it cannot answer.
+pub async fn observed_provenance(id: &str, config: &ProviderConfig) -> Option<String> {
+    #[cfg(feature = "docker")]
+    if id == "docker" {
+        let socket =
+            berth_provider_docker::engine::socket_from_docker_host(config.env.get("DOCKER_HOST"))
+                .ok()?;
+        let (api, engine) = berth_provider_docker::Engine::new(&socket)
+            .versions()
+            .await
+            .ok()?;
+        return Some(format!("docker engine {engine}, API {api} negotiated"));
+    }
+    let _ = (id, config);
+    None
 }
 
 /// The static supervisor this build carries (built by this crate's build script; empty when

@@ -20,9 +20,8 @@ use std::time::Duration;
 use berth_contract::labels::{LEDGER_TOKEN, OWNER, SANDBOX};
 use berth_contract::{
     CreateRequest, Created, DestroyOutcome, LabelFilter, Labels, NativeId, Observation, Provider,
-    ProviderError, ProviderExt, SandboxName, SnapshotRef,
+    ProviderError, ProviderExt, ProviderLookup, SandboxName, SnapshotRef,
 };
-use berth_factory::{FactoryError, ProviderConfig, Registry};
 use berth_store::{
     LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind, Store, StoreError,
 };
@@ -34,11 +33,8 @@ use serde::Serialize;
 #[non_exhaustive]
 pub enum LedgerError {
     /// The store failed.
-    #[error(transparent)]
+    #[error("{0}")]
     Store(#[from] StoreError),
-    /// A provider could not be constructed.
-    #[error(transparent)]
-    Factory(#[from] FactoryError),
     /// The provider call failed.
     #[error("sandbox `{berth_id}`")]
     Provider {
@@ -470,12 +466,10 @@ impl Ledger {
     /// panic and signals).
     pub async fn cleanup_run(
         &self,
-        registry: &Registry,
-        config: &ProviderConfig,
+        providers: &dyn ProviderLookup,
     ) -> Result<SweepReport, LedgerError> {
         self.sweep(
-            registry,
-            config,
+            providers,
             &SweepScope {
                 run_id: Some(self.run_id.clone()),
                 ..Default::default()
@@ -488,8 +482,7 @@ impl Ledger {
     /// `scope`. Never touches a resource that does not carry this owner's labels.
     pub async fn sweep(
         &self,
-        registry: &Registry,
-        config: &ProviderConfig,
+        providers: &dyn ProviderLookup,
         scope: &SweepScope,
     ) -> Result<SweepReport, LedgerError> {
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
@@ -523,15 +516,20 @@ impl Ledger {
         for provider_id in &scope.discover {
             report
                 .entries
-                .extend(self.discover(registry, config, provider_id).await?);
+                .extend(self.discover(providers, provider_id).await?);
         }
-        let mut providers: Vec<(String, std::sync::Arc<dyn Provider>)> = Vec::new();
+        let mut constructed: Vec<(String, std::sync::Arc<dyn Provider>)> = Vec::new();
         for row in rows {
-            let provider = match providers.iter().find(|(id, _)| *id == row.provider) {
+            let provider = match constructed.iter().find(|(id, _)| *id == row.provider) {
                 Some((_, provider)) => provider.clone(),
                 None => {
-                    let provider = registry.construct(&row.provider, config)?;
-                    providers.push((row.provider.clone(), provider.clone()));
+                    let provider = providers.provider(&row.provider).map_err(|source| {
+                        LedgerError::Provider {
+                            berth_id: row.berth_id.clone(),
+                            source,
+                        }
+                    })?;
+                    constructed.push((row.provider.clone(), provider.clone()));
                     provider
                 }
             };
@@ -580,11 +578,15 @@ impl Ledger {
     /// before every create, so a crash cannot produce a resource without a row.)
     async fn discover(
         &self,
-        registry: &Registry,
-        config: &ProviderConfig,
+        providers: &dyn ProviderLookup,
         provider_id: &str,
     ) -> Result<Vec<SweepEntry>, LedgerError> {
-        let provider = registry.construct(provider_id, config)?;
+        let provider = providers
+            .provider(provider_id)
+            .map_err(|source| LedgerError::Provider {
+                berth_id: format!("<listing {provider_id}>"),
+                source,
+            })?;
         let Some(listing) = provider.listing() else {
             return Ok(Vec::new());
         };

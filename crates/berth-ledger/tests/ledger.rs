@@ -131,7 +131,7 @@ async fn sweep_destroys_everything_of_this_owner_and_nothing_else() {
     let a2 = create(&alice, &w.host).await;
     let b1 = create(&bob, &w.host).await;
     let report = alice
-        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
     assert!(report.complete());
@@ -150,11 +150,11 @@ async fn sweep_destroys_everything_of_this_owner_and_nothing_else() {
         "must-not-fire: bob's sandbox survives"
     );
     let again = alice
-        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
     assert!(again.entries.is_empty(), "verified-gone rows are closed");
-    bob.sweep(&w.registry, &w.config, &SweepScope::default())
+    bob.sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
 }
@@ -187,7 +187,7 @@ async fn a_forged_row_pointing_at_a_foreign_resource_is_refused() {
         .await
         .unwrap();
     let report = alice
-        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
     assert_eq!(report.entries.len(), 1);
@@ -200,7 +200,7 @@ async fn a_forged_row_pointing_at_a_foreign_resource_is_refused() {
     assert!(present(&w.host, &victim).await, "must-not-fire");
     let err = alice.row(&victim).await.unwrap_err();
     assert!(err.to_string().contains("belongs to owner `bob`"), "{err}");
-    bob.sweep(&w.registry, &w.config, &SweepScope::default())
+    bob.sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
 }
@@ -224,8 +224,7 @@ async fn sandboxes_without_berth_labels_survive_discovery() {
     let alice = ledger(&w, "alice", "run-a").await;
     let report = alice
         .sweep(
-            &w.registry,
-            &w.config,
+            &w.registry.bind(&w.config),
             &SweepScope {
                 discover: vec!["host".into()],
                 ..Default::default()
@@ -253,14 +252,13 @@ async fn discovery_never_destroys_what_no_row_of_this_store_names() {
         "run-z",
     );
     let plain = other_home
-        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
     assert!(plain.entries.is_empty());
     let report = other_home
         .sweep(
-            &w.registry,
-            &w.config,
+            &w.registry.bind(&w.config),
             &SweepScope {
                 discover: vec!["host".into()],
                 ..Default::default()
@@ -284,7 +282,10 @@ async fn discovery_never_destroys_what_no_row_of_this_store_names() {
         "another home's live sandbox was destroyed"
     );
     // Its own ledger still destroys it.
-    alice.cleanup_run(&w.registry, &w.config).await.unwrap();
+    alice
+        .cleanup_run(&w.registry.bind(&w.config))
+        .await
+        .unwrap();
     assert!(!present(&w.host, &live).await);
 }
 
@@ -295,11 +296,17 @@ async fn cleanup_run_touches_only_this_run() {
     let second = ledger(&w, "alice", "run-2").await;
     let keep = create(&first, &w.host).await;
     let drop = create(&second, &w.host).await;
-    let report = second.cleanup_run(&w.registry, &w.config).await.unwrap();
+    let report = second
+        .cleanup_run(&w.registry.bind(&w.config))
+        .await
+        .unwrap();
     assert_eq!(report.entries.len(), 1);
     assert!(!present(&w.host, &drop).await);
     assert!(present(&w.host, &keep).await);
-    first.cleanup_run(&w.registry, &w.config).await.unwrap();
+    first
+        .cleanup_run(&w.registry.bind(&w.config))
+        .await
+        .unwrap();
 }
 
 /// Snapshots are ledger rows named by their key: a snapshot whose handle was never recorded
@@ -364,7 +371,7 @@ async fn snapshot_rows_are_deleted_by_key_even_without_a_handle() {
     assert_eq!(archives(), 1);
     // Held without retention: a sweep keeps it.
     let report = alice
-        .sweep(&w.registry, &w.config, &SweepScope::default())
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
         .unwrap();
     let kept = report

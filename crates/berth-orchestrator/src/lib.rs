@@ -44,7 +44,7 @@ pub const SPEC_VERSION: u32 = 1;
 #[non_exhaustive]
 pub enum OrchestratorError {
     /// The mission file is invalid.
-    #[error(transparent)]
+    #[error("{0}")]
     File(#[from] berth_mission::file::MissionFileError),
     /// The repository could not be read.
     #[error("repository: {0}")]
@@ -53,22 +53,22 @@ pub enum OrchestratorError {
     #[error("not supported yet: {0}")]
     Unsupported(String),
     /// The store failed.
-    #[error(transparent)]
+    #[error("{0}")]
     Store(#[from] berth_store::StoreError),
     /// The authority refused a transition (a bug in the pipeline, or a concurrent writer).
-    #[error(transparent)]
+    #[error("{0}")]
     Authority(#[from] authority::AuthorityError),
     /// Another process changed the mission concurrently.
-    #[error(transparent)]
+    #[error("{0}")]
     Conflict(#[from] berth_store::Conflict),
     /// A provider could not be constructed.
-    #[error(transparent)]
+    #[error("{0}")]
     Factory(#[from] berth_factory::FactoryError),
     /// A stored record could not be read.
     #[error("stored mission is unreadable: {0}")]
     Corrupt(String),
     /// Another runner holds the mission's lease.
-    #[error(transparent)]
+    #[error("{0}")]
     Leased(#[from] berth_store::LeaseHeld),
     /// This runner's lease was taken over (it stopped renewing in time); it stops at once.
     #[error("mission `{0}`: this runner lost its lease to another runner and stopped")]

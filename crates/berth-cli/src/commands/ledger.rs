@@ -74,8 +74,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
     let report = app
         .ledger
         .sweep(
-            &app.registry,
-            &app.provider_config,
+            &app.registry.bind(&app.provider_config),
             &SweepScope {
                 run_id: run,
                 expired_only: expired,

@@ -1,13 +1,10 @@
 //! One module per verb family. Each command returns its exit code.
 
-mod bench;
 pub mod catalog;
 mod demo;
 mod exec;
 mod ledger;
-mod lifecycle;
 mod mission;
-mod mission_bench;
 mod sandbox;
 pub mod scaffold;
 pub mod verify;
@@ -59,13 +56,40 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             no_discover,
         }) => ledger::sweep(&app, run, expired, !no_discover).await,
         Command::Demo => demo::demo(&app).await,
-        Command::Bench(args) if args.raw => bench::bench(&app, args).await,
-        Command::Bench(args) => lifecycle::bench(app.clone(), args).await,
+        Command::Bench(args) if args.raw => {
+            let options = berth_bench::raw::RawOptions {
+                providers: args.providers,
+                iterations: args.iterations,
+                image: args.image,
+            };
+            report(
+                &app,
+                "bench",
+                berth_bench::raw::bench(&app.bench_context()?, options).await?,
+            )
+        }
+        Command::Bench(args) => {
+            let options = berth_bench::lifecycle::LifecycleOptions {
+                providers: args.providers,
+                iterations: args.iterations,
+                image: args.image,
+                mode: args.mode,
+                concurrency: args.concurrency,
+                stagger_ms: args.stagger_ms,
+                out: args.out,
+            };
+            let done = berth_bench::lifecycle::bench(app.bench_context()?, options).await?;
+            report(&app, "bench", done)
+        }
         Command::Verify(args) => verify::verify(&app, args).await,
         Command::Mission(crate::cli::MissionCommand::Bench {
             attempts,
             concurrency,
-        }) => mission_bench::bench(app.clone(), attempts, concurrency).await,
+        }) => {
+            let done =
+                berth_bench::mission::bench(app.bench_context()?, attempts, concurrency).await?;
+            report(&app, "mission bench", done)
+        }
         Command::Mission(command) => mission::run(&app, command).await,
         Command::Providers
         | Command::Schema { .. }
@@ -75,6 +99,16 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             unreachable!("handled without state")
         }
     }
+}
+
+/// Prints a benchmark's report: its JSON document with `--json`, else its text.
+fn report(app: &App, command: &str, report: berth_bench::Report) -> Result<i32> {
+    if app.json {
+        emit(command, report.json);
+    } else {
+        print!("{}", report.text);
+    }
+    Ok(code::OK)
 }
 
 /// `berth schema manifest`.

@@ -1,224 +1,53 @@
-//! `berth verify PROVIDER`: the conformance suite plus a short lifecycle measurement, live,
-//! written as a sealed evidence record.
+//! `berth verify PROVIDER`: arguments in, each clause's grade on stderr as it is graded, the
+//! record's path out. The work is `berth_verify`'s.
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
-
-use anyhow::{Context, Result};
-use berth_conformance::{Grade, Subject};
-use berth_contract::{DestroyOutcome, ExecRequest, Observation};
-use berth_evidence::{
-    ClauseEvidence, Environment, EvidenceRecord, Metric, Provenance, EVIDENCE_SCHEMA,
-};
-use chrono::Utc;
+use anyhow::Result;
 use serde_json::json;
 
 use crate::app::App;
 use crate::cli::VerifyArgs;
-use crate::errors::{code, CliError};
+use crate::errors::code;
 use crate::output::emit;
 
-fn grade(grade: Grade) -> berth_evidence::Grade {
-    match grade {
-        Grade::Pass => berth_evidence::Grade::Pass,
-        Grade::Fail => berth_evidence::Grade::Fail,
-        Grade::NotApplicable => berth_evidence::Grade::NotApplicable,
-        Grade::Unverified => berth_evidence::Grade::Unverified,
-    }
-}
-
-fn summary(samples: &mut [Duration], what: &str) -> Metric {
-    if samples.is_empty() {
-        return Metric::Unknown {
-            reason: format!("no successful {what} sample"),
-        };
-    }
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let rank = |p: f64| ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
-    Metric::Measured {
-        median_ms: ms(samples[rank(0.5)]),
-        p95_ms: ms(samples[rank(0.95)]),
-        n: samples.len(),
-    }
-}
-
-/// create → first exec → destroy → observe gone, per phase. A phase that did not happen is
-/// UNKNOWN with the reason, never zero.
-async fn lifecycle(subject: &Subject, iterations: usize) -> BTreeMap<String, Metric> {
-    let (mut create, mut first_exec, mut destroy, mut gone) = (vec![], vec![], vec![], vec![]);
-    let mut problems: Vec<String> = Vec::new();
-    for _ in 0..iterations {
-        let t0 = Instant::now();
-        let created = match subject
-            .provider
-            .create(&subject.request_for(&subject.owner))
-            .await
-        {
-            Ok(created) => created,
-            Err(e) => {
-                problems.push(format!("create: {e}"));
-                continue;
-            }
-        };
-        create.push(t0.elapsed());
-        let id = created.native_id;
-        let t1 = Instant::now();
-        match subject
-            .provider
-            .exec(&id, &ExecRequest::argv(["true"]))
-            .await
-        {
-            Ok(out) if out.status.success() => first_exec.push(t1.elapsed()),
-            Ok(out) => problems.push(format!("first exec: {}", out.status)),
-            Err(e) => problems.push(format!("first exec: {e}")),
-        }
-        let t2 = Instant::now();
-        match subject.provider.destroy(&id).await {
-            Ok(DestroyOutcome::VerifiedGone { .. }) => {
-                destroy.push(t2.elapsed());
-                // The provider verified it; observe once more, as the ledger would.
-                if let Ok(Observation::Absent) = subject.provider.observe(&id).await {
-                    gone.push(t2.elapsed());
-                } else {
-                    problems.push("observe after verified destroy did not say absent".into());
-                }
-            }
-            Ok(DestroyOutcome::Accepted { raw_state }) => {
-                destroy.push(t2.elapsed());
-                problems.push(format!("destroy accepted, not verified (raw {raw_state})"));
-            }
-            Err(e) => problems.push(format!("destroy: {e}")),
-        }
-    }
-    let mut metrics = BTreeMap::new();
-    metrics.insert("create_ms".into(), summary(&mut create, "create"));
-    metrics.insert(
-        "first_exec_ms".into(),
-        summary(&mut first_exec, "first exec"),
-    );
-    metrics.insert("destroy_ms".into(), summary(&mut destroy, "destroy"));
-    metrics.insert(
-        "verified_gone_ms".into(),
-        summary(&mut gone, "verified-gone"),
-    );
-    metrics.insert(
-        "lifecycle_success_rate".into(),
-        if iterations == 0 {
-            Metric::Unknown {
-                reason: "no iterations".into(),
-            }
-        } else {
-            Metric::Ratio {
-                successes: gone.len(),
-                n: iterations,
-            }
-        },
-    );
-    if !problems.is_empty() {
-        metrics.insert(
-            "lifecycle_problems".into(),
-            Metric::Unknown {
-                reason: problems.join("; "),
-            },
-        );
-    }
-    metrics
-}
+pub use berth_verify::SIGTERM_CLAUSE;
 
 /// `berth verify`.
 pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
-    let provider = app.provider(&args.provider)?;
-    let manifest = app.registry.manifest(&args.provider)?.clone();
-    let source_hash = berth_factory::adapter_source_hash(&args.provider).ok_or_else(|| {
-        CliError::invalid(
-            format!("no adapter source hash for `{}`", args.provider),
-            "only providers with an adapter in this build can be verified",
-        )
-    })?;
-    let run = format!("v{}", &app.ledger.run_id()["run-".len()..]);
-    let subject = Subject::new(provider, manifest.clone(), args.image.clone(), run.clone())
-        .with_owner(app.ledger.owner());
-    let started_at = Utc::now();
-    let mut clauses = Vec::new();
-    for clause in berth_conformance::CLAUSES {
-        let result = berth_conformance::run_clause(&subject, clause.id).await;
-        if !app.json {
+    let key = match &args.sign_key {
+        Some(path) => Some(super::catalog::signing_key(path)?),
+        None => None,
+    };
+    let berth = std::env::current_exe()?;
+    let ctx = berth_verify::VerifyContext {
+        registry: &app.registry,
+        provider_config: &app.provider_config,
+        ledger: &app.ledger,
+        home: &app.config.home,
+        berth: &berth,
+    };
+    let options = berth_verify::VerifyOptions {
+        provider: args.provider.clone(),
+        image: args.image.clone(),
+        out: args.out.clone(),
+        iterations: args.iterations,
+    };
+    let json = app.json;
+    let mut progress = |clause: &berth_evidence::ClauseEvidence| {
+        if !json {
             eprintln!(
                 "{:<40} {:<15} {}",
-                result.clause,
-                format!("{:?}", result.grade).to_lowercase(),
-                result.diagnostics.join("; ")
+                clause.clause,
+                format!("{:?}", clause.grade).to_lowercase(),
+                clause.diagnostics.join("; ")
             );
         }
-        clauses.push(ClauseEvidence {
-            clause: result.clause,
-            capability: result.capability.map(|c| c.as_str().to_owned()),
-            grade: grade(result.grade),
-            diagnostics: result.diagnostics,
-            duration_ms: result.duration_ms,
-        });
-    }
-    let sigterm = must_fire_on_sigterm(app, &args).await;
-    if !app.json {
-        eprintln!(
-            "{:<40} {:<15} {}",
-            sigterm.clause,
-            format!("{:?}", sigterm.grade).to_lowercase(),
-            sigterm.diagnostics.join("; ")
-        );
-    }
-    clauses.push(sigterm);
-    let metrics = lifecycle(&subject, args.iterations).await;
-    berth_conformance::sweep_run(&subject).await;
-    let record = EvidenceRecord {
-        schema: EVIDENCE_SCHEMA.into(),
-        provider: manifest.id.clone(),
-        adapter_version: manifest.adapter_version.clone(),
-        adapter_source_hash: source_hash.to_owned(),
-        provenance: Provenance {
-            source: manifest.provenance.source.clone(),
-            pinned: manifest.provenance.pinned.clone(),
-            observed: observed_provenance(app, &manifest.id).await,
-        },
-        environment: Environment {
-            os: std::env::consts::OS.into(),
-            arch: std::env::consts::ARCH.into(),
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|k| k.trim().to_owned())
-                .unwrap_or_else(|_| "UNKNOWN(no /proc/sys/kernel/osrelease)".into()),
-            berth_version: env!("CARGO_PKG_VERSION").into(),
-        },
-        run_id: run,
-        started_at,
-        finished_at: Utc::now(),
-        clauses,
-        metrics,
-        content_hash: String::new(),
-        signature: None,
     };
-    let record = match &args.sign_key {
-        Some(path) => record.sign(&super::catalog::signing_key(path)?),
-        None => record.seal(),
-    };
-    let dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| app.config.home.join("evidence"));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let path = dir.join(format!("{}.json", manifest.id));
-    let text = serde_json::to_string_pretty(&record)?;
-    std::fs::write(&path, text + "\n")
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    let failed = record
-        .clauses
-        .iter()
-        .filter(|c| c.grade == berth_evidence::Grade::Fail)
-        .count();
+    let done = berth_verify::verify(ctx, &options, key.as_ref(), &mut progress).await?;
+    let (record, path, failed) = (&done.record, &done.path, done.failed);
     if app.json {
         emit(
             "verify",
-            json!({ "provider": manifest.id, "record": path, "failed_clauses": failed, "evidence": record }),
+            json!({ "provider": record.provider, "record": path, "failed_clauses": failed, "evidence": record }),
         );
     } else {
         println!(
@@ -237,118 +66,4 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
     } else {
         code::VERIFICATION_FAILED
     })
-}
-
-/// What the provider reports about itself, where this build can ask (the docker engine's
-/// version and the negotiated API version).
-async fn observed_provenance(app: &App, provider: &str) -> Option<String> {
-    if provider != "docker" {
-        return None;
-    }
-    let socket =
-        berth_provider_docker::engine::socket_from_docker_host(app.config.env.get("DOCKER_HOST"))
-            .ok()?;
-    let (api, engine) = berth_provider_docker::Engine::new(&socket)
-        .versions()
-        .await
-        .ok()?;
-    Some(format!("docker engine {engine}, API {api} negotiated"))
-}
-
-/// The id of the runner-level must-fire clause `berth verify` adds to the library's clauses.
-pub const SIGTERM_CLAUSE: &str = "teardown.must_fire_on_sigterm";
-
-/// Must-fire under SIGTERM of the runner: a `berth run` holding a sandbox of this provider is
-/// terminated; it must exit 143 having destroyed the sandbox (ledger verified gone, provider
-/// says absent).
-async fn must_fire_on_sigterm(app: &App, args: &VerifyArgs) -> ClauseEvidence {
-    let started = Instant::now();
-    let outcome = sigterm_check(app, args).await;
-    ClauseEvidence {
-        clause: SIGTERM_CLAUSE.into(),
-        capability: None,
-        grade: if outcome.is_ok() {
-            berth_evidence::Grade::Pass
-        } else {
-            berth_evidence::Grade::Fail
-        },
-        diagnostics: match outcome {
-            Ok(note) => vec![note],
-            Err(why) => vec![why],
-        },
-        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
-    }
-}
-
-async fn sigterm_check(app: &App, args: &VerifyArgs) -> std::result::Result<String, String> {
-    let owner = format!("{}-verify-sigterm", app.ledger.owner());
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find berth: {e}"))?;
-    let mut cmd = std::process::Command::new(exe);
-    cmd.args(["run", "-p", &args.provider]);
-    if let Some(image) = &args.image {
-        cmd.args(["--image", image]);
-    }
-    cmd.args(["--", "sleep", "60"])
-        .env("BERTH_HOME", &app.config.home)
-        .env("BERTH_OWNER", &owner)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start berth run: {e}"))?;
-    let store = app.ledger.store();
-    let query = berth_store::LedgerQuery {
-        owner: Some(owner.clone()),
-        run_id: None,
-        include_gone: true,
-    };
-    let until = Instant::now() + Duration::from_secs(60);
-    let row = loop {
-        let rows = store.ledger_list(&query).await.map_err(|e| e.to_string())?;
-        if let Some(row) = rows
-            .into_iter()
-            .find(|r| r.state == berth_store::LedgerState::Created)
-        {
-            break row;
-        }
-        if Instant::now() > until {
-            let _ = child.kill();
-            return Err("the runner never recorded a created sandbox".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    // Let the command start inside the sandbox, then terminate the runner.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .map_err(|e| format!("cannot signal the runner: {e}"))?;
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    if status.code() != Some(143) {
-        return Err(format!("the runner exited {status:?}, not 143"));
-    }
-    let after = store
-        .ledger_get(&row.berth_id)
-        .await
-        .map_err(|e| e.to_string())?;
-    if after.state != berth_store::LedgerState::VerifiedGone {
-        return Err(format!("after SIGTERM the ledger row is {}", after.state));
-    }
-    let provider = app.provider(&args.provider).map_err(|e| e.to_string())?;
-    let seen = provider
-        .observe(&berth_ledger::native_id(&after))
-        .await
-        .map_err(|e| e.to_string())?;
-    if !matches!(seen, Observation::Absent) {
-        return Err(format!("after SIGTERM the provider still reports {seen:?}"));
-    }
-    Ok(format!(
-        "runner exited 143; {} verified gone",
-        after.berth_id
-    ))
 }

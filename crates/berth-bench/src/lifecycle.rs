@@ -15,15 +15,31 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use std::fmt::Write as _;
+
+use crate::{BenchContext, Report, Result};
+
+/// What to measure (`berth bench P…`).
+#[derive(Debug, Clone)]
+pub struct LifecycleOptions {
+    /// Providers, side by side.
+    pub providers: Vec<String>,
+    /// Iterations per provider (default 10).
+    pub iterations: Option<usize>,
+    /// Image for providers that need one.
+    pub image: Option<String>,
+    /// `sequential`, `burst` or `staggered`.
+    pub mode: String,
+    /// How many run at once in burst and staggered modes.
+    pub concurrency: usize,
+    /// Delay between launches in staggered mode.
+    pub stagger_ms: u64,
+    /// Also write the results JSON here.
+    pub out: Option<std::path::PathBuf>,
+}
 use berth_contract::{DestroyOutcome, ExecRequest, NativeId, Observation, Provider};
 use serde::Serialize;
 use serde_json::{json, Value};
-
-use crate::app::App;
-use crate::cli::BenchArgs;
-use crate::errors::code;
-use crate::output::emit;
 
 const PHASES: [&str; 6] = [
     "create_returned",
@@ -59,7 +75,7 @@ fn ms(d: Duration) -> f64 {
 
 /// One create → ready → first exec → destroy → verified-gone iteration.
 async fn iterate(
-    app: Arc<App>,
+    ctx: BenchContext,
     provider: Arc<dyn Provider>,
     image: Option<String>,
     probe: Option<String>,
@@ -69,7 +85,7 @@ async fn iterate(
     let mut failure: Option<(String, String)> = None;
     let create = {
         let provider = provider.clone();
-        app.ledger
+        ctx.ledger
             .create_tracked(
                 provider.as_ref(),
                 "bench",
@@ -139,8 +155,8 @@ async fn iterate(
         }
     }
     phases.insert("destroy_called", ms(started.elapsed()));
-    let cleanup = match app.ledger.row(&tracked.berth_id).await {
-        Ok(row) => match app.ledger.destroy_row(provider.as_ref(), &row).await {
+    let cleanup = match ctx.ledger.row(&tracked.berth_id).await {
+        Ok(row) => match ctx.ledger.destroy_row(provider.as_ref(), &row).await {
             Ok(DestroyOutcome::VerifiedGone { .. }) => {
                 phases.insert("destroy_returned", ms(started.elapsed()));
                 match provider.observe(&id).await {
@@ -184,25 +200,28 @@ fn summary(mut samples: Vec<f64>, what: &str) -> Value {
     if samples.is_empty() {
         return json!(format!("UNKNOWN(no iteration reached {what})"));
     }
-    samples.sort_by(f64::total_cmp);
-    let rank =
-        |p: f64| samples[((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1];
+    let mut rank = |p: f64| crate::stats::percentile(&mut samples, p);
     json!({ "median": rank(0.5), "p95": rank(0.95), "p99": rank(0.99), "n": samples.len() })
 }
 
-async fn run_provider(app: &Arc<App>, id: &str, args: &BenchArgs, iterations: usize) -> Value {
-    let provider = match app.provider(id) {
+async fn run_provider(
+    ctx: &BenchContext,
+    id: &str,
+    args: &LifecycleOptions,
+    iterations: usize,
+) -> Value {
+    let provider = match ctx.provider(id) {
         Ok(provider) => provider,
         Err(err) => {
             return json!({ "provider": id, "mode": args.mode, "skipped": true, "skipReason": err.to_string() })
         }
     };
-    let probe_token = format!("probe-{}", app.ledger.run_id());
+    let probe_token = format!("probe-{}", ctx.ledger.run_id());
     let started = Instant::now();
     let mut results: Vec<Iteration> = Vec::new();
     // The first iteration plants the probe; the rest check it.
     let first = iterate(
-        app.clone(),
+        ctx.clone(),
         provider.clone(),
         args.image.clone(),
         Some(probe_token.clone()),
@@ -222,7 +241,7 @@ async fn run_provider(app: &Arc<App>, id: &str, args: &BenchArgs, iterations: us
                 tokio::time::sleep(Duration::from_millis(args.stagger_ms)).await;
             }
             set.spawn(iterate(
-                app.clone(),
+                ctx.clone(),
                 provider.clone(),
                 args.image.clone(),
                 Some(probe_token.clone()),
@@ -297,11 +316,11 @@ fn cell(value: &Value) -> String {
 }
 
 /// `berth bench PROVIDER…`.
-pub async fn bench(app: Arc<App>, args: BenchArgs) -> Result<i32> {
+pub async fn bench(ctx: BenchContext, args: LifecycleOptions) -> Result<Report> {
     let iterations = args.iterations.unwrap_or(10).max(1);
     let mut results = Vec::new();
     for id in &args.providers {
-        results.push(run_provider(&app, id, &args, iterations).await);
+        results.push(run_provider(&ctx, id, &args, iterations).await);
     }
     let doc = json!({
         "version": "berth.bench/v1",
@@ -317,11 +336,9 @@ pub async fn bench(app: Arc<App>, args: BenchArgs) -> Result<i32> {
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&doc)? + "\n")?;
     }
-    if app.json {
-        emit("bench", doc);
-        return Ok(code::OK);
-    }
-    println!(
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
         "{:<10} {:<10} {:>4} {:>8}  {:<28} {:<28} {:<10} reuse",
         "provider",
         "mode",
@@ -333,14 +350,16 @@ pub async fn bench(app: Arc<App>, args: BenchArgs) -> Result<i32> {
     );
     for r in doc["results"].as_array().expect("results") {
         if r["skipped"] == true {
-            println!(
+            let _ = writeln!(
+                text,
                 "{:<10} skipped: {}",
                 r["provider"].as_str().unwrap_or(""),
                 r["skipReason"].as_str().unwrap_or("")
             );
             continue;
         }
-        println!(
+        let _ = writeln!(
+            text,
             "{:<10} {:<10} {:>4} {:>7.0}%  {:<28} {:<28} {:<10} {}",
             r["provider"].as_str().unwrap_or(""),
             r["mode"].as_str().unwrap_or(""),
@@ -362,5 +381,5 @@ pub async fn bench(app: Arc<App>, args: BenchArgs) -> Result<i32> {
             }
         );
     }
-    Ok(code::OK)
+    Ok(Report { json: doc, text })
 }

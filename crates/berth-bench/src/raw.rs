@@ -16,18 +16,27 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use std::fmt::Write as _;
+
+use crate::{bail, BenchContext, BenchError, Report, Result, WithContext};
+
+/// What to measure (`berth bench P --raw`).
+#[derive(Debug, Clone)]
+pub struct RawOptions {
+    /// Exactly one provider.
+    pub providers: Vec<String>,
+    /// Samples per measurement (default 200).
+    pub iterations: Option<usize>,
+    /// Image for providers that need one.
+    pub image: Option<String>,
+}
 use berth_contract::{ExecRequest, NativeId, Provider};
 use berth_provider_docker::Engine;
 use hyper::Method;
 use serde::Serialize;
 use serde_json::json;
 
-use super::sandbox::destroy_tracked;
-use crate::app::App;
-use crate::cli::BenchArgs;
-use crate::errors::{code, CliError};
-use crate::output::emit;
+use crate::destroy_tracked;
 
 /// Exec targets over the raw substrate (median), from the issues: host ≤ 2 ms over a raw spawn,
 /// bwrap ≤ 3 ms over a raw bwrap; docker: an absolute ≤ 5 ms round trip.
@@ -57,14 +66,13 @@ struct Summary {
 }
 
 fn summarize(samples: &mut [Duration]) -> Summary {
-    samples.sort();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let rank = |p: f64| ((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    let at = |ms: &mut Vec<f64>, p: f64| crate::stats::percentile(ms, p).unwrap_or(f64::NAN);
     Summary {
-        n: samples.len(),
-        median_ms: ms(samples[rank(0.5)]),
-        p95_ms: ms(samples[rank(0.95)]),
-        min_ms: ms(samples[0]),
+        n: ms.len(),
+        median_ms: at(&mut ms, 0.5),
+        p95_ms: at(&mut ms, 0.95),
+        min_ms: ms.first().copied().unwrap_or(f64::NAN),
     }
 }
 
@@ -96,20 +104,21 @@ enum Raw {
 }
 
 impl Raw {
-    fn for_provider(id: &str, image: Option<&str>, app: &App) -> Result<Raw> {
+    fn for_provider(id: &str, image: Option<&str>, ctx: &BenchContext) -> Result<Raw> {
         Ok(match id {
             // bwrap run directly as the calling user (as root: without Berth's unprivileged
             // entry), with the arguments Berth would give it.
             "bwrap" => Raw::Bwrap(berth_provider_bwrap::Bwrap::direct()?),
             "docker" => {
                 let image = image.ok_or_else(|| {
-                    CliError::invalid(
-                        "bench docker needs --image",
-                        "e.g. `berth bench docker --image berth/agent:bookworm`",
+                    BenchError::Invalid(
+                        "bench docker needs --image (e.g. `berth bench docker --image \
+                         berth/agent:bookworm`)"
+                            .into(),
                     )
                 })?;
                 let socket = berth_provider_docker::engine::socket_from_docker_host(
-                    app.config.env.get("DOCKER_HOST"),
+                    ctx.provider_config.env.get("DOCKER_HOST"),
                 )?;
                 Raw::Docker {
                     engine: Engine::new(&socket),
@@ -162,7 +171,12 @@ impl Raw {
     }
 
     /// The raw counterpart of a sandbox: a directory, or a plain container of the same image.
-    async fn make_target(&self, root: &std::path::Path, n: usize, app: &App) -> Result<String> {
+    async fn make_target(
+        &self,
+        root: &std::path::Path,
+        n: usize,
+        ctx: &BenchContext,
+    ) -> Result<String> {
         match self {
             Raw::Docker { engine, image } => {
                 let name = format!("berth-bench-raw-{}-{n}", std::process::id());
@@ -171,8 +185,8 @@ impl Raw {
                     "Image": image,
                     "Cmd": ["sleep", "infinity"],
                     "Labels": {
-                        "berth.owner": app.ledger.owner(),
-                        "berth.run": app.ledger.run_id(),
+                        "berth.owner": ctx.ledger.owner(),
+                        "berth.run": ctx.ledger.run_id(),
                         "berth.ledger": format!("bench-raw-{n}"),
                         "berth.sandbox": name,
                     },
@@ -273,12 +287,12 @@ async fn berth_exec(provider: &dyn Provider, id: &NativeId) -> Result<Duration> 
 }
 
 async fn berth_create(
-    app: &App,
+    ctx: &BenchContext,
     provider: &std::sync::Arc<dyn Provider>,
     image: Option<&str>,
 ) -> Result<berth_ledger::Tracked> {
     let image = image.map(str::to_owned);
-    Ok(app
+    Ok(ctx
         .ledger
         .create_tracked(
             provider.as_ref(),
@@ -294,30 +308,28 @@ async fn berth_create(
 }
 
 /// `berth bench PROVIDER --raw`.
-pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
+pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     let [provider_id] = args.providers.as_slice() else {
-        return Err(CliError::invalid(
-            "`--raw` measures one provider at a time",
-            "e.g. `berth bench host --raw`",
-        )
-        .into());
+        return Err(BenchError::Invalid(
+            "`--raw` measures one provider at a time (e.g. `berth bench host --raw`)".into(),
+        ));
     };
     let iterations = args.iterations.unwrap_or(200).max(5);
-    let provider = app.provider(provider_id)?;
-    let raw = Raw::for_provider(provider_id, args.image.as_deref(), app)?;
+    let provider = ctx.provider(provider_id)?;
+    let raw = Raw::for_provider(provider_id, args.image.as_deref(), ctx)?;
     let scratch = tempfile::Builder::new()
         .prefix("berth-bench-raw-")
-        .tempdir_in(&app.config.home)?;
+        .tempdir_in(&ctx.home)?;
     let image = args.image.as_deref();
 
     // Exec round trip on one live sandbox and one raw target; docker also against its own bare
     // supervisor exchange; and the CLI as a whole process.
-    let tracked = berth_create(app, &provider, image).await?;
+    let tracked = berth_create(ctx, &provider, image).await?;
     let id = NativeId(tracked.native_id.clone());
-    let target = raw.make_target(scratch.path(), 0, app).await?;
+    let target = raw.make_target(scratch.path(), 0, ctx).await?;
     let bare = match provider_id.as_str() {
         "docker" => {
-            let docker = berth_factory::docker(&app.provider_config)?;
+            let docker = berth_factory::docker(&ctx.provider_config)?;
             let socket = docker.supervisor_socket(&id).await?;
             Some((docker, socket))
         }
@@ -340,12 +352,17 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
         }
         let own =
             (!bare_samples.is_empty()).then(|| compare(&mut berth.clone(), &mut bare_samples));
-        let cli = cli_exec(&tracked.berth_id, (iterations / 4).clamp(5, 50))?;
-        anyhow::Ok((compare(&mut berth, &mut raw_samples), own, cli))
+        let cli = cli_exec(
+            &ctx.berth,
+            &ctx.home,
+            &tracked.berth_id,
+            (iterations / 4).clamp(5, 50),
+        )?;
+        Ok::<_, crate::BenchError>((compare(&mut berth, &mut raw_samples), own, cli))
     }
     .await;
     raw.remove_target(&target).await?;
-    destroy_tracked(app, provider.as_ref(), &tracked).await?;
+    destroy_tracked(ctx, provider.as_ref(), &tracked).await?;
     let (exec, own_exec, cli) = measured.context("exec round trip")?;
 
     // Full cycle: create (durable ledger intent + record) → ready → first exec → destroy
@@ -354,18 +371,18 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
     let (mut berth_cycle, mut raw_cycle, mut bare_cycle) = (Vec::new(), Vec::new(), Vec::new());
     for n in 0..cycles {
         let started = Instant::now();
-        let target = raw.make_target(scratch.path(), n + 1, app).await?;
+        let target = raw.make_target(scratch.path(), n + 1, ctx).await?;
         raw.exec(&target).await?;
         raw.remove_target(&target).await?;
         raw_cycle.push(started.elapsed());
 
         let started = Instant::now();
-        let tracked = berth_create(app, &provider, image).await?;
+        let tracked = berth_create(ctx, &provider, image).await?;
         berth_exec(provider.as_ref(), &NativeId(tracked.native_id.clone())).await?;
-        destroy_tracked(app, provider.as_ref(), &tracked).await?;
+        destroy_tracked(ctx, provider.as_ref(), &tracked).await?;
         berth_cycle.push(started.elapsed());
 
-        bare_cycle.push(bare_cycle_once(app, &provider, image, n).await?);
+        bare_cycle.push(bare_cycle_once(ctx, &provider, image, n).await?);
     }
     let cycle = compare(&mut berth_cycle.clone(), &mut raw_cycle);
     let own_cycle = compare(&mut berth_cycle, &mut bare_cycle);
@@ -381,86 +398,104 @@ pub async fn bench(app: &App, args: BenchArgs) -> Result<i32> {
         .map(|c| c.overhead_median_ms <= OWN_EXEC_OVERHEAD_MS);
     let own_cycle_meets = own_cycle.ratio_median <= OWN_CYCLE_RATIO;
     let cli_meets = cli.median_ms <= CLI_EXEC_MS;
-    if app.json {
-        emit(
-            "bench",
-            json!({
-                "provider": provider_id,
-                "exec_round_trip": exec,
-                "exec_target": { target_kind: target_ms, "met": exec_meets },
-                "create_exec_destroy_cycle": cycle,
-                "cycle_target": cycle_meets.map(|met| json!({ "ratio": DOCKER_CYCLE_RATIO, "met": met })),
-                "own_mechanism": {
-                    "exec": own_exec,
-                    "exec_target": own_exec.as_ref().map(|_| json!({ "overhead_ms": OWN_EXEC_OVERHEAD_MS, "met": own_exec_meets })),
-                    "cycle": own_cycle,
-                    "cycle_target": { "ratio": OWN_CYCLE_RATIO, "met": own_cycle_meets },
-                },
-                "cli_process": { "exec": cli, "target": { "median_ms": CLI_EXEC_MS, "met": cli_meets } },
-                "notes": "raw = the mechanism other tools use (host: spawn `true`; bwrap: the same bwrap binary with the provider's exact arguments; docker: Engine API exec create/start/inspect, cycle = API create/start/exec/force-delete): a comparison, not Berth's overhead. own_mechanism = Berth's overhead over its own mechanism (docker exec: the same supervisor frames straight to the socket, no checks; cycle: the same adapter calls without the durable ledger). cli_process = `berth exec ID -- true` as a whole process.",
-            }),
-        );
-    } else {
+    let doc = json!({
+        "provider": provider_id,
+        "exec_round_trip": exec,
+        "exec_target": { target_kind: target_ms, "met": exec_meets },
+        "create_exec_destroy_cycle": cycle,
+        "cycle_target": cycle_meets.map(|met| json!({ "ratio": DOCKER_CYCLE_RATIO, "met": met })),
+        "own_mechanism": {
+            "exec": own_exec,
+            "exec_target": own_exec.as_ref().map(|_| json!({ "overhead_ms": OWN_EXEC_OVERHEAD_MS, "met": own_exec_meets })),
+            "cycle": own_cycle,
+            "cycle_target": { "ratio": OWN_CYCLE_RATIO, "met": own_cycle_meets },
+        },
+        "cli_process": { "exec": cli, "target": { "median_ms": CLI_EXEC_MS, "met": cli_meets } },
+        "notes": "raw = the mechanism other tools use (host: spawn `true`; bwrap: the same bwrap binary with the provider's exact arguments; docker: Engine API exec create/start/inspect, cycle = API create/start/exec/force-delete): a comparison, not Berth's overhead. own_mechanism = Berth's overhead over its own mechanism (docker exec: the same supervisor frames straight to the socket, no checks; cycle: the same adapter calls without the durable ledger). cli_process = `berth exec ID -- true` as a whole process.",
+    });
+    let mut text = String::new();
+    {
         let line = |name: &str, c: &Comparison| {
-            println!(
+            format!(
                 "{name:<28} berth median {:>8.3} ms p95 {:>8.3} ms (n={}) | raw median {:>8.3} ms p95 {:>8.3} ms (n={}) | ratio {:.2}x, overhead {:+.3} ms",
                 c.berth.median_ms, c.berth.p95_ms, c.berth.n, c.raw.median_ms, c.raw.p95_ms, c.raw.n,
                 c.ratio_median, c.overhead_median_ms
             )
         };
         let verdict = |met: bool| if met { "met" } else { "NOT met" };
-        println!(
+        let _ = writeln!(
+            text,
             "-- Berth's overhead over its own mechanism (the same work without Berth's layers)"
         );
         if let Some(own) = &own_exec {
-            println!("   (raw = the same supervisor frames sent straight to the socket)");
-            line("exec `true` round trip", own);
-            println!(
+            let _ = writeln!(
+                text,
+                "   (raw = the same supervisor frames sent straight to the socket)"
+            );
+            let _ = writeln!(text, "{}", line("exec `true` round trip", own));
+            let _ = writeln!(
+                text,
                 "target: exec overhead ≤ {OWN_EXEC_OVERHEAD_MS} ms over the bare supervisor exchange (median): {}",
                 verdict(own_exec_meets == Some(true))
             );
         }
-        println!("   (raw = the same adapter calls without the durable ledger)");
-        line("create→exec→destroy cycle", &own_cycle);
-        println!(
+        let _ = writeln!(
+            text,
+            "   (raw = the same adapter calls without the durable ledger)"
+        );
+        let _ = writeln!(text, "{}", line("create→exec→destroy cycle", &own_cycle));
+        let _ = writeln!(
+            text,
             "target: cycle ≤ {OWN_CYCLE_RATIO}× the same calls without the ledger (median): {}",
             verdict(own_cycle_meets)
         );
-        println!("-- compared with the mechanism other tools use (not Berth's overhead)");
-        line("exec `true` round trip", &exec);
-        line("create→exec→destroy cycle", &cycle);
-        match target_kind {
-            "round_trip_ms" => println!(
+        let _ = writeln!(
+            text,
+            "-- compared with the mechanism other tools use (not Berth's overhead)"
+        );
+        let _ = writeln!(text, "{}", line("exec `true` round trip", &exec));
+        let _ = writeln!(text, "{}", line("create→exec→destroy cycle", &cycle));
+        let _ = match target_kind {
+            "round_trip_ms" => writeln!(
+                text,
                 "target: exec round trip ≤ {target_ms} ms (median): {}",
                 verdict(exec_meets)
             ),
-            _ => println!(
+            _ => writeln!(
+                text,
                 "target: exec overhead ≤ {target_ms} ms over the raw substrate (median): {}",
                 verdict(exec_meets)
             ),
-        }
+        };
         if let Some(met) = cycle_meets {
-            println!("target: create→first exec→destroy ≤ {DOCKER_CYCLE_RATIO}× the raw API sequence (median): {}", verdict(met));
+            let _ = writeln!(text, "target: create→first exec→destroy ≤ {DOCKER_CYCLE_RATIO}× the raw API sequence (median): {}", verdict(met));
         }
-        println!("-- the CLI as a whole process (what a user pays)");
-        println!(
+        let _ = writeln!(text, "-- the CLI as a whole process (what a user pays)");
+        let _ = writeln!(
+            text,
             "{:<28} median {:>8.3} ms p95 {:>8.3} ms (n={})",
             "`berth exec ID -- true`", cli.median_ms, cli.p95_ms, cli.n
         );
-        println!(
+        let _ = writeln!(
+            text,
             "target: `berth exec` ≤ {CLI_EXEC_MS} ms as a process (median): {}",
             verdict(cli_meets)
         );
     }
-    Ok(code::OK)
+    Ok(Report { json: doc, text })
 }
 
 /// `berth exec ID -- true` as a separate process, `n` times (after one warm-up).
-fn cli_exec(berth_id: &str, n: usize) -> Result<Summary> {
-    let exe = std::env::current_exe().context("cannot find the berth binary")?;
+fn cli_exec(
+    exe: &std::path::Path,
+    home: &std::path::Path,
+    berth_id: &str,
+    n: usize,
+) -> Result<Summary> {
     let run = || -> Result<Duration> {
         let started = Instant::now();
-        let status = Command::new(&exe)
+        let status = Command::new(exe)
+            .env("BERTH_HOME", home)
             .args(["exec", berth_id, "--", "true"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -480,7 +515,7 @@ fn cli_exec(berth_id: &str, n: usize) -> Result<Summary> {
 /// The same adapter calls as Berth's cycle — create, exec `true`, destroy — straight on the
 /// adapter, without the ledger's durable rows.
 async fn bare_cycle_once(
-    app: &App,
+    ctx: &BenchContext,
     provider: &std::sync::Arc<dyn Provider>,
     image: Option<&str>,
     n: usize,
@@ -489,8 +524,8 @@ async fn bare_cycle_once(
     let mut req = berth_contract::CreateRequest::new(
         berth_contract::SandboxName(name.clone()),
         berth_contract::Labels {
-            owner: app.ledger.owner().to_owned(),
-            run_id: app.ledger.run_id().to_owned(),
+            owner: ctx.ledger.owner().to_owned(),
+            run_id: ctx.ledger.run_id().to_owned(),
             ledger_token: format!("bare-{n}"),
             expires_at_unix: None,
         },

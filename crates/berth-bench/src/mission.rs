@@ -14,14 +14,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use std::fmt::Write as _;
+
+use crate::{bail, BenchContext, Report, Result, WithContext};
 use berth_contract::{ExecRequest, NativeId, Provider, ProviderExt};
 use berth_mission::authority::MissionState;
 use serde_json::json;
-
-use crate::app::App;
-use crate::errors::code;
-use crate::output::emit;
 
 /// The control-plane target (issue 10): at most 5 ms per attempt (median).
 const TARGET_OVERHEAD_MS: f64 = 5.0;
@@ -56,15 +54,13 @@ evidence = [".berth-out"]
     Ok(file)
 }
 
+/// Median and p95 of at least one sample.
 fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    crate::stats::median(samples).unwrap_or(f64::NAN)
 }
 
 fn p95(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let rank = ((0.95 * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
-    samples[rank]
+    crate::stats::percentile(samples, 0.95).unwrap_or(f64::NAN)
 }
 
 async fn sh(provider: &dyn Provider, id: &NativeId, line: &str, cwd: Option<&str>) -> Result<()> {
@@ -89,7 +85,7 @@ async fn stage(provider: &dyn Provider, id: &NativeId, commit: &str) -> Result<(
 
 /// The provider operations of one attempt, without the control plane.
 async fn raw_attempt(
-    app: &App,
+    ctx: &BenchContext,
     provider: &Arc<dyn Provider>,
     bundle: &[u8],
     base: &str,
@@ -97,8 +93,8 @@ async fn raw_attempt(
 ) -> Result<Duration> {
     let started = Instant::now();
     let labels = berth_contract::Labels {
-        owner: app.ledger.owner().to_owned(),
-        run_id: app.ledger.run_id().to_owned(),
+        owner: ctx.ledger.owner().to_owned(),
+        run_id: ctx.ledger.run_id().to_owned(),
         ledger_token: format!("raw-{n}"),
         expires_at_unix: None,
     };
@@ -158,8 +154,8 @@ async fn raw_attempt(
 
 /// One attempt through the mission pipeline. Registration (bundling the repository) is not part
 /// of an attempt and is not timed.
-async fn mission_attempt(app: &App, file: &Path) -> Result<Duration> {
-    let orch = super::mission::orchestrator(app);
+async fn mission_attempt(ctx: &BenchContext, file: &Path) -> Result<Duration> {
+    let orch = crate::orchestrator(ctx);
     let id = orch.create(file).await?;
     let started = Instant::now();
     let state = orch.run(&id, &mut |_| {}).await?;
@@ -170,28 +166,28 @@ async fn mission_attempt(app: &App, file: &Path) -> Result<Duration> {
 }
 
 /// `berth mission bench`.
-pub async fn bench(app: Arc<App>, attempts: usize, concurrency: Vec<usize>) -> Result<i32> {
+pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) -> Result<Report> {
     let attempts = attempts.max(3);
     let scratch = tempfile::Builder::new()
         .prefix("berth-mission-bench-")
-        .tempdir_in(&app.config.home)?;
+        .tempdir_in(&ctx.home)?;
     let file = write_fixture(scratch.path())?;
-    let provider = app.provider("host")?;
+    let provider = ctx.provider("host")?;
     // The raw path stages the same kind of bundle the mission makes.
-    let probe = super::mission::orchestrator(&app).create(&file).await?;
-    let (spec, _, _) = super::mission::orchestrator(&app).load(&probe).await?;
+    let probe = crate::orchestrator(&ctx).create(&file).await?;
+    let (spec, _, _) = crate::orchestrator(&ctx).load(&probe).await?;
     let bundle = std::fs::read(&spec.base_bundle).context("read the bench bundle")?;
     let base = spec.base_commit.clone();
 
     let (mut raw, mut through) = (Vec::new(), Vec::new());
     for n in 0..attempts {
         raw.push(
-            raw_attempt(&app, &provider, &bundle, &base, n)
+            raw_attempt(&ctx, &provider, &bundle, &base, n)
                 .await?
                 .as_secs_f64()
                 * 1000.0,
         );
-        through.push(mission_attempt(&app, &file).await?.as_secs_f64() * 1000.0);
+        through.push(mission_attempt(&ctx, &file).await?.as_secs_f64() * 1000.0);
     }
     // Raw and mission attempts alternate; the overhead is the median of each pair's difference
     // (robust to the machine's drift during the run, unlike a difference of two medians).
@@ -207,9 +203,9 @@ pub async fn bench(app: Arc<App>, attempts: usize, concurrency: Vec<usize>) -> R
         let mut failures = 0;
         while launched < total || !set.is_empty() {
             while launched < total && set.len() < level {
-                let app = app.clone();
+                let ctx = ctx.clone();
                 let file = file.clone();
-                set.spawn(async move { mission_attempt(&app, &file).await });
+                set.spawn(async move { mission_attempt(&ctx, &file).await });
                 launched += 1;
             }
             if let Some(done) = set.join_next().await {
@@ -237,22 +233,24 @@ pub async fn bench(app: Arc<App>, attempts: usize, concurrency: Vec<usize>) -> R
         "meets_target": overhead <= TARGET_OVERHEAD_MS,
         "throughput": levels,
     });
-    if app.json {
-        emit("mission bench", doc);
-    } else {
-        println!(
+    let mut text = String::new();
+    {
+        let _ = writeln!(
+            text,
             "attempt (no-op agent, host): mission median {:.1} ms p95 {:.1} | raw provider ops median {:.1} ms p95 {:.1} (n={attempts})",
             doc["attempt_ms"]["mission_median"].as_f64().unwrap_or(f64::NAN),
             doc["attempt_ms"]["mission_p95"].as_f64().unwrap_or(f64::NAN),
             doc["attempt_ms"]["raw_median"].as_f64().unwrap_or(f64::NAN),
             doc["attempt_ms"]["raw_p95"].as_f64().unwrap_or(f64::NAN),
         );
-        println!(
+        let _ = writeln!(
+            text,
             "control-plane overhead per attempt (median of paired differences): {overhead:.1} ms — target ≤ {TARGET_OVERHEAD_MS} ms: {}",
             if overhead <= TARGET_OVERHEAD_MS { "met" } else { "NOT met" }
         );
         for level in &levels {
-            println!(
+            let _ = writeln!(
+                text,
                 "concurrency {:>3}: {} attempts, {} accepted, {:.1} accepted attempts/s",
                 level["concurrency"],
                 level["attempts"],
@@ -261,5 +259,5 @@ pub async fn bench(app: Arc<App>, attempts: usize, concurrency: Vec<usize>) -> R
             );
         }
     }
-    Ok(code::OK)
+    Ok(Report { json: doc, text })
 }
