@@ -13,6 +13,7 @@
 //! - **Gone means observed gone.** A row becomes `verified_gone` only when the provider's
 //!   destroy verified it or observe says absent. `Accepted` keeps the row open.
 
+use berth_store::LedgerStore as _;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::time::Duration;

@@ -1,5 +1,6 @@
 //! Ledger tests against the real host provider and a real SQLite store.
 
+use berth_store::LedgerStore as _;
 use std::sync::Arc;
 
 use berth_contract::{

@@ -1,5 +1,6 @@
 //! The attempt's named steps: one per durable phase, each ending in one transaction.
 
+use berth_store::LedgerStore as _;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,14 +1,14 @@
-//! Ledger rows.
+//! Ledger rows and the store contract every backend implements ([`LedgerStore`]). The
+//! SQLite implementation is `crate::sqlite`; [`contract`] is the suite any backend must pass.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::Row;
 
-use crate::{Store, StoreError};
+use crate::StoreError;
 
 /// Where a ledger row stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -155,59 +155,6 @@ impl ResourceKind {
     }
 }
 
-fn ts(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-fn parse_ts(field: &str, text: Option<String>) -> Result<Option<DateTime<Utc>>, StoreError> {
-    text.map(|t| {
-        DateTime::parse_from_rfc3339(&t)
-            .map(|d| d.with_timezone(&Utc))
-            .map_err(|_| StoreError::Corrupt(format!("{field} `{t}` is not RFC 3339")))
-    })
-    .transpose()
-}
-
-fn query_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Query { what, source }
-}
-
-fn row_to_ledger(row: sqlx::sqlite::SqliteRow) -> Result<LedgerRow, StoreError> {
-    let get = |name: &str| -> Result<String, StoreError> {
-        row.try_get::<String, _>(name)
-            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
-    };
-    let opt = |name: &str| -> Result<Option<String>, StoreError> {
-        row.try_get::<Option<String>, _>(name)
-            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
-    };
-    let labels: BTreeMap<String, String> = serde_json::from_str(&get("labels_json")?)
-        .map_err(|e| StoreError::Corrupt(format!("labels_json: {e}")))?;
-    Ok(LedgerRow {
-        berth_id: get("berth_id")?,
-        provider: get("provider")?,
-        native_id: opt("native_id")?,
-        owner: get("owner")?,
-        run_id: get("run_id")?,
-        ledger_token: get("ledger_token")?,
-        labels,
-        origin: get("origin")?,
-        kind: match get("kind")?.as_str() {
-            "snapshot" => ResourceKind::Snapshot,
-            "sandbox" => ResourceKind::Sandbox,
-            other => return Err(StoreError::Corrupt(format!("kind `{other}`"))),
-        },
-        expires_at: parse_ts("expires_at", opt("expires_at")?)?,
-        state: get("state")?.parse()?,
-        created_at: parse_ts("created_at", Some(get("created_at")?))?.expect("some in, some out"),
-        create_returned_at: parse_ts("create_returned_at", opt("create_returned_at")?)?,
-        destroy_requested_at: parse_ts("destroy_requested_at", opt("destroy_requested_at")?)?,
-        verified_gone_at: parse_ts("verified_gone_at", opt("verified_gone_at")?)?,
-        last_error_kind: opt("last_error_kind")?,
-        last_error: opt("last_error")?,
-    })
-}
-
 /// Which rows to list.
 #[derive(Debug, Clone, Default)]
 pub struct LedgerQuery {
@@ -219,180 +166,57 @@ pub struct LedgerQuery {
     pub include_gone: bool,
 }
 
-impl Store {
-    /// Records the intent to create, before any provider call. Durable when this returns, even
-    /// across power loss.
-    pub async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError> {
-        let now = ts(Utc::now());
-        sqlx::query(
-            "INSERT INTO ledger (berth_id, provider, owner, run_id, ledger_token, labels_json, \
-             origin, kind, expires_at, state, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent', ?, ?)",
-        )
-        .bind(&row.berth_id)
-        .bind(&row.provider)
-        .bind(&row.owner)
-        .bind(&row.run_id)
-        .bind(&row.ledger_token)
-        .bind(serde_json::to_string(&row.labels).expect("labels serialize"))
-        .bind(&row.origin)
-        .bind(row.kind.as_str())
-        .bind(row.expires_at.map(ts))
-        .bind(&now)
-        .bind(&now)
-        .execute(self.durable())
-        .await
-        .map_err(query_err("record create intent"))?;
-        Ok(())
-    }
-
+/// What the ledger needs from durable storage, typed: rows in, rows out. The SQLite [`crate::Store`]
+/// implements it; a PostgreSQL backend is one more implementation passing [`contract`]:
+///
+/// - an intent is durable (across power loss) when `ledger_insert_intent` returns, and a second
+///   intent under the same `berth_id` is refused;
+/// - updates of a row that does not exist fail with [`StoreError::NotFound`] naming it;
+/// - `ledger_mark_destroy_requested` keeps the first request time and never moves a verified
+///   gone row back;
+/// - `ledger_retire` frees only a verified-gone name (the row is kept as `NAME~TOKEN`);
+/// - a ledger token is unique across all rows (it proves a resource is this row's);
+/// - `ledger_list` filters by owner and run, hides verified-gone rows unless asked, oldest first.
+#[async_trait::async_trait]
+pub trait LedgerStore: Send + Sync + fmt::Debug {
+    /// Records the intent to create, before any provider call.
+    async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError>;
     /// Records that create returned `native_id`.
-    pub async fn ledger_mark_created(
-        &self,
-        berth_id: &str,
-        native_id: &str,
-    ) -> Result<(), StoreError> {
-        let now = ts(Utc::now());
-        self.update(
-            "record create result",
-            "UPDATE ledger SET state = 'created', native_id = ?, create_returned_at = ?, \
-             updated_at = ? WHERE berth_id = ?",
-            &[Some(native_id), Some(&now), Some(&now), Some(berth_id)],
-        )
-        .await
-    }
-
+    async fn ledger_mark_created(&self, berth_id: &str, native_id: &str) -> Result<(), StoreError>;
     /// Records a failed create (the resource may still exist; a sweep will check).
-    pub async fn ledger_mark_create_failed(
+    async fn ledger_mark_create_failed(
         &self,
         berth_id: &str,
         kind: &str,
         message: &str,
-    ) -> Result<(), StoreError> {
-        let now = ts(Utc::now());
-        self.update(
-            "record create failure",
-            "UPDATE ledger SET state = 'create_failed', create_returned_at = ?, \
-             last_error_kind = ?, last_error = ?, updated_at = ? WHERE berth_id = ?",
-            &[
-                Some(&now),
-                Some(kind),
-                Some(message),
-                Some(&now),
-                Some(berth_id),
-            ],
-        )
-        .await
-    }
-
+    ) -> Result<(), StoreError>;
     /// Records that destroy is about to be called (first request time kept).
-    pub async fn ledger_mark_destroy_requested(&self, berth_id: &str) -> Result<(), StoreError> {
-        let now = ts(Utc::now());
-        self.update(
-            "record destroy request",
-            "UPDATE ledger SET state = CASE WHEN state = 'verified_gone' THEN state \
-             ELSE 'destroy_requested' END, \
-             destroy_requested_at = COALESCE(destroy_requested_at, ?), updated_at = ? \
-             WHERE berth_id = ?",
-            &[Some(&now), Some(&now), Some(berth_id)],
-        )
-        .await
-    }
-
-    /// Frees a name whose resource is verified gone, so it can be created again: the row keeps
-    /// its history under `NAME~TOKEN`. Fails with `NotFound` unless the row is verified gone.
-    pub async fn ledger_retire(&self, berth_id: &str) -> Result<(), StoreError> {
-        let now = ts(Utc::now());
-        self.update(
-            "retire ledger row",
-            "UPDATE ledger SET berth_id = berth_id || '~' || ledger_token, updated_at = ? \
-             WHERE state = 'verified_gone' AND berth_id = ?",
-            &[Some(&now), Some(berth_id)],
-        )
-        .await
-    }
-
-    /// Records a destroy outcome.
-    pub async fn ledger_mark_destroy_result(
+    async fn ledger_mark_destroy_requested(&self, berth_id: &str) -> Result<(), StoreError>;
+    /// Frees a verified-gone name so it can be created again.
+    async fn ledger_retire(&self, berth_id: &str) -> Result<(), StoreError>;
+    /// Records a destroy outcome (an error's kind and message, never a secret value).
+    async fn ledger_mark_destroy_result(
         &self,
         berth_id: &str,
         state: LedgerState,
         error: Option<(&str, &str)>,
-    ) -> Result<(), StoreError> {
-        let now = ts(Utc::now());
-        let gone_at = (state == LedgerState::VerifiedGone).then(|| now.clone());
-        self.update(
-            "record destroy result",
-            // A success keeps the last error (e.g. why create failed) for the record.
-            "UPDATE ledger SET state = ?, verified_gone_at = COALESCE(verified_gone_at, ?), \
-             last_error_kind = COALESCE(?, last_error_kind), \
-             last_error = COALESCE(?, last_error), updated_at = ? WHERE berth_id = ?",
-            &[
-                Some(state.as_str()),
-                gone_at.as_deref(),
-                error.map(|e| e.0),
-                error.map(|e| e.1),
-                Some(&now),
-                Some(berth_id),
-            ],
-        )
-        .await
-    }
-
-    async fn update(
-        &self,
-        what: &'static str,
-        sql: &str,
-        binds: &[Option<&str>],
-    ) -> Result<(), StoreError> {
-        let mut query = sqlx::query(sql);
-        for bind in binds {
-            query = query.bind(*bind);
-        }
-        let done = query.execute(self.pool()).await.map_err(query_err(what))?;
-        if done.rows_affected() == 0 {
-            let id = binds.last().copied().flatten().unwrap_or_default();
-            return Err(StoreError::NotFound(id.to_owned()));
-        }
-        Ok(())
-    }
-
+    ) -> Result<(), StoreError>;
     /// One row.
-    pub async fn ledger_get(&self, berth_id: &str) -> Result<LedgerRow, StoreError> {
-        let row = sqlx::query("SELECT * FROM ledger WHERE berth_id = ?")
-            .bind(berth_id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(query_err("read ledger entry"))?
-            .ok_or_else(|| StoreError::NotFound(berth_id.to_owned()))?;
-        row_to_ledger(row)
-    }
-
+    async fn ledger_get(&self, berth_id: &str) -> Result<LedgerRow, StoreError>;
     /// Rows matching `query`, oldest first.
-    pub async fn ledger_list(&self, query: &LedgerQuery) -> Result<Vec<LedgerRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT * FROM ledger WHERE (?1 IS NULL OR owner = ?1) AND (?2 IS NULL OR run_id = ?2) \
-             AND (?3 OR state != 'verified_gone') ORDER BY created_at, berth_id",
-        )
-        .bind(&query.owner)
-        .bind(&query.run_id)
-        .bind(query.include_gone)
-        .fetch_all(self.pool())
-        .await
-        .map_err(query_err("list ledger"))?;
-        rows.into_iter().map(row_to_ledger).collect()
-    }
+    async fn ledger_list(&self, query: &LedgerQuery) -> Result<Vec<LedgerRow>, StoreError>;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The suite any [`LedgerStore`] backend must pass, each check against a fresh, empty store
+/// from `fresh`. Panics (with what broke) on the first violation.
+pub mod contract {
+    use std::collections::BTreeMap;
+    use std::future::Future;
 
-    async fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("berth.db")).await.unwrap();
-        (dir, store)
-    }
+    use chrono::Utc;
+
+    use super::{LedgerQuery, LedgerState, LedgerStore, NewLedgerRow};
+    use crate::StoreError;
 
     fn new_row(id: &str, owner: &str) -> NewLedgerRow {
         NewLedgerRow {
@@ -408,13 +232,20 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn row_walks_through_its_states() {
-        let (_dir, store) = store().await;
-        assert_eq!(
-            store.schema_version().await.unwrap(),
-            Store::latest_schema_version()
-        );
+    /// Runs every check.
+    pub async fn run<S, F, Fut>(fresh: F)
+    where
+        S: LedgerStore,
+        F: Fn() -> Fut,
+        Fut: Future<Output = S>,
+    {
+        row_walks_through_its_states(&fresh().await).await;
+        list_filters_by_owner_and_hides_gone_rows(&fresh().await).await;
+        duplicates_and_missing_rows_are_errors(&fresh().await).await;
+        retire_frees_only_verified_gone_names(&fresh().await).await;
+    }
+
+    async fn row_walks_through_its_states(store: &dyn LedgerStore) {
         store
             .ledger_insert_intent(&new_row("bx-1", "alice"))
             .await
@@ -429,6 +260,7 @@ mod tests {
         assert_eq!(row.native_id.as_deref(), Some("native-1"));
         store.ledger_mark_destroy_requested("bx-1").await.unwrap();
         let first_request = store.ledger_get("bx-1").await.unwrap().destroy_requested_at;
+        assert!(first_request.is_some());
         store.ledger_mark_destroy_requested("bx-1").await.unwrap();
         assert_eq!(
             store.ledger_get("bx-1").await.unwrap().destroy_requested_at,
@@ -436,30 +268,41 @@ mod tests {
             "first request time is kept"
         );
         store
+            .ledger_mark_destroy_result(
+                "bx-1",
+                LedgerState::DestroyFailed,
+                Some(("unavailable", "daemon down")),
+            )
+            .await
+            .unwrap();
+        store
             .ledger_mark_destroy_result("bx-1", LedgerState::VerifiedGone, None)
             .await
             .unwrap();
         let row = store.ledger_get("bx-1").await.unwrap();
         assert_eq!(row.state, LedgerState::VerifiedGone);
         assert!(row.verified_gone_at.is_some());
+        assert_eq!(
+            row.last_error.as_deref(),
+            Some("daemon down"),
+            "a success keeps the last error"
+        );
         assert_eq!(row.labels.get("berth.owner").unwrap(), "alice");
+        store.ledger_mark_destroy_requested("bx-1").await.unwrap();
+        assert_eq!(
+            store.ledger_get("bx-1").await.unwrap().state,
+            LedgerState::VerifiedGone,
+            "a verified-gone row never moves back"
+        );
     }
 
-    #[tokio::test]
-    async fn list_filters_by_owner_and_hides_gone_rows() {
-        let (_dir, store) = store().await;
-        store
-            .ledger_insert_intent(&new_row("bx-a", "alice"))
-            .await
-            .unwrap();
-        store
-            .ledger_insert_intent(&new_row("bx-b", "bob"))
-            .await
-            .unwrap();
-        store
-            .ledger_insert_intent(&new_row("bx-c", "alice"))
-            .await
-            .unwrap();
+    async fn list_filters_by_owner_and_hides_gone_rows(store: &dyn LedgerStore) {
+        for (id, owner) in [("bx-a", "alice"), ("bx-b", "bob"), ("bx-c", "alice")] {
+            store
+                .ledger_insert_intent(&new_row(id, owner))
+                .await
+                .unwrap();
+        }
         store
             .ledger_mark_destroy_result("bx-c", LedgerState::VerifiedGone, None)
             .await
@@ -480,12 +323,23 @@ mod tests {
             include_gone: true,
             ..Default::default()
         };
-        assert_eq!(store.ledger_list(&all).await.unwrap().len(), 3);
+        let ids: Vec<_> = store
+            .ledger_list(&all)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.berth_id)
+            .collect();
+        assert_eq!(ids, vec!["bx-a", "bx-b", "bx-c"], "oldest first");
+        let other_run = LedgerQuery {
+            run_id: Some("run-2".into()),
+            include_gone: true,
+            ..Default::default()
+        };
+        assert!(store.ledger_list(&other_run).await.unwrap().is_empty());
     }
 
-    #[tokio::test]
-    async fn duplicate_ids_and_missing_rows_are_errors() {
-        let (_dir, store) = store().await;
+    async fn duplicates_and_missing_rows_are_errors(store: &dyn LedgerStore) {
         store
             .ledger_insert_intent(&new_row("bx-a", "alice"))
             .await
@@ -502,55 +356,54 @@ mod tests {
             matches!(err, StoreError::NotFound(ref id) if id == "bx-missing"),
             "{err}"
         );
+        let err = store.ledger_get("bx-missing").await.unwrap_err();
+        assert!(matches!(err, StoreError::NotFound(_)), "{err}");
     }
 
-    #[tokio::test]
-    async fn rows_survive_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("berth.db");
-        let store = Store::open(&path).await.unwrap();
+    async fn retire_frees_only_verified_gone_names(store: &dyn LedgerStore) {
         store
-            .ledger_insert_intent(&new_row("bx-a", "alice"))
+            .ledger_insert_intent(&new_row("bx-r", "alice"))
             .await
             .unwrap();
-        store.close().await;
-        let reopened = Store::open(&path).await.unwrap();
-        assert_eq!(
-            reopened.ledger_get("bx-a").await.unwrap().state,
-            LedgerState::Intent
+        assert!(
+            matches!(
+                store.ledger_retire("bx-r").await,
+                Err(StoreError::NotFound(_))
+            ),
+            "a live name is not freed"
         );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_first_opens_all_migrate_cleanly() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("berth.db");
-        let mut opens = Vec::new();
-        for _ in 0..8 {
-            let path = path.clone();
-            opens.push(tokio::spawn(
-                async move { Store::open(&path).await.map(|_| ()) },
-            ));
-        }
-        for open in opens {
-            open.await.unwrap().unwrap();
-        }
-    }
-
-    #[tokio::test]
-    async fn a_newer_database_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("berth.db");
-        let store = Store::open(&path).await.unwrap();
-        sqlx::query(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-             VALUES (9999, 'from the future', 1, x'00', 0)",
-        )
-        .execute(store.pool())
-        .await
-        .unwrap();
-        store.close().await;
-        let err = Store::open(&path).await.unwrap_err();
-        assert!(matches!(err, StoreError::Migrate { .. }), "{err}");
+        store
+            .ledger_mark_destroy_result("bx-r", LedgerState::VerifiedGone, None)
+            .await
+            .unwrap();
+        store.ledger_retire("bx-r").await.unwrap();
+        assert!(matches!(
+            store.ledger_get("bx-r").await,
+            Err(StoreError::NotFound(_))
+        ));
+        // The name is free again; every token is unique, so the new row has its own.
+        let mut again = new_row("bx-r", "alice");
+        assert!(
+            store.ledger_insert_intent(&again).await.is_err(),
+            "a ledger token is never reused"
+        );
+        again.ledger_token = "tok-bx-r-2".into();
+        store.ledger_insert_intent(&again).await.unwrap();
+        let all = LedgerQuery {
+            include_gone: true,
+            ..Default::default()
+        };
+        let ids: Vec<_> = store
+            .ledger_list(&all)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.berth_id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec!["bx-r~tok-bx-r", "bx-r"],
+            "history kept under NAME~TOKEN"
+        );
     }
 }

@@ -13,11 +13,14 @@
 //! the families that own them (the ledger crate for ledger rows).
 //!
 //! - [`Store`] — opening, migrating, schema version.
-//! - [`ledger`] — ledger rows ([`LedgerRow`], [`LedgerState`], [`NewLedgerRow`]).
+//! - [`ledger`] — ledger rows ([`LedgerRow`], [`LedgerState`], [`NewLedgerRow`]), the typed
+//!   [`LedgerStore`] contract and its test suite ([`ledger::contract`]); SQLite implements it
+//!   in `sqlite/`.
 //! - [`missions`] — mission records, their event log and attempt facts ([`MissionRow`]).
 
 pub mod ledger;
 pub mod missions;
+mod sqlite;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -26,7 +29,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
-pub use ledger::{LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind};
+pub use ledger::{LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind};
 pub use missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
 
 /// A store operation failed.

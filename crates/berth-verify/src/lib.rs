@@ -2,6 +2,7 @@
 //! (SIGTERM of a `berth run`) and a short lifecycle measurement, live, written as a sealed (or
 //! signed) evidence record. The CLI parses arguments and prints; everything else is here.
 
+use berth_store::LedgerStore as _;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

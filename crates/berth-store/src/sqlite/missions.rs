@@ -1,0 +1,460 @@
+//! The SQLite mission store: [`MissionStore`] for [`Store`].
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use sqlx::Row;
+
+use crate::missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
+use crate::{Store, StoreError};
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn ts(text: &str) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|_| StoreError::Corrupt(format!("timestamp `{text}`")))
+}
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+fn row(r: sqlx::sqlite::SqliteRow) -> Result<MissionRow, StoreError> {
+    let get = |n: &str| {
+        r.try_get::<String, _>(n)
+            .map_err(|e| StoreError::Corrupt(format!("{n}: {e}")))
+    };
+    Ok(MissionRow {
+        id: get("id")?,
+        name: get("name")?,
+        owner: get("owner")?,
+        spec_json: get("spec_json")?,
+        record_json: get("record_json")?,
+        state: get("state")?,
+        seq: r
+            .try_get("seq")
+            .map_err(|e| StoreError::Corrupt(format!("seq: {e}")))?,
+        created_at: ts(&get("created_at")?)?,
+        updated_at: ts(&get("updated_at")?)?,
+    })
+}
+
+#[async_trait::async_trait]
+impl MissionStore for Store {
+    /// Records a new mission.
+    async fn mission_insert(
+        &self,
+        id: &str,
+        name: &str,
+        owner: &str,
+        spec_json: &str,
+        record_json: &str,
+        state: &str,
+    ) -> Result<(), StoreError> {
+        let at = now();
+        sqlx::query(
+            "INSERT INTO missions (id, name, owner, spec_json, record_json, state, seq, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(owner)
+        .bind(spec_json)
+        .bind(record_json)
+        .bind(state)
+        .bind(&at)
+        .bind(&at)
+        .execute(self.durable())
+        .await
+        .map_err(q("record mission"))?;
+        Ok(())
+    }
+
+    /// Appends one event, the record it produced and the attempt facts that explain it, in one
+    /// transaction, if the mission is still at `expected_seq` (optimistic concurrency). Returns
+    /// the new sequence number.
+    async fn mission_lease_acquire(
+        &self,
+        id: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+        steal_from: Option<&str>,
+    ) -> Result<Result<i64, LeaseHeld>, StoreError> {
+        let now = Utc::now();
+        let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let fmt = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let taken = sqlx::query(
+            "UPDATE missions SET lease_holder = ?, lease_fence = lease_fence + 1, lease_expires_at = ? \
+             WHERE id = ? AND (lease_holder IS NULL OR lease_expires_at < ? OR lease_holder = ?) \
+             RETURNING lease_fence",
+        )
+        .bind(holder)
+        .bind(fmt(until))
+        .bind(id)
+        .bind(fmt(now))
+        .bind(steal_from.unwrap_or("\u{0}"))
+        .fetch_optional(self.pool())
+        .await
+        .map_err(q("take mission lease"))?;
+        if let Some(row) = taken {
+            return Ok(Ok(row
+                .try_get("lease_fence")
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?));
+        }
+        let held = sqlx::query("SELECT lease_holder, lease_expires_at FROM missions WHERE id = ?")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read mission lease"))?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        Ok(Err(LeaseHeld {
+            mission: id.to_owned(),
+            holder: held
+                .try_get::<Option<String>, _>("lease_holder")
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+            expires_at: held
+                .try_get::<Option<String>, _>("lease_expires_at")
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+        }))
+    }
+
+    async fn mission_lease_renew(
+        &self,
+        id: &str,
+        fence: i64,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let until = Utc::now() + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let renewed = sqlx::query(
+            "UPDATE missions SET lease_expires_at = ? \
+             WHERE id = ? AND lease_fence = ? AND lease_holder IS NOT NULL",
+        )
+        .bind(until.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .bind(id)
+        .bind(fence)
+        .execute(self.pool())
+        .await
+        .map_err(q("renew mission lease"))?;
+        Ok(renewed.rows_affected() == 1)
+    }
+
+    async fn mission_lease_release(&self, id: &str, fence: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE missions SET lease_holder = NULL, lease_expires_at = NULL \
+             WHERE id = ? AND lease_fence = ?",
+        )
+        .bind(id)
+        .bind(fence)
+        .execute(self.pool())
+        .await
+        .map_err(q("release mission lease"))?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn mission_append(
+        &self,
+        id: &str,
+        expected_seq: i64,
+        fence: Option<i64>,
+        events_json: &[String],
+        record_json: &str,
+        state: &str,
+        facts: &[(&str, &str, String)],
+    ) -> Result<Result<i64, Conflict>, StoreError> {
+        let count = events_json.len() as i64;
+        if count == 0 {
+            return Err(StoreError::Invalid(
+                "an append needs at least one event".into(),
+            ));
+        }
+        let at = now();
+        // A mission's final state is what its runner reports to the user: it survives power
+        // loss. Steps before it are repeatable (see the crate's durability note).
+        let pool = if matches!(state, "running") {
+            self.pool()
+        } else {
+            self.durable()
+        };
+        let mut tx = pool.begin().await.map_err(q("begin transaction"))?;
+        let updated = sqlx::query(
+            "UPDATE missions SET record_json = ?, state = ?, seq = seq + ?, updated_at = ? \
+             WHERE id = ? AND seq = ? AND (? IS NULL OR (lease_fence = ? AND lease_holder IS NOT NULL))",
+        )
+        .bind(record_json)
+        .bind(state)
+        .bind(count)
+        .bind(&at)
+        .bind(id)
+        .bind(expected_seq)
+        .bind(fence)
+        .bind(fence)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("update mission"))?;
+        if updated.rows_affected() == 0 {
+            return Ok(Err(Conflict {
+                mission: id.to_owned(),
+                expected: expected_seq,
+            }));
+        }
+        for (n, event_json) in (1..).zip(events_json) {
+            sqlx::query(
+                "INSERT INTO mission_events (mission_id, seq, event_json, at) VALUES (?, ?, ?, ?)",
+            )
+            .bind(id)
+            .bind(expected_seq + n)
+            .bind(event_json)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("append mission event"))?;
+        }
+        for (attempt_key, kind, detail_json) in facts {
+            sqlx::query(
+                "INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) \
+                 VALUES (?, ?, ?, ?, ?)",
+            )
+            .bind(id)
+            .bind(attempt_key)
+            .bind(kind)
+            .bind(detail_json)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("record attempt fact"))?;
+        }
+        tx.commit().await.map_err(q("commit mission event"))?;
+        Ok(Ok(expected_seq + count))
+    }
+
+    /// One mission.
+    async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
+        let found = sqlx::query("SELECT * FROM missions WHERE id = ?")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read mission"))?
+            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
+        row(found)
+    }
+
+    /// This owner's missions, newest first.
+    async fn mission_list(&self, owner: &str) -> Result<Vec<MissionRow>, StoreError> {
+        sqlx::query("SELECT * FROM missions WHERE owner = ? ORDER BY created_at DESC, id")
+            .bind(owner)
+            .fetch_all(self.pool())
+            .await
+            .map_err(q("list missions"))?
+            .into_iter()
+            .map(row)
+            .collect()
+    }
+
+    /// The event log of a mission, in order.
+    async fn mission_events(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, event_json, at FROM mission_events WHERE mission_id = ? ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("read mission events"))?;
+        rows.into_iter()
+            .map(|r| {
+                let at: String = r
+                    .try_get("at")
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok((
+                    r.try_get("seq")
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    r.try_get("event_json")
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    ts(&at)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Every fact of a mission's attempts, in order.
+    async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
+        let rows = sqlx::query("SELECT attempt_key, kind, detail_json, at FROM attempt_facts WHERE mission_id = ? ORDER BY rowid")
+            .bind(mission)
+            .fetch_all(self.pool())
+            .await
+            .map_err(q("read attempt facts"))?;
+        rows.into_iter()
+            .map(|r| {
+                let get = |n: &str| {
+                    r.try_get::<String, _>(n)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))
+                };
+                Ok(AttemptFact {
+                    attempt_key: get("attempt_key")?,
+                    kind: get("kind")?,
+                    detail_json: get("detail_json")?,
+                    at: ts(&get("at")?)?,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn events_append_atomically_with_optimistic_concurrency() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
+        store
+            .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
+            .await
+            .unwrap();
+        let seq = store
+            .mission_append(
+                "m1",
+                0,
+                None,
+                &["{\"e\":1}".into()],
+                "{\"v\":1}",
+                "running",
+                &[("at-1", "agent", "{}".into())],
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seq, 1);
+        // A stale writer loses and changes nothing.
+        let stale = store
+            .mission_append(
+                "m1",
+                0,
+                None,
+                &["{\"e\":2}".into()],
+                "{\"v\":2}",
+                "running",
+                &[("at-1", "lost", "{}".into())],
+            )
+            .await
+            .unwrap();
+        assert!(stale.is_err());
+        let row = store.mission_get("m1").await.unwrap();
+        assert_eq!((row.seq, row.record_json.as_str()), (1, "{\"v\":1}"));
+        assert_eq!(store.mission_events("m1").await.unwrap().len(), 1);
+        let facts = store.attempt_facts("m1").await.unwrap();
+        assert_eq!(facts.len(), 1, "the stale writer's fact was not stored");
+        assert_eq!(facts[0].kind, "agent");
+        assert_eq!(store.mission_list("alice").await.unwrap().len(), 1);
+        assert!(store.mission_list("bob").await.unwrap().is_empty());
+    }
+
+    /// The service sees the store only through the trait a PostgreSQL backend will implement.
+    #[tokio::test]
+    async fn the_trait_carries_the_same_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = Store::open(&dir.path().join("b.db")).await.unwrap();
+        let store: &dyn MissionStore = &sqlite;
+        store
+            .mission_insert("m", "n", "o", "{}", "{}", "running")
+            .await
+            .unwrap();
+        let first = store
+            .mission_append("m", 0, None, &["{}".into()], "{\"a\":1}", "running", &[])
+            .await
+            .unwrap();
+        assert_eq!(first.unwrap(), 1);
+        let stale = store
+            .mission_append("m", 0, None, &["{}".into()], "{\"a\":2}", "failed", &[])
+            .await
+            .unwrap();
+        assert!(stale.is_err());
+        assert_eq!(store.mission_get("m").await.unwrap().state, "running");
+        assert_eq!(store.mission_events("m").await.unwrap().len(), 1);
+        assert!(matches!(
+            store.mission_get("nope").await,
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn one_lease_holder_and_a_fenced_out_writer_changes_nothing() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
+        store
+            .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        let first = store
+            .mission_lease_acquire("m1", "a", ttl, None)
+            .await
+            .unwrap()
+            .unwrap();
+        let held = store
+            .mission_lease_acquire("m1", "b", ttl, None)
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(held.holder, "a");
+        // A holder proved dead can be replaced at once; its fence no longer writes.
+        let second = store
+            .mission_lease_acquire("m1", "b", ttl, Some("a"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(second > first);
+        assert!(!store.mission_lease_renew("m1", first, ttl).await.unwrap());
+        let stale = store
+            .mission_append(
+                "m1",
+                0,
+                Some(first),
+                &["{}".into()],
+                "{\"v\":1}",
+                "running",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert!(stale.is_err(), "a fenced-out runner appended");
+        let ok = store
+            .mission_append(
+                "m1",
+                0,
+                Some(second),
+                &["{}".into()],
+                "{\"v\":1}",
+                "running",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(ok.unwrap(), 1);
+        assert!(store.mission_lease_renew("m1", second, ttl).await.unwrap());
+        store.mission_lease_release("m1", second).await.unwrap();
+        // Released: free for the next runner; a lapsed lease is free too.
+        let third = store
+            .mission_lease_acquire("m1", "c", Duration::from_millis(1), None)
+            .await
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let fourth = store
+            .mission_lease_acquire("m1", "d", ttl, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(fourth > third);
+    }
+}
