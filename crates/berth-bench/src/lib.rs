@@ -40,6 +40,37 @@ pub struct BenchContext {
     pub home: PathBuf,
     /// The `berth` executable, for the CLI-as-a-process measurement.
     pub berth: PathBuf,
+    /// Told what is being measured as the work goes (a terminal's progress line).
+    pub progress: ProgressHook,
+}
+
+/// Where a benchmark says how far it is; nothing by default.
+#[derive(Clone, Default)]
+pub struct ProgressHook(Option<Arc<Say>>);
+
+type Say = dyn Fn(&str) + Send + Sync;
+
+impl ProgressHook {
+    /// A hook that calls `say`.
+    pub fn new(say: impl Fn(&str) + Send + Sync + 'static) -> ProgressHook {
+        ProgressHook(Some(Arc::new(say)))
+    }
+
+    pub(crate) fn say(&self, message: &str) {
+        if let Some(say) = &self.0 {
+            say(message);
+        }
+    }
+}
+
+impl std::fmt::Debug for ProgressHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ProgressHook(on)"
+        } else {
+            "ProgressHook(off)"
+        })
+    }
 }
 
 impl BenchContext {

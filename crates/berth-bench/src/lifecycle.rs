@@ -234,6 +234,11 @@ async fn run_provider(
     };
     let mut remaining = iterations.saturating_sub(1);
     while remaining > 0 {
+        ctx.progress.say(&format!(
+            "bench {id} ({}): {}/{iterations} iterations",
+            args.mode,
+            iterations - remaining
+        ));
         let batch = remaining.min(concurrency);
         let mut set = tokio::task::JoinSet::new();
         for n in 0..batch {

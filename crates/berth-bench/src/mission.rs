@@ -181,6 +181,8 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
 
     let (mut raw, mut through) = (Vec::new(), Vec::new());
     for n in 0..attempts {
+        ctx.progress
+            .say(&format!("mission bench: paired attempts {n}/{attempts}"));
         raw.push(
             raw_attempt(&ctx, &provider, &bundle, &base, n)
                 .await?
@@ -197,6 +199,9 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
     let mut levels = Vec::new();
     for level in concurrency.into_iter().filter(|c| *c > 0) {
         let total = attempts.max(level);
+        ctx.progress.say(&format!(
+            "mission bench: throughput at concurrency {level} ({total} attempts)"
+        ));
         let started = Instant::now();
         let mut set = tokio::task::JoinSet::new();
         let mut launched = 0;

@@ -341,7 +341,12 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
             raw.exec(&target).await?;
         }
         let (mut berth, mut raw_samples, mut bare_samples) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..iterations {
+        for i in 0..iterations {
+            if i % 10 == 0 {
+                ctx.progress.say(&format!(
+                    "bench {provider_id} --raw: exec samples {i}/{iterations}"
+                ));
+            }
             raw_samples.push(raw.exec(&target).await?);
             berth.push(berth_exec(provider.as_ref(), &id).await?);
             if let Some((docker, socket)) = &bare {
@@ -370,6 +375,8 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     let cycles = (iterations / 4).max(5);
     let (mut berth_cycle, mut raw_cycle, mut bare_cycle) = (Vec::new(), Vec::new(), Vec::new());
     for n in 0..cycles {
+        ctx.progress
+            .say(&format!("bench {provider_id} --raw: cycles {n}/{cycles}"));
         let started = Instant::now();
         let target = raw.make_target(scratch.path(), n + 1, ctx).await?;
         raw.exec(&target).await?;

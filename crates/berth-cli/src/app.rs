@@ -96,6 +96,10 @@ impl App {
             ledger: self.ledger.clone(),
             home: self.config.home.clone(),
             berth: std::env::current_exe()?,
+            progress: {
+                let line = std::sync::Arc::new(crate::human::Progress::new(self.json));
+                berth_bench::ProgressHook::new(move |message| line.show(message))
+            },
         })
     }
 

@@ -25,6 +25,9 @@ pub struct Config {
     pub env: Environment,
     /// Test hook (`BERTH_FAULT`): inject a failure at a named point, to prove cleanup fires.
     pub fault: Option<Fault>,
+    /// Colour is allowed on a terminal: `NO_COLOR` is unset (any value, even empty, turns it
+    /// off) and `TERM` is not `dumb`.
+    pub colour_allowed: bool,
 }
 
 /// Injected failures (`BERTH_FAULT=panic-after-create|error-after-create`). Used by the test
@@ -74,11 +77,14 @@ impl Config {
                 "BERTH_FAULT=`{other}` is not a fault point (panic-after-create, error-after-create)"
             ),
         };
+        let colour_allowed =
+            !vars.iter().any(|(k, _)| k == "NO_COLOR") && get("TERM").as_deref() != Some("dumb");
         Ok(Config {
             home,
             owner,
             env: Environment::from_vars(vars),
             fault,
+            colour_allowed,
         })
     }
 

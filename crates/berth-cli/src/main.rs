@@ -7,6 +7,7 @@
 //! - `commands` — one module per verb family.
 //! - `errors` — error → kind, exit code and hint.
 //! - `output` — the versioned JSON envelope.
+//! - `human` — tables, colour (terminals only) and the progress line.
 //! - `duration` — `500ms` / `30s` / `5m` / `2h` / `1d`.
 
 mod app;
@@ -15,6 +16,7 @@ mod commands;
 mod config;
 mod duration;
 mod errors;
+mod human;
 mod output;
 
 use std::sync::Arc;

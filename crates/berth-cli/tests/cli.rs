@@ -1521,3 +1521,70 @@ fn completions_cover_every_verb() {
         }
     }
 }
+
+/// Colour and progress are for terminals: a pipe (every `Command::output` here) and `--json`
+/// get neither; a pseudo-terminal (`script`) gets colour unless `NO_COLOR` is set.
+#[test]
+fn colour_and_progress_only_on_a_terminal() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let escape = |bytes: &[u8]| bytes.contains(&0x1b) || bytes.contains(&b'\r');
+    for args in [
+        vec!["ledger", "list"],
+        vec!["catalog", "show"],
+        vec!["--json", "ledger", "list"],
+        vec!["bench", "host", "--iterations", "2"],
+    ] {
+        let out = home.run(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        assert!(
+            !escape(&out.stdout) && !escape(&out.stderr),
+            "{args:?} wrote escapes into a pipe"
+        );
+    }
+    let listed = text(&home.run(&["ledger", "list"]).stdout);
+    let header = listed.lines().next().unwrap();
+    assert!(
+        header.starts_with("BERTH ID") && header.contains("STATE"),
+        "{listed}"
+    );
+    assert!(listed
+        .lines()
+        .any(|l| l.starts_with(&id) && l.contains("created")));
+
+    let Ok(script) = which("script") else {
+        panic!("`script` (util-linux) is needed to test terminal output");
+    };
+    let on_terminal = |no_color: bool| {
+        let mut cmd = Command::new(&script);
+        cmd.args([
+            "-qec",
+            &format!("{} ledger list", env!("CARGO_BIN_EXE_berth")),
+            "/dev/null",
+        ])
+        .env("BERTH_HOME", home.path())
+        .env("BERTH_OWNER", "tester")
+        .env("TERM", "xterm")
+        .stdin(Stdio::null());
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        } else {
+            cmd.env_remove("NO_COLOR");
+        }
+        text(&cmd.output().unwrap().stdout)
+    };
+    let coloured = on_terminal(false);
+    assert!(coloured.contains("\x1b[32mcreated\x1b[0m"), "{coloured:?}");
+    assert!(!on_terminal(true).contains('\x1b'), "NO_COLOR is honoured");
+    home.run(&["destroy", &id]);
+}
+
+fn which(program: &str) -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .find(|candidate| candidate.is_file())
+        })
+        .ok_or(())
+}

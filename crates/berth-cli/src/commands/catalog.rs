@@ -169,6 +169,66 @@ struct Row {
     declared: Vec<String>,
 }
 
+/// The catalog for people: one table, capabilities down and providers across, then each
+/// provider's evidence and the reasons behind its UNKNOWN and FAILED cells.
+fn render_catalog(table: &[Row], colour: bool) -> String {
+    use crate::human::{Style, Table};
+    use std::fmt::Write as _;
+    let mut headers = vec!["CAPABILITY"];
+    headers.extend(table.iter().map(|row| row.id.as_str()));
+    let mut grid = Table::new(&headers);
+    let capabilities: std::collections::BTreeSet<&String> = table
+        .iter()
+        .flat_map(|row| row.capabilities.keys())
+        .collect();
+    for capability in capabilities {
+        let mut cells = vec![(capability.clone(), Style::Plain)];
+        for row in table {
+            cells.push(match row.capabilities.get(capability) {
+                Some(Status::Verified) => ("VERIFIED".into(), Style::Good),
+                Some(Status::Failed(_)) => ("FAILED".into(), Style::Bad),
+                Some(Status::Unknown(_)) => ("UNKNOWN".into(), Style::Warn),
+                Some(Status::Unsupported) => ("UNSUPPORTED".into(), Style::Dim),
+                None => ("-".into(), Style::Dim),
+            });
+        }
+        grid.styled_row(cells);
+    }
+    let mut out = grid.render(colour);
+    out.push('\n');
+    for row in table {
+        let _ = match &row.evidence {
+            Some(e) => writeln!(
+                out,
+                "{}: evidence {} {}, recorded {}, {}, adapter {}, signed by {}",
+                row.id,
+                e["origin"]["kind"].as_str().unwrap_or(""),
+                e["origin"]["path"].as_str().unwrap_or(""),
+                e["finished_at"].as_str().unwrap_or(""),
+                e["observed"].as_str().unwrap_or("no engine reported"),
+                e["adapter_source_hash"].as_str().unwrap_or(""),
+                e["signed_by"].as_str().unwrap_or("nobody"),
+            ),
+            None => writeln!(out, "{}: no evidence record", row.id),
+        };
+        // Each distinct reason once, with the capabilities it explains.
+        let mut reasons: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for (capability, status) in &row.capabilities {
+            if let Status::Unknown(why) | Status::Failed(why) = status {
+                let label = match status {
+                    Status::Failed(_) => format!("FAILED({why})"),
+                    _ => format!("UNKNOWN({why})"),
+                };
+                reasons.entry(label).or_default().push(capability);
+            }
+        }
+        for (reason, capabilities) in reasons {
+            let _ = writeln!(out, "  {reason}: {}", capabilities.join(", "));
+        }
+    }
+    out
+}
+
 fn statuses(
     registry: &Registry,
     explicit: Option<&Path>,
@@ -302,24 +362,10 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                     json!({ "evidence_dir": shown_dir, "providers": providers }),
                 );
             } else {
-                for row in &table {
-                    match &row.evidence {
-                        Some(e) => println!(
-                            "{}  (evidence: {} {}, recorded {}, {}, adapter {}, signed by {})",
-                            row.id,
-                            e["origin"]["kind"].as_str().unwrap_or(""),
-                            e["origin"]["path"].as_str().unwrap_or(""),
-                            e["finished_at"].as_str().unwrap_or(""),
-                            e["observed"].as_str().unwrap_or("no engine reported"),
-                            e["adapter_source_hash"].as_str().unwrap_or(""),
-                            e["signed_by"].as_str().unwrap_or("nobody"),
-                        ),
-                        None => println!("{}  (no evidence record)", row.id),
-                    }
-                    for (capability, status) in &row.capabilities {
-                        println!("  {capability:<20} {status}");
-                    }
-                }
+                print!(
+                    "{}",
+                    render_catalog(&table, crate::human::colour_on_stdout(config))
+                );
             }
             Ok(code::OK)
         }

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use berth_ledger::{SweepAction, SweepScope};
+use berth_store::LedgerState;
 use serde_json::json;
 
 use crate::app::App;
@@ -29,27 +30,57 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
             }
         );
     }
-    for row in &rows {
-        let gone = row
-            .verified_gone_at
-            .map(|t| format!(" gone {}", t.format("%H:%M:%S%.3f")))
-            .unwrap_or_default();
-        let error = row
-            .last_error_kind
-            .as_deref()
-            .map(|k| format!(" last error: {k}"))
-            .unwrap_or_default();
-        println!(
-            "{:<16} {:<6} {:<18} {:<26} created {}{}{}",
-            row.berth_id,
-            row.provider,
-            row.state.as_str(),
-            shorten(&row.origin, 26),
-            row.created_at.format("%Y-%m-%d %H:%M:%S%.3f"),
-            gone,
-            error
-        );
+    if rows.is_empty() {
+        return Ok(code::OK);
     }
+    use crate::human::{Style, Table};
+    let mut table = Table::new(&[
+        "BERTH ID",
+        "PROVIDER",
+        "KIND",
+        "STATE",
+        "ORIGIN",
+        "CREATED",
+        "EXPIRES",
+        "LAST ERROR",
+    ]);
+    for row in &rows {
+        let style = match row.state {
+            LedgerState::Created => Style::Good,
+            LedgerState::VerifiedGone => Style::Dim,
+            LedgerState::CreateFailed | LedgerState::DestroyFailed => Style::Bad,
+            _ => Style::Warn,
+        };
+        table.styled_row(vec![
+            (row.berth_id.clone(), Style::Plain),
+            (row.provider.clone(), Style::Plain),
+            (row.kind.as_str().to_owned(), Style::Plain),
+            (row.state.as_str().to_owned(), style),
+            (shorten(&row.origin, 26), Style::Plain),
+            (
+                row.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                Style::Plain,
+            ),
+            (
+                row.expires_at
+                    .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                    .unwrap_or_else(|| "-".into()),
+                Style::Plain,
+            ),
+            (
+                row.last_error_kind.clone().unwrap_or_else(|| "-".into()),
+                if row.last_error_kind.is_some() {
+                    Style::Bad
+                } else {
+                    Style::Plain
+                },
+            ),
+        ]);
+    }
+    print!(
+        "{}",
+        table.render(crate::human::colour_on_stdout(&app.config))
+    );
     Ok(code::OK)
 }
 

@@ -32,17 +32,27 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
         iterations: args.iterations,
     };
     let json = app.json;
+    let line = crate::human::Progress::new(json);
+    let total = berth_conformance::CLAUSES.len() + 1;
+    let mut graded = 0;
     let mut progress = |clause: &berth_evidence::ClauseEvidence| {
+        graded += 1;
         if !json {
+            line.clear();
             eprintln!(
                 "{:<40} {:<15} {}",
                 clause.clause,
                 format!("{:?}", clause.grade).to_lowercase(),
                 clause.diagnostics.join("; ")
             );
+            line.show(&format!(
+                "verify {}: {graded}/{total} clauses graded",
+                args.provider
+            ));
         }
     };
     let done = berth_verify::verify(ctx, &options, key.as_ref(), &mut progress).await?;
+    line.clear();
     let (record, path, failed) = (&done.record, &done.path, done.failed);
     if app.json {
         emit(
