@@ -1,0 +1,427 @@
+//! Clauses of the optional capability groups: streaming, detached, files, stop/start,
+//! suspend/resume, snapshots, fork, listing, and `unsupported` answers.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Chunks(Vec<(Stream, Vec<u8>)>);
+
+impl OutputSink for Chunks {
+    fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
+        self.0.push((stream, bytes.to_vec()));
+    }
+}
+
+pub(super) async fn streaming_chunks(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let streaming = s
+            .provider
+            .require_streaming()
+            .map_err(|e| fail("streaming", e))?;
+        let mut chunks = Chunks::default();
+        let summary = streaming
+            .exec_streaming(
+                &id,
+                &ExecRequest::shell("echo one; sleep 0.3; echo two >&2; echo three"),
+                &mut chunks,
+            )
+            .await
+            .map_err(|e| fail("streaming exec", e))?;
+        check!(summary.status.success(), "status {}", summary.status);
+        let joined = |want: Stream| -> Vec<u8> {
+            chunks
+                .0
+                .iter()
+                .filter(|(s, _)| *s == want)
+                .flat_map(|(_, b)| b.clone())
+                .collect()
+        };
+        check!(
+            joined(Stream::Stdout) == b"one\nthree\n",
+            "stdout {:?}",
+            text(&joined(Stream::Stdout))
+        );
+        check!(
+            joined(Stream::Stderr) == b"two\n",
+            "stderr {:?}",
+            text(&joined(Stream::Stderr))
+        );
+        check!(
+            chunks.0.first().map(|(s, b)| (*s, b.as_slice()))
+                == Some((Stream::Stdout, b"one\n".as_slice())),
+            "the first chunk was not delivered before the command finished"
+        );
+        Ok(vec![format!("{} chunks", chunks.0.len())])
+    })
+    .await
+}
+
+pub(super) async fn detached(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let detached = s
+            .provider
+            .require_detached()
+            .map_err(|e| fail("detached", e))?;
+        let handle = detached
+            .spawn(&id, &ExecRequest::shell("sleep 30"))
+            .await
+            .map_err(|e| fail("spawn", e))?;
+        let status = detached
+            .status(&id, &handle)
+            .await
+            .map_err(|e| fail("status", e))?;
+        check!(
+            status == ProcessStatus::Running,
+            "a sleeping process reports {status:?}"
+        );
+        detached
+            .kill(&id, &handle)
+            .await
+            .map_err(|e| fail("kill", e))?;
+        detached
+            .kill(&id, &handle)
+            .await
+            .map_err(|e| fail("second kill", e))?;
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match detached
+                .status(&id, &handle)
+                .await
+                .map_err(|e| fail("status", e))?
+            {
+                ProcessStatus::Finished { status } => return Ok(vec![format!("killed: {status}")]),
+                ProcessStatus::Running if Instant::now() > until => {
+                    return Err("process still running 10 s after kill".into())
+                }
+                ProcessStatus::Running => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
+}
+
+pub(super) async fn files_round_trip(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let files = s.provider.require_files().map_err(|e| fail("files", e))?;
+        let blob: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+        files
+            .write(&id, "cf/dir/blob.bin", &blob)
+            .await
+            .map_err(|e| fail("write", e))?;
+        let back = files
+            .read(&id, "cf/dir/blob.bin")
+            .await
+            .map_err(|e| fail("read", e))?;
+        check!(
+            back == blob,
+            "binary round trip changed {} bytes",
+            back.iter().zip(&blob).filter(|(a, b)| a != b).count()
+        );
+        let seen = sh(s, &id, "wc -c < cf/dir/blob.bin").await?;
+        check!(
+            text(&seen.stdout).trim() == "100000",
+            "exec sees {:?} bytes",
+            text(&seen.stdout).trim()
+        );
+        let listing = files
+            .list(&id, "cf/dir")
+            .await
+            .map_err(|e| fail("list", e))?;
+        check!(
+            listing
+                .iter()
+                .any(|e| e.name == "blob.bin" && e.size == 100_000),
+            "listing {listing:?}"
+        );
+        Ok(vec![])
+    })
+    .await
+}
+
+pub(super) async fn files_hostile(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let files = s.provider.require_files().map_err(|e| fail("files", e))?;
+        for path in ["../../etc/passwd", "a/../../../etc/shadow"] {
+            match files.read(&id, path).await {
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+                other => {
+                    return Err(format!(
+                        "reading `{path}` answered {other:?}, not invalid_request"
+                    ))
+                }
+            }
+            match files.write(&id, path, b"x").await {
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+                other => {
+                    return Err(format!(
+                        "writing `{path}` answered {other:?}, not invalid_request"
+                    ))
+                }
+            }
+        }
+        Ok(vec![])
+    })
+    .await
+}
+
+pub(super) async fn stop_start(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let power = s
+            .provider
+            .require_stop_start()
+            .map_err(|e| fail("stop_start", e))?;
+        sh(s, &id, "echo kept > cf-note").await?;
+        let stopped = power.stop(&id).await.map_err(|e| fail("stop", e))?;
+        check!(
+            stopped
+                == Transition::Settled {
+                    state: CanonicalState::Stopped
+                },
+            "stop: {stopped:?}"
+        );
+        let started = power.start(&id).await.map_err(|e| fail("start", e))?;
+        check!(
+            started
+                == Transition::Settled {
+                    state: CanonicalState::Running
+                },
+            "start: {started:?}"
+        );
+        let kept = sh(s, &id, "cat cf-note").await?;
+        check!(
+            text(&kept.stdout) == "kept\n",
+            "filesystem not kept across stop/start"
+        );
+        Ok(vec![])
+    })
+    .await
+}
+
+pub(super) async fn suspend_resume(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let power = s
+            .provider
+            .require_suspend_resume()
+            .map_err(|e| fail("suspend_resume", e))?;
+        let suspended = power.suspend(&id).await.map_err(|e| fail("suspend", e))?;
+        check!(
+            suspended
+                == Transition::Settled {
+                    state: CanonicalState::Suspended
+                },
+            "suspend: {suspended:?}"
+        );
+        let resumed = power.resume(&id).await.map_err(|e| fail("resume", e))?;
+        check!(
+            resumed
+                == Transition::Settled {
+                    state: CanonicalState::Running
+                },
+            "resume: {resumed:?}"
+        );
+        let after = sh(s, &id, "true").await?;
+        check!(
+            after.status.success(),
+            "exec after resume: {}",
+            after.status
+        );
+        Ok(vec![])
+    })
+    .await
+}
+
+pub(super) async fn snapshot(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let snaps = s
+            .provider
+            .require_snapshots()
+            .map_err(|e| fail("snapshots", e))?;
+        sh(s, &id, "echo v1 > cf-state").await?;
+        let snap = snaps.snapshot(&id).await.map_err(|e| fail("snapshot", e))?;
+        sh(s, &id, "echo v2 > cf-state").await?;
+        let restored = snaps
+            .restore(&snap, &s.request_for(&s.owner))
+            .await
+            .map_err(|e| fail("restore", e))?
+            .native_id;
+        let content = sh(s, &restored, "cat cf-state").await;
+        discard(s, &[&restored]).await;
+        check!(
+            text(&content?.stdout) == "v1\n",
+            "restore did not bring back the snapshotted file"
+        );
+        snaps
+            .delete_snapshot(&snap)
+            .await
+            .map_err(|e| fail("delete snapshot", e))?;
+        snaps
+            .delete_snapshot(&snap)
+            .await
+            .map_err(|e| fail("delete snapshot twice", e))?;
+        Ok(vec![format!("handle {} ({:?})", snap.handle, snap.kind)])
+    })
+    .await
+}
+
+pub(super) async fn fork(s: &Subject) -> Outcome {
+    on_sandbox(s, |id| async move {
+        let fork = s.provider.require_fork().map_err(|e| fail("fork", e))?;
+        sh(s, &id, "echo original > cf-state").await?;
+        let copy = fork
+            .fork(&id, &s.request_for(&s.owner))
+            .await
+            .map_err(|e| fail("fork", e))?
+            .native_id;
+        let checked = async {
+            let seen = sh(s, &copy, "cat cf-state; echo changed > cf-state").await?;
+            check!(
+                text(&seen.stdout) == "original\n",
+                "fork sees {:?}",
+                text(&seen.stdout)
+            );
+            let source = sh(s, &id, "cat cf-state").await?;
+            check!(
+                text(&source.stdout) == "original\n",
+                "changing the fork changed the source"
+            );
+            Ok(vec![])
+        }
+        .await;
+        discard(s, &[&copy]).await;
+        checked
+    })
+    .await
+}
+
+pub(super) async fn listing_visibility(s: &Subject) -> Outcome {
+    let listing = match s.provider.require_listing() {
+        Ok(listing) => listing,
+        Err(e) => return Outcome::Fail(fail("listing", e)),
+    };
+    let id = match create(s, &s.owner).await {
+        Ok(id) => id,
+        Err(why) => return Outcome::Fail(why),
+    };
+    let filter = LabelFilter {
+        owner: Some(s.owner.clone()),
+        run_id: Some(s.run.clone()),
+    };
+    let step = async {
+        let before = listing.list(&filter).await.map_err(|e| fail("list", e))?;
+        check!(
+            before.iter().any(|l| l.native_id == id),
+            "a live sandbox is not listed"
+        );
+        s.provider
+            .destroy(&id)
+            .await
+            .map_err(|e| fail("destroy", e))?;
+        let after = listing.list(&filter).await.map_err(|e| fail("list", e))?;
+        check!(
+            !after.iter().any(|l| l.native_id == id),
+            "a destroyed sandbox is still listed"
+        );
+        Ok(vec![])
+    }
+    .await;
+    discard(s, &[&id]).await;
+    verdict(step)
+}
+
+pub(super) async fn listing_foreign(s: &Subject) -> Outcome {
+    let listing = match s.provider.require_listing() {
+        Ok(listing) => listing,
+        Err(e) => return Outcome::Fail(fail("listing", e)),
+    };
+    let (mine, foreign) = match (
+        create(s, &s.owner).await,
+        create(s, "cf-someone-else").await,
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => {
+            for id in [a.as_ref().ok(), b.as_ref().ok()].into_iter().flatten() {
+                let _ = s.provider.destroy(id).await;
+            }
+            return Outcome::Fail("could not create the two sandboxes".into());
+        }
+    };
+    let step = async {
+        let listed = listing
+            .list(&LabelFilter {
+                owner: Some(s.owner.clone()),
+                run_id: None,
+            })
+            .await
+            .map_err(|e| fail("list", e))?;
+        check!(
+            listed.iter().any(|l| l.native_id == mine),
+            "own sandbox missing from the owner's listing"
+        );
+        check!(
+            !listed.iter().any(|l| l.native_id == foreign),
+            "another owner's sandbox is in this owner's listing"
+        );
+        s.provider
+            .destroy(&mine)
+            .await
+            .map_err(|e| fail("destroy", e))?;
+        let foreign_seen = s
+            .provider
+            .observe(&foreign)
+            .await
+            .map_err(|e| fail("observe", e))?;
+        check!(
+            !foreign_seen.is_gone(),
+            "destroying one sandbox took another owner's with it"
+        );
+        Ok(vec![])
+    }
+    .await;
+    discard(s, &[&mine, &foreign]).await;
+    verdict(step)
+}
+
+pub(super) async fn unsupported_paths(s: &Subject) -> Outcome {
+    let p = s.provider.as_ref();
+    let mut notes = Vec::new();
+    for capability in Capability::ALL {
+        if s.declared(capability) != berth_contract::Support::Unsupported {
+            continue;
+        }
+        let answer: Option<ProviderError> = match capability {
+            Capability::ExecStreaming => p.require_streaming().err(),
+            Capability::ExecDetached => p.require_detached().err(),
+            Capability::Files => p.require_files().err(),
+            Capability::StopStart => p.require_stop_start().err(),
+            Capability::SuspendResume => p.require_suspend_resume().err(),
+            Capability::FilesystemSnapshot => p.require_snapshots().err(),
+            Capability::Fork => p.require_fork().err(),
+            Capability::Listing => p.require_listing().err(),
+            // No `require_*` shorthand: the accessor itself must be empty.
+            Capability::MemorySnapshot => p
+                .memory_snapshots()
+                .is_none()
+                .then(|| ProviderError::unsupported(capability, p.id())),
+            Capability::Access => p
+                .access()
+                .is_none()
+                .then(|| ProviderError::unsupported(capability, p.id())),
+            Capability::Ttl => p
+                .ttl()
+                .is_none()
+                .then(|| ProviderError::unsupported(capability, p.id())),
+            _ => None,
+        };
+        match answer {
+            Some(e) if e.kind() == ErrorKind::Unsupported => {
+                notes.push(format!("{capability}: unsupported"))
+            }
+            _ => {
+                return Outcome::Fail(format!(
+                    "`{capability}` is declared unsupported but the adapter offers it"
+                ))
+            }
+        }
+    }
+    Outcome::Pass(notes)
+}

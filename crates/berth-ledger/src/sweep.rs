@@ -1,0 +1,289 @@
+//! Sweeping: destroying and verifying what this owner's rows name, leaving what a running
+//! mission or a snapshot's retention still holds, and reporting labelled resources no row names.
+
+use std::collections::BTreeSet;
+
+use berth_contract::labels::{LEDGER_TOKEN, OWNER, SANDBOX};
+use berth_contract::{DestroyOutcome, LabelFilter, Observation, Provider, ProviderLookup};
+use berth_store::{LedgerRow, LedgerState, ResourceKind};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::{Ledger, LedgerError, ORPHAN_AFTER};
+
+/// What a sweep did to one resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum SweepAction {
+    /// Destroyed and verified gone.
+    Destroyed,
+    /// Already absent; row closed.
+    AlreadyGone,
+    /// Destroy accepted, not verified; the row stays open.
+    Accepted {
+        /// Raw state last seen.
+        raw_state: String,
+    },
+    /// Destroy failed; the row stays open.
+    Failed {
+        /// Error kind.
+        kind: String,
+        /// Error message.
+        message: String,
+    },
+    /// Not provably ours: untouched.
+    SkippedForeign {
+        /// Why.
+        reason: String,
+    },
+    /// Ours, and still held (by a running mission, or a snapshot's retention): kept.
+    Held {
+        /// By what.
+        reason: String,
+    },
+}
+
+/// One line of a sweep report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepEntry {
+    /// Berth's id.
+    pub berth_id: String,
+    /// Provider id.
+    pub provider: String,
+    /// What happened.
+    #[serde(flatten)]
+    pub action: SweepAction,
+}
+
+/// Which rows a sweep considers.
+#[derive(Debug, Clone, Default)]
+pub struct SweepScope {
+    /// Only this run's rows.
+    pub run_id: Option<String>,
+    /// Only rows whose expiry has passed.
+    pub expired_only: bool,
+    /// Also list these providers by owner label to find resources the ledger lost.
+    pub discover: Vec<String>,
+}
+
+/// The outcome of a sweep.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepReport {
+    /// Per resource.
+    pub entries: Vec<SweepEntry>,
+}
+
+impl SweepReport {
+    /// Whether every considered resource is now verified gone (foreign ones are not ours and
+    /// do not count).
+    pub fn complete(&self) -> bool {
+        self.entries.iter().all(|e| {
+            matches!(
+                e.action,
+                SweepAction::Destroyed
+                    | SweepAction::AlreadyGone
+                    | SweepAction::SkippedForeign { .. }
+                    | SweepAction::Held { .. }
+            )
+        })
+    }
+}
+
+impl Ledger {
+    /// Destroys everything this run created that is not verified gone (must-fire on error,
+    /// panic and signals).
+    pub async fn cleanup_run(
+        &self,
+        providers: &dyn ProviderLookup,
+    ) -> Result<SweepReport, LedgerError> {
+        self.sweep(
+            providers,
+            &SweepScope {
+                run_id: Some(self.run_id.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// Destroys and verifies everything this owner created that is not verified gone, within
+    /// `scope`. Never touches a resource that does not carry this owner's labels.
+    pub async fn sweep(
+        &self,
+        providers: &dyn ProviderLookup,
+        scope: &SweepScope,
+    ) -> Result<SweepReport, LedgerError> {
+        let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
+        let now = Utc::now();
+        if scope.expired_only {
+            rows.retain(|row| {
+                row.expires_at.is_some_and(|t| t <= now) || orphan_snapshot(row, now)
+            });
+        }
+        let mut report = SweepReport::default();
+        // What a mission that is still running will adopt on resume is not swept from under
+        // it: `berth mission resume` continues with it (a finished mission's rows are swept).
+        let mut kept = Vec::new();
+        for row in std::mem::take(&mut rows) {
+            let held = match self.running_mission_of(&row).await? {
+                Some(mission) => Some(format!(
+                    "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
+                )),
+                None => snapshot_retention(&row, now),
+            };
+            match held {
+                Some(reason) => kept.push(SweepEntry {
+                    berth_id: row.berth_id.clone(),
+                    provider: row.provider.clone(),
+                    action: SweepAction::Held { reason },
+                }),
+                None => rows.push(row),
+            }
+        }
+        report.entries.extend(kept);
+        for provider_id in &scope.discover {
+            report
+                .entries
+                .extend(self.discover(providers, provider_id).await?);
+        }
+        let mut constructed: Vec<(String, std::sync::Arc<dyn Provider>)> = Vec::new();
+        for row in rows {
+            let provider = match constructed.iter().find(|(id, _)| *id == row.provider) {
+                Some((_, provider)) => provider.clone(),
+                None => {
+                    let provider = providers.provider(&row.provider).map_err(|source| {
+                        LedgerError::Provider {
+                            berth_id: row.berth_id.clone(),
+                            source,
+                        }
+                    })?;
+                    constructed.push((row.provider.clone(), provider.clone()));
+                    provider
+                }
+            };
+            let action = match self.destroy_row(provider.as_ref(), &row).await {
+                Ok(DestroyOutcome::VerifiedGone {
+                    already_absent: true,
+                }) => SweepAction::AlreadyGone,
+                Ok(DestroyOutcome::VerifiedGone { .. }) => SweepAction::Destroyed,
+                Ok(DestroyOutcome::Accepted { raw_state }) => SweepAction::Accepted { raw_state },
+                Err(LedgerError::Foreign { reason, .. }) => SweepAction::SkippedForeign { reason },
+                Err(LedgerError::Provider { source, .. }) => SweepAction::Failed {
+                    kind: source.kind().as_str().to_owned(),
+                    message: source.to_string(),
+                },
+                Err(other) => return Err(other),
+            };
+            report.entries.push(SweepEntry {
+                berth_id: row.berth_id,
+                provider: row.provider,
+                action,
+            });
+        }
+        Ok(report)
+    }
+
+    /// The mission a row belongs to (its origin says `mission ID …`), if it is still running.
+    async fn running_mission_of(&self, row: &LedgerRow) -> Result<Option<String>, LedgerError> {
+        use berth_store::MissionStore;
+        let Some(mission) = row
+            .origin
+            .strip_prefix("mission ")
+            .and_then(|rest| rest.split_whitespace().next())
+        else {
+            return Ok(None);
+        };
+        match self.store.mission_get(mission).await {
+            Ok(found) if found.state == "running" => Ok(Some(mission.to_owned())),
+            Ok(_) | Err(berth_store::StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Resources listed under this owner's label that this ledger has no row for. They are
+    /// reported, never destroyed: a label can be forged, and another `BERTH_HOME` with the same
+    /// owner holds live resources with tokens this store never issued. (Intent is recorded
+    /// before every create, so a crash cannot produce a resource without a row.)
+    async fn discover(
+        &self,
+        providers: &dyn ProviderLookup,
+        provider_id: &str,
+    ) -> Result<Vec<SweepEntry>, LedgerError> {
+        let provider = providers
+            .provider(provider_id)
+            .map_err(|source| LedgerError::Provider {
+                berth_id: format!("<listing {provider_id}>"),
+                source,
+            })?;
+        let Some(listing) = provider.listing() else {
+            return Ok(Vec::new());
+        };
+        let listed = listing
+            .list(&LabelFilter {
+                owner: Some(self.owner.clone()),
+                run_id: None,
+            })
+            .await
+            .map_err(|source| LedgerError::Provider {
+                berth_id: format!("<listing {provider_id}>"),
+                source,
+            })?;
+        let known: BTreeSet<String> = self
+            .owned_rows(None, false)
+            .await?
+            .into_iter()
+            .map(|row| row.ledger_token)
+            .collect();
+        let mut found = Vec::new();
+        for item in listed {
+            let Observation::Present { labels, .. } = &item.observation else {
+                continue;
+            };
+            let (Some(owner), Some(token)) = (labels.get(OWNER), labels.get(LEDGER_TOKEN)) else {
+                continue;
+            };
+            if known.contains(token) || owner != &self.owner {
+                continue;
+            }
+            let berth_id = labels
+                .get(SANDBOX)
+                .cloned()
+                .unwrap_or_else(|| item.native_id.0.clone());
+            found.push(SweepEntry {
+                berth_id,
+                provider: provider_id.to_owned(),
+                action: SweepAction::SkippedForeign {
+                    reason: format!(
+                        "labelled with owner `{owner}` but no row in this ledger carries its token \
+                         (another BERTH_HOME, or a forged label); not destroyed"
+                    ),
+                },
+            });
+        }
+        Ok(found)
+    }
+}
+
+/// A snapshot row whose snapshot never finished (a crash mid-snapshot): nothing holds it.
+fn orphan_snapshot(row: &LedgerRow, now: DateTime<Utc>) -> bool {
+    row.kind == ResourceKind::Snapshot
+        && matches!(row.state, LedgerState::Intent | LedgerState::CreateFailed)
+        && row.created_at + ORPHAN_AFTER <= now
+}
+
+/// Why a snapshot row is still held by its retention (`None`: it may go).
+fn snapshot_retention(row: &LedgerRow, now: DateTime<Utc>) -> Option<String> {
+    if row.kind != ResourceKind::Snapshot || orphan_snapshot(row, now) {
+        return None;
+    }
+    match row.expires_at {
+        Some(until) if until <= now => None,
+        Some(until) => Some(format!("snapshot retained until {until}")),
+        None if matches!(row.state, LedgerState::Intent) => {
+            Some("snapshot being taken (an orphan after 10 minutes)".into())
+        }
+        None => {
+            Some("snapshot kept until deleted (`berth snapshot --ttl` sets a retention)".into())
+        }
+    }
+}

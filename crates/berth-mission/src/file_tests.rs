@@ -1,0 +1,193 @@
+//! Tests of the mission file format.
+
+use super::*;
+
+const GOOD: &str = r#"schema_version = 1
+name = "fix-the-test"
+
+[repository]
+path = "repo"
+base = "main"
+
+[sandbox]
+provider = "host"
+
+[harness]
+kind = "script"
+command = "sh agent.sh"
+
+[[tasks]]
+id = "fix"
+instructions = "Make the test pass."
+max_attempts = 3
+agent_timeout = "2m"
+
+[tasks.validator]
+command = "python3 -m unittest && echo ok > .berth/verdict"
+timeout = "1m"
+evidence = [".berth/verdict"]
+
+[[tasks]]
+id = "docs"
+instructions = "Document it."
+max_attempts = 1
+agent_timeout = "30s"
+
+[tasks.validator]
+command = "test -s NOTES.md && echo ok > .berth/notes"
+timeout = "10s"
+evidence = [".berth/notes"]
+"#;
+
+#[test]
+fn a_good_file_parses() {
+    let file = parse("m.toml", GOOD).unwrap();
+    assert_eq!(file.tasks.len(), 2);
+    assert_eq!(
+        parse_duration(&file.tasks[0].agent_timeout),
+        Some(Duration::from_secs(120))
+    );
+}
+
+#[test]
+fn errors_name_the_file_and_line() {
+    let cases = [
+        (
+            GOOD.replacen("max_attempts = 1", "max_attempts = 0", 1),
+            "m.toml:29: `tasks[1].max_attempts` must be at least 1",
+        ),
+        (
+            GOOD.replacen("agent_timeout = \"2m\"", "agent_timeout = \"soon\"", 1),
+            "m.toml:19: `tasks[0].agent_timeout`",
+        ),
+        (
+            GOOD.replacen("id = \"docs\"", "id = \"fix\"", 1),
+            "m.toml:27: `tasks[1].id` `fix` is used by an earlier task",
+        ),
+        (
+            GOOD.replacen("evidence = [\".berth/notes\"]", "evidence = []", 1),
+            "m.toml:35: `tasks[1].validator.evidence` is empty",
+        ),
+        (
+            GOOD.replacen("kind = \"script\"", "kind = \"codex\"", 1),
+            "m.toml:12: `harness.kind`",
+        ),
+        (
+            GOOD.replacen(
+                "evidence = [\".berth/verdict\"]",
+                "evidence = [\"../escape\"]",
+                1,
+            ),
+            "inside the repository",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse("m.toml", &text).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}\n  wanted: {want}");
+    }
+}
+
+#[test]
+fn syntax_errors_carry_line_and_column() {
+    let broken = GOOD.replacen("max_attempts = 3", "max_attempts = = 3", 1);
+    let err = parse("m.toml", &broken).unwrap_err().to_string();
+    assert!(err.contains("line 18"), "{err}");
+    let unknown = GOOD.replacen("[sandbox]", "[sandbox]\ncolour = 1", 1);
+    assert!(parse("m.toml", &unknown)
+        .unwrap_err()
+        .to_string()
+        .contains("unknown field `colour`"));
+    let future = GOOD.replacen("schema_version = 1", "schema_version = 2", 1);
+    assert!(matches!(
+        parse("m.toml", &future),
+        Err(MissionFileError::SchemaVersion { found: 2, .. })
+    ));
+}
+
+#[test]
+fn hostile_values_are_field_errors_not_panics() {
+    let cases = [
+        (
+            GOOD.replacen(
+                "agent_timeout = \"2m\"",
+                "agent_timeout = \"99999999999999999999h\"",
+                1,
+            ),
+            "agent_timeout",
+        ),
+        (
+            GOOD.replacen("timeout = \"1m\"", "timeout = \"99999999999999999999\"", 1),
+            "validator.timeout",
+        ),
+        (
+            GOOD.replacen("provider = \"host\"", "provider = \"../x\"", 1),
+            "sandbox.provider",
+        ),
+        (
+            GOOD.replacen(
+                "provider = \"host\"",
+                "provider = \"host\"\nfallback = [\"docker\", \"../x\"]",
+                1,
+            ),
+            "sandbox.fallback[1]",
+        ),
+        (
+            GOOD.replacen(
+                "instructions = \"",
+                &format!("instructions = \"{}", "x".repeat(MAX_INSTRUCTIONS + 1)),
+                1,
+            ),
+            "instructions",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = parse("m.toml", &text).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("`{field}`")) || err.contains(&format!(".{field}`")),
+            "{field}: {err}"
+        );
+    }
+    let huge = "#".repeat(MAX_FILE_BYTES as usize + 1);
+    assert!(parse("m.toml", &huge)
+        .unwrap_err()
+        .to_string()
+        .contains("at most"));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
+
+    #[test]
+    fn durations_parse_or_refuse_never_panic(text in "\\PC{0,40}", digits in "[0-9.]{1,40}", unit in "(ms|s|m|h|d|)") {
+        let _ = parse_duration(&text);
+        if let Some(d) = parse_duration(&format!("{digits}{unit}")) {
+            proptest::prop_assert!(d > Duration::ZERO && d <= MAX_DURATION);
+        }
+    }
+
+    #[test]
+    fn mission_files_parse_or_refuse_never_panic(text in "\\PC{0,400}", at in 0usize..2000, insert in "\\PC{0,40}") {
+        let _ = parse("m.toml", &text);
+        // Mutations of a valid file: a typed error or a file, never a panic.
+        let mut mutated = GOOD.to_owned();
+        let mut at = at.min(mutated.len());
+        while !mutated.is_char_boundary(at) { at -= 1; }
+        mutated.insert_str(at, &insert);
+        let _ = parse("m.toml", &mutated);
+    }
+}
+
+/// `BERTH_BLESS=1 cargo test -p berth-mission` regenerates the published schema.
+#[test]
+fn published_json_schema_is_in_sync() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../schemas/mission-file.schema.json");
+    let generated = json_schema();
+    if std::env::var_os("BERTH_BLESS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(&path).unwrap_or_default() == generated,
+        "schemas/mission-file.schema.json is out of date; run BERTH_BLESS=1 cargo test -p berth-mission"
+    );
+}
