@@ -1,0 +1,349 @@
+//! End-to-end tests of the `berth` binary on docker: the user path, SIGKILL and foreign
+//! containers, names that would change an engine URL, detached processes, and installing with
+//! the supervisor berth carries.
+
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+mod common;
+
+use common::*;
+
+/// Installing is one step: with no `BERTH_SUPERVISOR`, `berth` writes out the static supervisor
+/// it carries (under its state directory) and docker works with any image.
+#[test]
+fn docker_works_with_the_supervisor_berth_carries() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("tester-carried-{}", std::process::id());
+    let run = |args: &[&str]| {
+        let mut cmd = home.command(&me, args);
+        cmd.env_remove("BERTH_SUPERVISOR");
+        cmd.output().unwrap()
+    };
+    let image = test_image();
+    let out = run(&[
+        "run",
+        "-p",
+        "docker",
+        "--image",
+        &image,
+        "--",
+        "sh",
+        "-c",
+        "echo carried",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "carried");
+    let written: Vec<_> = std::fs::read_dir(home.path().join("state/bin"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let supervisor = &written[0];
+    assert!(supervisor
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("berth-supervisor-"));
+    let headers = Command::new("readelf")
+        .arg("-l")
+        .arg(supervisor)
+        .output()
+        .unwrap();
+    assert!(headers.status.success());
+    assert!(
+        !text(&headers.stdout).contains("INTERP"),
+        "the carried supervisor is static"
+    );
+    // The second use reuses it.
+    let again = run(&["run", "-p", "docker", "--image", &image, "--", "true"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(
+        std::fs::read_dir(home.path().join("state/bin"))
+            .unwrap()
+            .count(),
+        1
+    );
+}
+
+/// A missing piece of setup is a setup error (exit 14) naming the fix, never "retry later".
+#[test]
+fn a_missing_supervisor_is_a_setup_error_with_the_fix() {
+    let home = Home::new();
+    let mut cmd = home.command(
+        "tester",
+        &["--json", "create", "-p", "docker", "--image", "x"],
+    );
+    cmd.env("BERTH_SUPERVISOR", home.path().join("no-such-supervisor"));
+    let out = cmd.output().unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(14), "{doc}");
+    assert_eq!(doc["error"]["kind"], "setup", "{doc}");
+    let message = doc["error"]["message"].as_str().unwrap();
+    assert!(message.contains("BERTH_SUPERVISOR"), "{message}");
+    let hint = doc["error"]["hint"].as_str().unwrap();
+    assert!(!hint.contains("retry later"), "{hint}");
+    assert!(hint.contains("install or configure"), "{hint}");
+}
+
+#[test]
+fn docker_sigkill_leaves_a_sweepable_container_and_foreign_ones_survive() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let pid = std::process::id();
+    let unlabelled = foreign_container(&format!("berth-test-foreign-{pid}"), &[]);
+    let other_owner = foreign_container(
+        &format!("berth-test-other-owner-{pid}"),
+        &["berth.owner=someone-else", "berth.ledger=x", "berth.run=x"],
+    );
+    let image = test_image();
+    let log = home.path().join("run.stderr");
+    let mut child = home
+        .command(
+            "dave-sigkill",
+            &[
+                "run", "-p", "docker", "--image", &image, "--", "sleep", "60",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(120);
+    let id = loop {
+        // A runner that already ended will never record the sandbox: fail with what it said.
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "berth run ended early ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        let (_, doc) = home.json_as("dave-sigkill", &["ledger", "list", "--all"]);
+        if let Some(entry) = doc["entries"].as_array().and_then(|e| e.first()) {
+            if entry["state"] == "created" {
+                break entry["berth_id"].as_str().unwrap().to_owned();
+            }
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!(
+                "no created docker sandbox after 120 s; ledger: {doc}; runner said: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Let the command start inside the container, then kill berth outright.
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&child, nix::sys::signal::Signal::SIGKILL);
+    child.wait().unwrap();
+    assert!(
+        container_exists(&id),
+        "the container outlived berth, as SIGKILL allows"
+    );
+
+    let (code, doc) = home.json_as("dave-sigkill", &["ledger", "sweep"]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["complete"], true, "{doc}");
+    assert!(!container_exists(&id), "sweep left {id} behind");
+    assert_eq!(home.ledger_state("dave-sigkill", &id), "verified_gone");
+    assert!(
+        container_exists(&unlabelled.0),
+        "sweep touched a container without berth labels"
+    );
+    assert!(
+        container_exists(&other_owner.0),
+        "sweep touched another owner's container"
+    );
+    // A second sweep as another owner, with discovery, still leaves them alone.
+    let (code, _) = home.json_as("bob", &["ledger", "sweep"]);
+    assert_eq!(code, 0);
+    assert!(container_exists(&unlabelled.0) && container_exists(&other_owner.0));
+}
+
+#[test]
+fn docker_user_path_through_the_cli() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("erin-{}", std::process::id());
+    let (code, doc) = home.json_as(&me, &["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run_as(&me, &["exec", &id, "-c", "echo hi; echo oops >&2; exit 3"]);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout), text(&out.stderr)),
+        (Some(3), "hi\n".into(), "oops\n".into())
+    );
+    let local = home.path().join("in.txt");
+    std::fs::write(&local, b"payload").unwrap();
+    assert!(home
+        .run_as(
+            &me,
+            &["cp", local.to_str().unwrap(), &format!("{id}:sub/in.txt")]
+        )
+        .status
+        .success());
+    assert_eq!(
+        text(
+            &home
+                .run_as(&me, &["cp", &format!("{id}:/workspace/sub/in.txt"), "-"])
+                .stdout
+        ),
+        "payload"
+    );
+    let (code, doc) = home.json_as(&me, &["suspend", &id]);
+    assert_eq!(
+        (code, &doc["transition"]["state"]),
+        (0, &Value::from("suspended")),
+        "{doc}"
+    );
+    let (code, doc) = home.json_as(&me, &["exec", &id, "--", "true"]);
+    assert_eq!(
+        (code, &doc["error"]["kind"]),
+        (125, &Value::from("conflict")),
+        "{doc}"
+    );
+    assert_eq!(home.json_as(&me, &["resume", &id]).0, 0);
+    let (code, doc) = home.json_as(&me, &["fork", &id]);
+    assert_eq!(code, 0, "{doc}");
+    let fork = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        text(
+            &home
+                .run_as(&me, &["exec", &fork, "--", "cat", "sub/in.txt"])
+                .stdout
+        ),
+        "payload"
+    );
+    let (code, doc) = home.json_as(&me, &["destroy", &id, &fork]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(!container_exists(&id) && !container_exists(&fork));
+}
+
+#[test]
+fn docker_names_that_would_change_an_engine_url_are_refused() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    for image in ["../../x", "a/../../containers/json", "/abs"] {
+        let (code, doc) = home.json_as(
+            "tester-docker-names",
+            &["create", "-p", "docker", "--image", image],
+        );
+        assert_eq!(code, 5, "{image}: {doc}");
+        assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
+    }
+    // Invalid input is 5 on docker as everywhere: over-long names and a spoofed sandbox marker.
+    let owner = "tester-docker-names";
+    let (code, doc) = home.json_as(owner, &["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let long = "n".repeat(300);
+    for args in [
+        vec![
+            "cp".to_owned(),
+            format!("{id}:{long}"),
+            home.path().join("copied").display().to_string(),
+        ],
+        vec![
+            "cp".to_owned(),
+            "/dev/null".to_owned(),
+            format!("{id}:{long}"),
+        ],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, doc) = home.json_as(owner, &args);
+        assert_eq!(code, 5, "{args:?}: {doc}");
+    }
+    let (code, doc) = home.json_as(
+        owner,
+        &["exec", &id, "--env", "BERTH_SANDBOX=bx-other", "--", "true"],
+    );
+    assert_eq!(code, 125, "{doc}");
+    assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
+    home.run_as(owner, &["destroy", &id]);
+}
+
+/// The CLI contract: a command missing from the sandbox exits 127 (126 when not executable),
+/// naming it, on host and docker; `--json` never shares stdout with file bytes; what docker
+/// supports for detached processes the CLI reaches (`exec --detach`, `ps`, `logs`, `kill`), and
+/// host, which does not, answers unsupported (4).
+#[test]
+fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_exec() {
+    let home = Home::new();
+    let host = home.create("tester");
+    let out = home.run(&["exec", &host, "--", "no-such-command-xyz"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        text(&out.stderr).contains("no-such-command-xyz"),
+        "{}",
+        text(&out.stderr)
+    );
+    home.run(&["exec", &host, "-c", "printf '#!/bin/sh\\n' > plain.sh"]);
+    let out = home.run(&["exec", &host, "--", "./plain.sh"]);
+    assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+    let (code, doc) = home.json(&["cp", &format!("{host}:plain.sh"), "-"]);
+    assert_eq!(code, 5, "{doc}");
+    let (code, doc) = home.json(&["exec", &host, "--detach", "--", "sleep", "1"]);
+    assert_eq!(code, 4, "{doc}");
+    home.json(&["destroy", &host]);
+    if !docker_ready() {
+        return;
+    }
+    let (code, doc) = home.json(&["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run(&["exec", &id, "--", "no-such-command-xyz"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let (code, doc) = home.json(&[
+        "exec",
+        &id,
+        "--detach",
+        "-c",
+        "echo one; echo two >&2; sleep 0.5; echo three",
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    let first = doc["handle"].as_str().unwrap().to_owned();
+    let (_, doc) = home.json(&["exec", &id, "--detach", "--", "sleep", "300"]);
+    let sleeper = doc["handle"].as_str().unwrap().to_owned();
+    let (_, doc) = home.json(&["ps", &id]);
+    let handles: Vec<&str> = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["handle"].as_str().unwrap())
+        .collect();
+    assert!(
+        handles.contains(&first.as_str()) && handles.contains(&sleeper.as_str()),
+        "{doc}"
+    );
+    let out = home.run(&["logs", "--follow", &id, &first]);
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout), "one\nthree\n");
+    assert_eq!(text(&out.stderr), "two\n");
+    let (_, doc) = home.json(&["logs", &id, &first]);
+    assert_eq!(doc["status"]["exit_code"], 0, "{doc}");
+    let (code, _) = home.json(&["kill", &id, &sleeper]);
+    assert_eq!(code, 0);
+    let (_, doc) = home.json(&["ps", &id]);
+    let state = doc["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["handle"] == sleeper.as_str())
+        .map(|p| p["status"]["state"].clone());
+    assert_eq!(state, Some(Value::from("finished")), "{doc}");
+    let (code, _) = home.json(&["logs", &id, "../../etc/passwd"]);
+    assert_eq!(code, 5);
+    let (code, doc) = home.json(&["destroy", &id]);
+    assert_eq!(code, 0, "{doc}");
+}

@@ -1,0 +1,258 @@
+//! What the CLI's end-to-end tests share: a throwaway BERTH_HOME that sweeps itself, docker
+//! readiness, and process helpers.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const CANARY: &str = "canary-9f2c1e-do-not-leak";
+
+pub struct Home {
+    pub dir: tempfile::TempDir,
+    /// Owners this test acted as; each is swept when the test ends.
+    pub owners: std::cell::RefCell<std::collections::BTreeSet<String>>,
+}
+
+impl Home {
+    pub fn new() -> Home {
+        Home {
+            dir: tempfile::Builder::new()
+                .prefix("berth-test-cli-")
+                .tempdir()
+                .unwrap(),
+            owners: Default::default(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn command(&self, owner: &str, args: &[&str]) -> Command {
+        self.owners.borrow_mut().insert(owner.to_owned());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(args)
+            .env("BERTH_HOME", self.path())
+            .env("BERTH_OWNER", owner)
+            .env("CANARY_TOKEN", CANARY)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn run_as(&self, owner: &str, args: &[&str]) -> Output {
+        self.command(owner, args).output().unwrap()
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.run_as("tester", args)
+    }
+
+    pub fn json_as(&self, owner: &str, args: &[&str]) -> (i32, Value) {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let out = self.run_as(owner, &full);
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{args:?}: not JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        assert_eq!(doc["schema"], "berth.cli/v1", "{doc}");
+        (out.status.code().unwrap(), doc)
+    }
+
+    pub fn json(&self, args: &[&str]) -> (i32, Value) {
+        self.json_as("tester", args)
+    }
+
+    pub fn create(&self, owner: &str) -> String {
+        let (code, doc) = self.json_as(owner, &["create"]);
+        assert_eq!(code, 0, "{doc}");
+        doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.path().join("state/host/sandboxes").join(id)
+    }
+
+    pub fn ledger_state(&self, owner: &str, id: &str) -> String {
+        let (_, doc) = self.json_as(owner, &["ledger", "list", "--all"]);
+        doc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["berth_id"] == id)
+            .map(|e| e["state"].as_str().unwrap().to_owned())
+            .unwrap_or_else(|| panic!("{id} not in ledger: {doc}"))
+    }
+
+    /// Every byte Berth persisted: the database files and the provider state.
+    pub fn assert_no_canary_persisted(&self) {
+        for entry in walk(self.path()) {
+            let bytes = std::fs::read(&entry).unwrap_or_default();
+            let hit = bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes());
+            assert!(!hit, "canary secret persisted in {}", entry.display());
+        }
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        // Leave nothing running: sweep for every owner this test acted as.
+        let owners: Vec<String> = self.owners.borrow().iter().cloned().collect();
+        for owner in owners {
+            let _ = self.run_as(&owner, &["ledger", "sweep"]);
+        }
+    }
+}
+
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                out.extend(walk(&path));
+            } else if meta.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Polls until `check` holds. The ceiling is generous because other tests (a nested cargo
+/// build among them) share the machine's two cores; it bounds a hang, it does not time anything.
+pub fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < until {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Starts `berth run -- sh -c 'echo $$ > pid; sleep 60'` and waits until the command runs.
+pub fn start_run(home: &Home) -> (Child, String, i32) {
+    let child = home
+        .command(
+            "tester",
+            &["run", "--", "sh", "-c", "echo $$ > pid; exec sleep 60"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sandboxes = home.path().join("state/host/sandboxes");
+    let mut found = None;
+    wait_for("the run's command to start", || {
+        let Ok(entries) = std::fs::read_dir(&sandboxes) else {
+            return false;
+        };
+        for entry in entries.flatten() {
+            if let Ok(pid) = std::fs::read_to_string(entry.path().join("workspace/pid")) {
+                if let Ok(pid) = pid.trim().parse::<i32>() {
+                    found = Some((entry.file_name().to_string_lossy().into_owned(), pid));
+                    return true;
+                }
+            }
+        }
+        false
+    });
+    let (id, pid) = found.unwrap();
+    (child, id, pid)
+}
+
+pub fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+pub fn signal(child: &Child, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+}
+
+/// Docker is shared by every test on the machine and sweeps discover by owner label, so each
+/// docker test acts as an owner of its own.
+///
+/// Docker-backed CLI tests need a running engine and the reference image; they fail without
+/// them unless `BERTH_SKIP_DOCKER=1` says to skip explicitly.
+pub fn docker_ready() -> bool {
+    let engine = Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .output();
+    let image = std::env::var("BERTH_TEST_IMAGE").unwrap_or_else(|_| "berth/agent:bookworm".into());
+    let has_image = Command::new("docker")
+        .args(["image", "inspect", &image])
+        .output();
+    let ok = matches!(engine, Ok(ref o) if o.status.success())
+        && matches!(has_image, Ok(ref o) if o.status.success());
+    if ok {
+        return true;
+    }
+    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or image {image}");
+        return false;
+    }
+    panic!("docker engine or image {image} missing; run scripts/test (or set BERTH_SKIP_DOCKER=1 to skip explicitly)");
+}
+
+pub fn test_image() -> String {
+    std::env::var("BERTH_TEST_IMAGE").unwrap_or_else(|_| "berth/agent:bookworm".into())
+}
+
+pub fn container_exists(name: &str) -> bool {
+    Command::new("docker")
+        .args(["inspect", "--format", "{{.State.Status}}", name])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+pub struct ForeignContainer(pub String);
+
+impl Drop for ForeignContainer {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", &self.0]).output();
+    }
+}
+
+pub fn foreign_container(name: &str, labels: &[&str]) -> ForeignContainer {
+    let mut cmd = Command::new("docker");
+    cmd.args(["run", "-d", "--name", name, "--network", "none"]);
+    for label in labels {
+        cmd.args(["--label", label]);
+    }
+    cmd.args([&test_image(), "sleep", "300"]);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    ForeignContainer(name.to_owned())
+}
+
+pub fn which(program: &str) -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(program))
+                .find(|candidate| candidate.is_file())
+        })
+        .ok_or(())
+}
