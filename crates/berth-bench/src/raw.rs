@@ -1,7 +1,7 @@
 //! `berth bench PROVIDER --raw`: Berth against its baselines, measured in the same run.
 //!
-//! Samples alternate between the baselines and Berth so drift (other load on the machine) hits
-//! all alike. Reported: median, p95 (nearest rank), min and sample count, plus the median ratio
+//! Samples interleave Berth and its baselines in an order that rotates every sample, so drift
+//! (other load on the machine) hits all alike and no measurement always follows the heaviest. Reported: median, p95 (nearest rank), min and sample count, plus the median ratio
 //! and overhead. Every baseline is labelled for what it is:
 //! - **own mechanism** (Berth's overhead): docker exec — the same supervisor request and frames
 //!   sent straight to the sandbox's socket, without Berth's checks; cycle — the same adapter
@@ -347,12 +347,20 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
                     "bench {provider_id} --raw: exec samples {i}/{iterations}"
                 ));
             }
-            raw_samples.push(raw.exec(&target).await?);
-            berth.push(berth_exec(provider.as_ref(), &id).await?);
-            if let Some((docker, socket)) = &bare {
-                let started = Instant::now();
-                docker.bare_exec(socket, &["true"]).await?;
-                bare_samples.push(started.elapsed());
+            // The order rotates every sample, so no measurement always follows the heaviest
+            // one (an Engine exec leaves the machine busy for a moment after it returns).
+            for turn in 0..3 {
+                match (i + turn) % 3 {
+                    0 => raw_samples.push(raw.exec(&target).await?),
+                    1 => berth.push(berth_exec(provider.as_ref(), &id).await?),
+                    _ => {
+                        if let Some((docker, socket)) = &bare {
+                            let started = Instant::now();
+                            docker.bare_exec(socket, &["true"]).await?;
+                            bare_samples.push(started.elapsed());
+                        }
+                    }
+                }
             }
         }
         let own =
@@ -377,19 +385,25 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     for n in 0..cycles {
         ctx.progress
             .say(&format!("bench {provider_id} --raw: cycles {n}/{cycles}"));
-        let started = Instant::now();
-        let target = raw.make_target(scratch.path(), n + 1, ctx).await?;
-        raw.exec(&target).await?;
-        raw.remove_target(&target).await?;
-        raw_cycle.push(started.elapsed());
-
-        let started = Instant::now();
-        let tracked = berth_create(ctx, &provider, image).await?;
-        berth_exec(provider.as_ref(), &NativeId(tracked.native_id.clone())).await?;
-        destroy_tracked(ctx, provider.as_ref(), &tracked).await?;
-        berth_cycle.push(started.elapsed());
-
-        bare_cycle.push(bare_cycle_once(ctx, &provider, image, n).await?);
+        for turn in 0..3 {
+            match (n + turn) % 3 {
+                0 => {
+                    let started = Instant::now();
+                    let target = raw.make_target(scratch.path(), n + 1, ctx).await?;
+                    raw.exec(&target).await?;
+                    raw.remove_target(&target).await?;
+                    raw_cycle.push(started.elapsed());
+                }
+                1 => {
+                    let started = Instant::now();
+                    let tracked = berth_create(ctx, &provider, image).await?;
+                    berth_exec(provider.as_ref(), &NativeId(tracked.native_id.clone())).await?;
+                    destroy_tracked(ctx, provider.as_ref(), &tracked).await?;
+                    berth_cycle.push(started.elapsed());
+                }
+                _ => bare_cycle.push(bare_cycle_once(ctx, &provider, image, n).await?),
+            }
+        }
     }
     let cycle = compare(&mut berth_cycle.clone(), &mut raw_cycle);
     let own_cycle = compare(&mut berth_cycle, &mut bare_cycle);

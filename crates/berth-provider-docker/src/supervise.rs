@@ -6,7 +6,7 @@ use std::path::Path;
 
 use berth_contract::Stream;
 use berth_supervisor::{
-    Exit, Request, MAX_FRAME, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
+    Exit, Request, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
 };
 
 /// How long the supervisor may take to acknowledge a request. A frozen (paused) container
@@ -107,22 +107,16 @@ async fn send(socket: &Path, expect: &Expect, request: &Request) -> io::Result<U
 }
 
 async fn read_frame(stream: &mut UnixStream) -> io::Result<Option<(u8, Vec<u8>)>> {
-    let mut header = [0u8; 5];
+    let mut header = [0u8; berth_supervisor::FRAME_HEADER];
     match stream.read_exact(&mut header).await {
         Ok(_) => {}
         Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(err) => return Err(err),
     }
-    let len = u32::from_be_bytes(header[1..].try_into().expect("4 bytes"));
-    if len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "oversized frame",
-        ));
-    }
-    let mut payload = vec![0u8; len as usize];
+    let (tag, len) = berth_supervisor::parse_frame_header(&header)?;
+    let mut payload = vec![0u8; len];
     stream.read_exact(&mut payload).await?;
-    Ok(Some((header[0], payload)))
+    Ok(Some((tag, payload)))
 }
 
 /// Whether the supervisor answers; returns who answered.

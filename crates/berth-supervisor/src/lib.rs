@@ -156,34 +156,50 @@ pub enum Exit {
     },
 }
 
-/// Writes one frame.
-pub fn write_frame(out: &mut impl Write, tag: u8, payload: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("frame too large"))?;
-    let mut header = [0u8; 5];
+/// Bytes before a frame's payload: its tag, then the payload's length (big-endian `u32`).
+pub const FRAME_HEADER: usize = 5;
+
+/// The header of a frame carrying `len` payload bytes under `tag`.
+pub fn frame_header(tag: u8, len: usize) -> io::Result<[u8; FRAME_HEADER]> {
+    let len = u32::try_from(len).map_err(|_| io::Error::other("frame too large"))?;
+    let mut header = [0u8; FRAME_HEADER];
     header[0] = tag;
     header[1..].copy_from_slice(&len.to_be_bytes());
-    out.write_all(&header)?;
-    out.write_all(payload)
+    Ok(header)
 }
 
-/// Reads one frame; `None` at a clean end of stream.
-pub fn read_frame(input: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
-    let mut header = [0u8; 5];
-    match input.read_exact(&mut header) {
-        Ok(()) => {}
-        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(err) => return Err(err),
-    }
-    let len = u32::from_be_bytes(header[1..].try_into().expect("4 bytes"));
+/// A frame header's tag and payload length, refusing a payload over [`MAX_FRAME`]. The one
+/// decoder of the frame format: the blocking reader below and the docker adapter's async client
+/// both go through it.
+pub fn parse_frame_header(header: &[u8; FRAME_HEADER]) -> io::Result<(u8, usize)> {
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
     if len > MAX_FRAME {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!("frame of {len} bytes exceeds the limit"),
         ));
     }
-    let mut payload = vec![0u8; len as usize];
+    Ok((header[0], len as usize))
+}
+
+/// Writes one frame.
+pub fn write_frame(out: &mut impl Write, tag: u8, payload: &[u8]) -> io::Result<()> {
+    out.write_all(&frame_header(tag, payload.len())?)?;
+    out.write_all(payload)
+}
+
+/// Reads one frame; `None` at a clean end of stream.
+pub fn read_frame(input: &mut impl Read) -> io::Result<Option<(u8, Vec<u8>)>> {
+    let mut header = [0u8; FRAME_HEADER];
+    match input.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(err) => return Err(err),
+    }
+    let (tag, len) = parse_frame_header(&header)?;
+    let mut payload = vec![0u8; len];
     input.read_exact(&mut payload)?;
-    Ok(Some((header[0], payload)))
+    Ok(Some((tag, payload)))
 }
 
 #[cfg(test)]
