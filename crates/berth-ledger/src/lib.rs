@@ -13,7 +13,6 @@
 //! - **Gone means observed gone.** A row becomes `verified_gone` only when the provider's
 //!   destroy verified it or observe says absent. `Accepted` keeps the row open.
 
-use berth_store::LedgerStore as _;
 use std::future::Future;
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use berth_contract::{
     CreateRequest, Created, DestroyOutcome, Labels, NativeId, Observation, Provider, ProviderError,
     ProviderExt, SandboxName, SnapshotRef,
 };
+use berth_store::LedgerStore as _;
 use berth_store::{
     LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind, Store, StoreError,
 };

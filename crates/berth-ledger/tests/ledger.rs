@@ -1,6 +1,5 @@
 //! Ledger tests against the real host provider and a real SQLite store.
 
-use berth_store::LedgerStore as _;
 use std::sync::Arc;
 
 use berth_contract::{
@@ -9,6 +8,7 @@ use berth_contract::{
 };
 use berth_factory::{Environment, ProviderConfig, Registry};
 use berth_ledger::{Ledger, LedgerError, SweepAction, SweepScope};
+use berth_store::LedgerStore as _;
 use berth_store::{LedgerState, NewLedgerRow, Store};
 
 struct World {

@@ -1,6 +1,5 @@
 //! The attempt's named steps: one per durable phase, each ending in one transaction.
 
-use berth_store::LedgerStore as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use berth_mission::authority::{
 };
 use berth_mission::file::{parse_duration, Task};
 use berth_store::LedgerState;
+use berth_store::LedgerStore as _;
 use serde_json::json;
 
 use crate::pipeline::*;

@@ -2,11 +2,9 @@
 //! (SIGTERM of a `berth run`) and a short lifecycle measurement, live, written as a sealed (or
 //! signed) evidence record. The CLI parses arguments and prints; everything else is here.
 
-use berth_store::LedgerStore as _;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
-
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use berth_conformance::{Grade, Subject};
 use berth_contract::{DestroyOutcome, ExecRequest, Observation};
@@ -15,6 +13,7 @@ use berth_evidence::{
 };
 use berth_factory::{FactoryError, ProviderConfig, Registry};
 use berth_ledger::Ledger;
+use berth_store::LedgerStore as _;
 use chrono::Utc;
 
 /// What verification reads.
