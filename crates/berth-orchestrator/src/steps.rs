@@ -94,13 +94,9 @@ impl Attempt<'_, '_> {
         let key = self.key;
         let index = self.index;
         let task = self.task;
-        let attempt = self.attempt;
         let mission = &self.record.id;
         let provider = &self.provider;
         let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         // A sandbox a crash left half-made (intent recorded, absent or still creating) holds
         // nothing yet: it is destroyed, its name retired, and the attempt places again —
         // the crash costs no attempt.
@@ -171,16 +167,10 @@ impl Attempt<'_, '_> {
     pub(crate) async fn run_agent(&self) -> Result<Step, OrchestratorError> {
         let orch = self.orch;
         let spec = self.spec;
-        let seq = self.seq;
-        let index = self.index;
         let task = self.task;
         let attempt = self.attempt;
-        let mission = &self.record.id;
         let provider = &self.provider;
         let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
         let timeout = parse_duration(&task.agent_timeout).expect("validated");
         let req = ExecRequest::shell(spec.file.harness.command.clone())
@@ -208,7 +198,6 @@ impl Attempt<'_, '_> {
         let orch = self.orch;
         let spec = self.spec;
         let record = self.record;
-        let seq = self.seq;
         let key = self.key;
         let index = self.index;
         let task = self.task;
@@ -216,9 +205,6 @@ impl Attempt<'_, '_> {
         let mission = &self.record.id;
         let provider = &self.provider;
         let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         // The workspace leaves the agent's sandbox as data and is committed on the host;
         // the validator judges exactly that commit, in a clean sandbox.
         let main_id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
@@ -290,9 +276,6 @@ impl Attempt<'_, '_> {
         let mission = &self.record.id;
         let provider = &self.provider;
         let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         // A fresh sandbox from the mission's image, holding a checkout of the captured
         // commit and nothing else of the agent's. A sandbox a crash left half-made is
         // destroyed and the next generation made (it costs no attempt).
@@ -451,15 +434,7 @@ impl Attempt<'_, '_> {
         let record = self.record;
         let seq = self.seq;
         let key = self.key;
-        let index = self.index;
-        let task = self.task;
-        let attempt = self.attempt;
         let mission = &self.record.id;
-        let provider = &self.provider;
-        let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         // The commit the validator judged, computed on the host at capture.
         let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
         let commit = capture::resolve(&repo, &attempt_ref(key))?;
@@ -487,15 +462,11 @@ impl Attempt<'_, '_> {
         let record = self.record;
         let seq = self.seq;
         let key = self.key;
-        let index = self.index;
         let task = self.task;
         let attempt = self.attempt;
         let mission = &self.record.id;
         let provider = &self.provider;
         let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
         // A provider snapshot where the provider has one; otherwise a workspace snapshot: the
         // repository exported as a git bundle under the mission directory.
@@ -568,15 +539,9 @@ impl Attempt<'_, '_> {
         let record = self.record;
         let seq = self.seq;
         let key = self.key;
-        let index = self.index;
         let task = self.task;
         let attempt = self.attempt;
         let mission = &self.record.id;
-        let provider = &self.provider;
-        let main = &self.main;
-        let _ = (
-            orch, spec, seq, index, task, attempt, mission, provider, main,
-        );
         let path = orch
             .mission_dir(mission)
             .join(format!("{}.bundle", task.id));
