@@ -174,7 +174,7 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
         }
         MissionCommand::Resume { id } => drive(app, &id).await,
         MissionCommand::Status { id } => status(app, &id).await,
-        MissionCommand::Bench { .. } => unreachable!("dispatched to mission_bench"),
+        MissionCommand::Bench { .. } => unreachable!("dispatched to berth_bench::mission"),
         MissionCommand::List => {
             let rows = app.ledger.store().mission_list(app.ledger.owner()).await?;
             if app.json {
