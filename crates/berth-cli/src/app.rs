@@ -68,16 +68,13 @@ impl App {
         let store = Store::open(&config.database()).await?;
         private_store(&config.home)?;
         let registry = Registry::builtin()?;
-        let mut provider_config = ProviderConfig {
+        let provider_config = ProviderConfig {
             state_dir: config.state_dir(),
             env: config.env.clone(),
-            reaper: None,
+            // The reaper when there is no supervisor: `berth` itself (`berth __reap …`); the
+            // factory prefers the supervisor when it builds a local provider.
+            reaper: std::env::current_exe().ok(),
         };
-        // The per-exec reaper: the small static supervisor (`BERTH_SUPERVISOR`, or the one
-        // this build carries; it starts faster), else `berth` itself (`berth __reap …`).
-        provider_config.reaper = berth_factory::supervisor(&provider_config)
-            .ok()
-            .or_else(|| std::env::current_exe().ok());
         let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
         Ok(App {
             config,

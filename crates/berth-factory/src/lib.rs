@@ -38,8 +38,9 @@ pub struct ProviderConfig {
     /// The environment snapshot (credentials are read from here by name).
     pub env: Environment,
     /// A program that runs a command under Berth's per-exec reaper when called as
-    /// `PROGRAM __reap ARGV…` (the `berth` binary itself, or `berth-supervisor`). Host execs
-    /// use it so nothing a command starts outlives the exec; `None`: process groups only.
+    /// `PROGRAM __reap ARGV…` (the `berth` binary itself), used by host and bwrap only when
+    /// there is no supervisor ([`supervisor`]: `BERTH_SUPERVISOR` or the one this build
+    /// carries, which starts faster); `None` then means process groups only.
     pub reaper: Option<PathBuf>,
 }
 
@@ -439,11 +440,19 @@ fn construct_host(
     let provider = berth_provider_host::new(
         config.state_dir.join("host"),
         berth_provider_host::HostConfig {
-            reaper: config.reaper.clone(),
+            reaper: reaper(config),
             ..Default::default()
         },
     )?;
     Ok(Arc::new(provider))
+}
+
+/// The per-exec reaper local providers run commands under: the supervisor when there is one,
+/// else the configured fallback. Resolved here, when a local provider is built, so commands
+/// that never run one (`list`, `catalog`) never touch the supervisor file.
+#[cfg(any(feature = "host", feature = "bwrap"))]
+fn reaper(config: &ProviderConfig) -> Option<PathBuf> {
+    supervisor(config).ok().or_else(|| config.reaper.clone())
 }
 
 #[cfg(feature = "bwrap")]
@@ -454,7 +463,7 @@ fn construct_bwrap(
     let provider = berth_provider_bwrap::new(
         config.state_dir.join("bwrap"),
         berth_provider_bwrap::BwrapConfig {
-            reaper: config.reaper.clone(),
+            reaper: reaper(config),
             ..Default::default()
         },
     )?;
