@@ -35,11 +35,20 @@ fn main() {
         std::process::exit(code);
     }
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime starts");
+    // One request to one sandbox needs no worker threads (starting and joining them is a
+    // measurable part of a short command); missions, benchmarks and verification run
+    // concurrent work that must not stall behind one another.
+    let runtime = if cli.command.runs_concurrent_work() {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime starts");
     let exit = runtime.block_on(run(cli));
     // Do not wait for lingering blocking tasks: everything that must finish has finished.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
@@ -159,6 +168,15 @@ fn finish(json: bool, name: &str, result: anyhow::Result<i32>) -> i32 {
 }
 
 impl Command {
+    /// Whether the command runs concurrent work (a multi-threaded runtime), rather than one
+    /// request at a time.
+    fn runs_concurrent_work(&self) -> bool {
+        matches!(
+            self,
+            Command::Mission(_) | Command::Bench(_) | Command::Verify(_) | Command::Demo
+        )
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Command::Providers => "providers",

@@ -192,11 +192,17 @@ impl Store {
 /// Every migration this build knows is applied, successfully, with the same checksum — what
 /// `MIGRATOR.run` would find before doing nothing.
 async fn schema_is_current(pool: &sqlx::SqlitePool) -> bool {
+    let Ok(mut conn) = pool.acquire().await else {
+        return false;
+    };
     let applied: Result<Vec<(i64, Vec<u8>)>, _> = sqlx::query_as(
         "SELECT version, checksum FROM _sqlx_migrations WHERE success = 1 ORDER BY version",
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await;
+    // Back in the pool before the command's first query, which would otherwise open a second
+    // connection (a dropped connection returns to the pool from a spawned task, later).
+    conn.return_to_pool().await;
     let Ok(applied) = applied else {
         return false;
     };
