@@ -160,6 +160,9 @@ pub enum Command {
     /// Provider development: `berth provider new NAME` scaffolds an adapter.
     #[command(subcommand)]
     Provider(ProviderCommand),
+    /// Run the model gateway on its own: a scripted model (`--script FILE`) or a proxy to a
+    /// real endpoint (`--proxy URL --credential-env VAR`), on 127.0.0.1, until interrupted.
+    Gateway(GatewayArgs),
     /// Print a shell completion script: `berth completions bash > /etc/bash_completion.d/berth`.
     Completions {
         /// The shell.
@@ -458,4 +461,31 @@ pub enum MissionCommand {
         #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
         concurrency: Vec<usize>,
     },
+}
+
+/// `berth gateway`.
+#[derive(Debug, clap::Args)]
+pub struct GatewayArgs {
+    /// A model script (TOML; see the README's "Model gateway" section).
+    #[arg(long, conflicts_with = "proxy", required_unless_present = "proxy")]
+    pub script: Option<std::path::PathBuf>,
+    /// Forward to this origin (`http://host:port`) instead, adding the credential.
+    #[arg(long, requires = "credential_env")]
+    pub proxy: Option<String>,
+    /// The environment variable holding the proxy's credential (the value never goes in argv).
+    #[arg(long)]
+    pub credential_env: Option<String>,
+    /// The port on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// The attempt name journal lines carry.
+    #[arg(long, default_value = "gateway")]
+    pub attempt: String,
+    /// Where requests are journaled (default: under `$BERTH_HOME/state/gateway/`).
+    #[arg(long)]
+    pub journal: Option<std::path::PathBuf>,
+    /// A price table (TOML: `[models."NAME"] input = …, output = …, cached_input = …`, US
+    /// dollars per million tokens) for the journal's costs.
+    #[arg(long)]
+    pub prices: Option<std::path::PathBuf>,
 }

@@ -81,6 +81,13 @@ async fn run(cli: Cli) -> i32 {
             return 0;
         }
         Command::Providers => return finish(json, name, commands::providers(&config, json)),
+        Command::Gateway(args) => {
+            return finish(
+                json,
+                name,
+                commands::gateway::run(&config, json, args).await,
+            )
+        }
         Command::Catalog(command) => {
             return finish(json, name, commands::catalog::run(&config, json, command))
         }
@@ -173,7 +180,11 @@ impl Command {
     fn runs_concurrent_work(&self) -> bool {
         matches!(
             self,
-            Command::Mission(_) | Command::Bench(_) | Command::Verify(_) | Command::Demo
+            Command::Mission(_)
+                | Command::Bench(_)
+                | Command::Verify(_)
+                | Command::Demo
+                | Command::Gateway(_)
         )
     }
 
@@ -214,6 +225,7 @@ impl Command {
             Command::Mission(cli::MissionCommand::Bench { .. }) => "mission bench",
             Command::Schema { .. } => "schema",
             Command::Completions { .. } => "completions",
+            Command::Gateway(_) => "gateway",
         }
     }
 }

@@ -3,6 +3,7 @@
 pub mod catalog;
 mod demo;
 mod exec;
+pub mod gateway;
 mod ledger;
 mod mission;
 mod sandbox;
@@ -95,7 +96,8 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         | Command::Schema { .. }
         | Command::Completions { .. }
         | Command::Catalog(_)
-        | Command::Provider(_) => {
+        | Command::Provider(_)
+        | Command::Gateway(_) => {
             unreachable!("handled without state")
         }
     }

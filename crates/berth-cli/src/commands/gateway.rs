@@ -1,0 +1,89 @@
+//! `berth gateway`: the model gateway on its own, for users' own tests.
+
+use anyhow::{Context, Result};
+use berth_gateway::{Gateway, GatewayConfig, GatewayError, Prices, Proxy, Script, Upstream};
+use serde_json::json;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::GatewayArgs;
+use crate::config::Config;
+use crate::errors::CliError;
+use crate::output::emit;
+
+fn invalid(err: GatewayError) -> anyhow::Error {
+    let hint = match &err {
+        GatewayError::Script(_) => "see the README's \"Model gateway\" section for the format",
+        GatewayError::Prices(_) => "prices are US dollars per million tokens, finite, >= 0",
+        GatewayError::Proxy(_) => "give `--proxy http://HOST:PORT --credential-env VAR`",
+        GatewayError::Listen(_) => "choose another `--port`, or 0 for any free one",
+    };
+    CliError::invalid(err.to_string(), hint).into()
+}
+
+fn load_prices(path: &std::path::Path) -> Result<Prices> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the price table {}", path.display()))?;
+    let prices: Prices =
+        toml::from_str(&text).map_err(|e| invalid(GatewayError::Prices(e.to_string())))?;
+    prices.check().map_err(invalid)?;
+    Ok(prices)
+}
+
+/// Runs until SIGINT or SIGTERM; prints where it listens, the attempt token and the journal.
+pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32> {
+    let upstream = match (&args.script, &args.proxy) {
+        (Some(path), _) => Upstream::Scripted(Script::load(path).map_err(invalid)?.into()),
+        (None, Some(origin)) => {
+            let variable = args.credential_env.as_deref().unwrap_or_default();
+            let credential = config.env.get(variable).unwrap_or_default().to_owned();
+            if credential.is_empty() {
+                return Err(CliError::invalid(
+                    format!("`{variable}` is not set (the proxy's credential)"),
+                    "export the credential in that variable; it never goes in argv",
+                )
+                .into());
+            }
+            Upstream::Proxy(Proxy::new(origin, credential).map_err(invalid)?.into())
+        }
+        (None, None) => unreachable!("clap requires --script or --proxy"),
+    };
+    let prices = args.prices.as_deref().map(load_prices).transpose()?;
+    let journal = match args.journal.clone() {
+        Some(path) => path,
+        None => {
+            let dir = config.state_dir().join("gateway");
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            dir.join(format!("journal-{}.jsonl", std::process::id()))
+        }
+    };
+    let gateway = Gateway::new(GatewayConfig { upstream, prices });
+    let token = gateway.admit(&args.attempt, journal.clone());
+    let running = gateway.listen(args.port).await.map_err(invalid)?;
+    if json {
+        emit(
+            "gateway",
+            json!({
+                "listening": running.base_url(),
+                "token": token.expose(),
+                "journal": journal,
+            }),
+        );
+    } else {
+        println!("LISTENING {}", running.base_url());
+        println!("TOKEN {}", token.expose());
+        println!("JOURNAL {}", journal.display());
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let (mut interrupt, mut terminate) = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    running.stop();
+    Ok(0)
+}

@@ -1,0 +1,534 @@
+//! The three wire dialects the harnesses speak, and the scripted model's choice of tool.
+//!
+//! A request is read into a [`Turn`] (its tools, how many tool results it carries, the working
+//! directory named in its prompt, whether it streams); the scripted model's answer is a
+//! [`Reply`], rendered back in the request's own dialect — a JSON body or server-sent events.
+
+pub mod anthropic;
+pub mod chat;
+pub mod responses;
+
+use serde_json::{json, Value};
+
+use crate::script::{Action, Usage};
+
+/// The API a request speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI Chat Completions (`POST …/chat/completions`; OpenCode).
+    Chat,
+    /// OpenAI Responses (`POST …/responses`; Codex).
+    Responses,
+    /// Anthropic Messages (`POST …/messages`; Claude Code).
+    Anthropic,
+}
+
+impl Dialect {
+    /// The dialect of a request path (the suffix decides, so `/v1/…` and `/…` both work).
+    pub fn of_path(path: &str) -> Option<Dialect> {
+        let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+        if path.ends_with("/chat/completions") {
+            Some(Dialect::Chat)
+        } else if path.ends_with("/responses") {
+            Some(Dialect::Responses)
+        } else if path.ends_with("/messages") {
+            Some(Dialect::Anthropic)
+        } else {
+            None
+        }
+    }
+
+    /// A stable name (journal, events).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Chat => "openai-chat",
+            Dialect::Responses => "openai-responses",
+            Dialect::Anthropic => "anthropic-messages",
+        }
+    }
+
+    /// An error body in this dialect's own shape.
+    pub fn error_body(self, status: u16, message: &str) -> Value {
+        match self {
+            Dialect::Anthropic => json!({
+                "type": "error",
+                "error": { "type": anthropic::error_type(status), "message": message },
+            }),
+            Dialect::Chat | Dialect::Responses => json!({
+                "error": {
+                    "message": message,
+                    "type": if status == 401 { "invalid_request_error" } else if status >= 500 { "server_error" } else { "invalid_request_error" },
+                    "code": status,
+                },
+            }),
+        }
+    }
+}
+
+/// A tool the harness offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    /// Its name.
+    pub name: String,
+    /// Its parameters' JSON schema (`Null` for freeform tools).
+    pub schema: Value,
+    /// A freeform (custom) tool taking raw text, like Codex's `apply_patch`.
+    pub freeform: bool,
+}
+
+/// One model request, as far as the scripted model needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// The dialect.
+    pub dialect: Dialect,
+    /// The requested model name (echoed back).
+    pub model: String,
+    /// Whether the answer is streamed (SSE).
+    pub stream: bool,
+    /// Chat: whether a final usage chunk was asked for.
+    pub include_usage: bool,
+    /// The tools offered.
+    pub tools: Vec<Tool>,
+    /// Tool results already in the conversation (the scripted model's step).
+    pub tool_results: usize,
+    /// The working directory named in the prompt, if any.
+    pub cwd: Option<String>,
+}
+
+impl Turn {
+    /// Reads a request body of `dialect`.
+    pub fn read(dialect: Dialect, body: &Value) -> Turn {
+        let (tools, tool_results) = match dialect {
+            Dialect::Chat => (chat::tools(body), chat::tool_results(body)),
+            Dialect::Responses => (responses::tools(body), responses::tool_results(body)),
+            Dialect::Anthropic => (anthropic::tools(body), anthropic::tool_results(body)),
+        };
+        Turn {
+            dialect,
+            model: body["model"].as_str().unwrap_or("scripted").to_owned(),
+            stream: body["stream"].as_bool().unwrap_or(false),
+            include_usage: body["stream_options"]["include_usage"]
+                .as_bool()
+                .unwrap_or(false),
+            tools,
+            tool_results,
+            cwd: find_cwd(body),
+        }
+    }
+}
+
+/// A tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// A function tool with JSON arguments.
+    Function {
+        /// The tool's name.
+        name: String,
+        /// Its arguments.
+        arguments: Value,
+    },
+    /// A freeform tool with raw input.
+    Custom {
+        /// The tool's name.
+        name: String,
+        /// Its input.
+        input: String,
+    },
+}
+
+/// The scripted model's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A final message.
+    Text(String),
+    /// One tool call.
+    Call(Call),
+}
+
+/// Shell tools, by harness: OpenCode, Claude Code, Codex (several generations).
+const SHELL_TOOLS: &[&str] = &[
+    "bash",
+    "Bash",
+    "exec_command",
+    "shell",
+    "shell_command",
+    "local_shell",
+];
+
+impl Reply {
+    /// What the scripted model answers to `turn` for `action` (not an error).
+    pub fn decide(action: &Action, turn: &Turn, side_text: &str) -> Reply {
+        if turn.tools.is_empty() {
+            return Reply::Text(side_text.to_owned());
+        }
+        match action {
+            Action::Text(text) => Reply::Text(text.clone()),
+            Action::Error(error) => Reply::Text(error.message.clone()),
+            Action::Shell(cmd) => shell_call(turn, cmd).map_or_else(
+                || {
+                    Reply::Text(format!(
+                        "(scripted) the harness offers no shell tool for: {cmd}"
+                    ))
+                },
+                Reply::Call,
+            ),
+            Action::Write(write) => {
+                let path = absolute(&write.path, turn.cwd.as_deref());
+                if let Some(tool) = find(turn, &["write", "Write"]) {
+                    let mut args = serde_json::Map::new();
+                    args.insert(path_key(tool).into(), json!(path));
+                    args.insert("content".into(), json!(write.content));
+                    return Reply::Call(Call::Function {
+                        name: tool.name.clone(),
+                        arguments: Value::Object(args),
+                    });
+                }
+                if let Some(tool) = turn
+                    .tools
+                    .iter()
+                    .find(|t| t.freeform && t.name == "apply_patch")
+                {
+                    let mut patch = format!("*** Begin Patch\n*** Add File: {path}\n");
+                    for line in write.content.lines() {
+                        patch.push_str(&format!("+{line}\n"));
+                    }
+                    patch.push_str("*** End Patch");
+                    return Reply::Call(Call::Custom {
+                        name: tool.name.clone(),
+                        input: patch,
+                    });
+                }
+                let cmd = format!(
+                    "printf '%s' {} > {}",
+                    shell_quote(&write.content),
+                    shell_quote(&path)
+                );
+                shell_call(turn, &cmd).map_or_else(
+                    || Reply::Text("(scripted) the harness offers no write or shell tool".into()),
+                    Reply::Call,
+                )
+            }
+            Action::Edit(edit) => {
+                let path = absolute(&edit.path, turn.cwd.as_deref());
+                if let Some(tool) = find(turn, &["edit", "Edit"]) {
+                    let snake = tool.name == "Edit";
+                    let mut args = serde_json::Map::new();
+                    args.insert(path_key(tool).into(), json!(path));
+                    args.insert(
+                        if snake { "old_string" } else { "oldString" }.into(),
+                        json!(edit.old),
+                    );
+                    args.insert(
+                        if snake { "new_string" } else { "newString" }.into(),
+                        json!(edit.new),
+                    );
+                    return Reply::Call(Call::Function {
+                        name: tool.name.clone(),
+                        arguments: Value::Object(args),
+                    });
+                }
+                if let Some(tool) = turn
+                    .tools
+                    .iter()
+                    .find(|t| t.freeform && t.name == "apply_patch")
+                {
+                    let mut patch = format!("*** Begin Patch\n*** Update File: {path}\n@@\n");
+                    for line in edit.old.lines() {
+                        patch.push_str(&format!("-{line}\n"));
+                    }
+                    for line in edit.new.lines() {
+                        patch.push_str(&format!("+{line}\n"));
+                    }
+                    patch.push_str("*** End Patch");
+                    return Reply::Call(Call::Custom {
+                        name: tool.name.clone(),
+                        input: patch,
+                    });
+                }
+                Reply::Text(format!(
+                    "(scripted) the harness offers no edit tool for {path}"
+                ))
+            }
+        }
+    }
+}
+
+fn find<'a>(turn: &'a Turn, names: &[&str]) -> Option<&'a Tool> {
+    names
+        .iter()
+        .find_map(|n| turn.tools.iter().find(|t| !t.freeform && t.name == *n))
+}
+
+/// The key a write/edit tool takes its path under, from its schema.
+fn path_key(tool: &Tool) -> &'static str {
+    let props = &tool.schema["properties"];
+    ["filePath", "file_path", "path"]
+        .into_iter()
+        .find(|k| !props[*k].is_null())
+        .unwrap_or(if tool.name == "Write" || tool.name == "Edit" {
+            "file_path"
+        } else {
+            "filePath"
+        })
+}
+
+/// A call of the harness's shell tool running `cmd`, with arguments shaped by its schema.
+fn shell_call(turn: &Turn, cmd: &str) -> Option<Call> {
+    let tool = find(turn, SHELL_TOOLS)?;
+    let props = &tool.schema["properties"];
+    let mut args = serde_json::Map::new();
+    if !props["command"].is_null() {
+        let as_array = props["command"]["type"] == "array";
+        args.insert(
+            "command".into(),
+            if as_array {
+                json!(["bash", "-lc", cmd])
+            } else {
+                json!(cmd)
+            },
+        );
+    } else if !props["cmd"].is_null() {
+        args.insert("cmd".into(), json!(cmd));
+    } else {
+        args.insert("command".into(), json!(cmd));
+    }
+    if !props["description"].is_null() {
+        args.insert("description".into(), json!("Scripted step"));
+    }
+    Some(Call::Function {
+        name: tool.name.clone(),
+        arguments: Value::Object(args),
+    })
+}
+
+/// `path` made absolute from `cwd` (kept as given when there is none).
+fn absolute(path: &str, cwd: Option<&str>) -> String {
+    match cwd {
+        Some(cwd) if !path.starts_with('/') => format!("{}/{path}", cwd.trim_end_matches('/')),
+        _ => path.to_owned(),
+    }
+}
+
+/// Single-quoted for a POSIX shell.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// The working directory a prompt names: `<cwd>…</cwd>` (Codex) or `Working directory: …`
+/// (Claude Code, OpenCode), in any string of the request.
+fn find_cwd(body: &Value) -> Option<String> {
+    fn walk(value: &Value) -> Option<String> {
+        match value {
+            Value::String(text) => {
+                if let Some(start) = text.find("<cwd>") {
+                    let rest = &text[start + 5..];
+                    if let Some(end) = rest.find("</cwd>") {
+                        return Some(rest[..end].trim().to_owned());
+                    }
+                }
+                if let Some(start) = text.find("Working directory: ") {
+                    let rest = &text[start + 19..];
+                    let line = rest.lines().next().unwrap_or("").trim();
+                    if line.starts_with('/') {
+                        return Some(line.to_owned());
+                    }
+                }
+                None
+            }
+            Value::Array(items) => items.iter().find_map(walk),
+            Value::Object(map) => map.values().find_map(walk),
+            _ => None,
+        }
+    }
+    walk(body)
+}
+
+/// A random id with a prefix (`call_…`, `msg_…`).
+pub(crate) fn new_id(prefix: &str) -> String {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).expect("the OS random source works");
+    format!("{prefix}{}", hex::encode(bytes))
+}
+
+/// One server-sent event.
+pub(crate) fn sse(out: &mut String, event: Option<&str>, data: &Value) {
+    if let Some(event) = event {
+        out.push_str("event: ");
+        out.push_str(event);
+        out.push('\n');
+    }
+    out.push_str("data: ");
+    out.push_str(&data.to_string());
+    out.push_str("\n\n");
+}
+
+/// A rendered answer: JSON body or event stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// `application/json` or `text/event-stream`.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: String,
+}
+
+/// Renders `reply` for `turn`.
+pub fn render(turn: &Turn, reply: &Reply, usage: Usage) -> Rendered {
+    let body = match turn.dialect {
+        Dialect::Chat => chat::render(turn, reply, usage),
+        Dialect::Responses => responses::render(turn, reply, usage),
+        Dialect::Anthropic => anthropic::render(turn, reply, usage),
+    };
+    Rendered {
+        content_type: if turn.stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        },
+        body,
+    }
+}
+
+/// The JSON `data:` payloads of an event stream (`[DONE]` and unparseable ones skipped).
+pub(crate) fn sse_data(body: &str) -> impl Iterator<Item = Value> + '_ {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str(d.trim()).ok())
+}
+
+/// The usage a response body of `dialect` reports (JSON or event stream).
+pub fn usage_of(dialect: Dialect, body: &str) -> Option<Usage> {
+    match dialect {
+        Dialect::Chat => chat::usage_of(body),
+        Dialect::Responses => responses::usage_of(body),
+        Dialect::Anthropic => anthropic::usage_of(body),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(tools: Vec<Tool>, cwd: Option<&str>) -> Turn {
+        Turn {
+            dialect: Dialect::Chat,
+            model: "m".into(),
+            stream: false,
+            include_usage: false,
+            tools,
+            tool_results: 0,
+            cwd: cwd.map(str::to_owned),
+        }
+    }
+
+    fn function(name: &str, props: Value) -> Tool {
+        Tool {
+            name: name.into(),
+            schema: json!({ "type": "object", "properties": props }),
+            freeform: false,
+        }
+    }
+
+    #[test]
+    fn shell_arguments_follow_each_harness_schema() {
+        let opencode = turn(
+            vec![function("bash", json!({"command": {"type": "string"}}))],
+            None,
+        );
+        let codex = turn(
+            vec![function("exec_command", json!({"cmd": {"type": "string"}}))],
+            None,
+        );
+        let old_codex = turn(
+            vec![function("shell", json!({"command": {"type": "array"}}))],
+            None,
+        );
+        let claude = turn(
+            vec![function("Bash", json!({"command": {}, "description": {}}))],
+            None,
+        );
+        let shell = Action::Shell("ls".into());
+        let args = |t: &Turn| match Reply::decide(&shell, t, "") {
+            Reply::Call(Call::Function { arguments, .. }) => arguments,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(args(&opencode), json!({"command": "ls"}));
+        assert_eq!(args(&codex), json!({"cmd": "ls"}));
+        assert_eq!(args(&old_codex), json!({"command": ["bash", "-lc", "ls"]}));
+        assert_eq!(
+            args(&claude),
+            json!({"command": "ls", "description": "Scripted step"})
+        );
+    }
+
+    #[test]
+    fn writes_use_the_write_tool_then_apply_patch_then_a_quoted_shell() {
+        let write = Action::Write(crate::script::WriteStep {
+            path: "dir/it's.txt".into(),
+            content: "a'b\n".into(),
+        });
+        let claude = turn(
+            vec![function("Write", json!({"file_path": {}, "content": {}}))],
+            Some("/w"),
+        );
+        assert_eq!(
+            Reply::decide(&write, &claude, ""),
+            Reply::Call(Call::Function {
+                name: "Write".into(),
+                arguments: json!({"file_path": "/w/dir/it's.txt", "content": "a'b\n"})
+            })
+        );
+        let patch = turn(
+            vec![Tool {
+                name: "apply_patch".into(),
+                schema: Value::Null,
+                freeform: true,
+            }],
+            Some("/w"),
+        );
+        assert!(matches!(Reply::decide(&write, &patch, ""),
+            Reply::Call(Call::Custom { input, .. }) if input.contains("*** Add File: /w/dir/it's.txt\n+a'b\n")));
+        let shell_only = turn(vec![function("exec_command", json!({"cmd": {}}))], None);
+        assert_eq!(
+            Reply::decide(&write, &shell_only, ""),
+            Reply::Call(Call::Function {
+                name: "exec_command".into(),
+                arguments: json!({"cmd": "printf '%s' 'a'\\''b\n' > 'dir/it'\\''s.txt'"})
+            })
+        );
+        // No tools at all: the side text (a title request).
+        assert_eq!(
+            Reply::decide(&write, &turn(vec![], None), "title"),
+            Reply::Text("title".into())
+        );
+    }
+
+    #[test]
+    fn the_working_directory_comes_from_the_prompt() {
+        assert_eq!(
+            find_cwd(
+                &json!({"input": [{"content": [{"text": "<environment_context><cwd>/repo</cwd></environment_context>"}]}]})
+            ),
+            Some("/repo".into())
+        );
+        assert_eq!(
+            find_cwd(&json!({"system": "Here.\nWorking directory: /work/x\nPlatform: linux"})),
+            Some("/work/x".into())
+        );
+        assert_eq!(find_cwd(&json!({"messages": []})), None);
+    }
+
+    #[test]
+    fn paths_pick_the_dialect() {
+        assert_eq!(
+            Dialect::of_path("/v1/chat/completions"),
+            Some(Dialect::Chat)
+        );
+        assert_eq!(Dialect::of_path("/responses"), Some(Dialect::Responses));
+        assert_eq!(
+            Dialect::of_path("/v1/messages?beta=true"),
+            Some(Dialect::Anthropic)
+        );
+        assert_eq!(Dialect::of_path("/v1/messages/count_tokens"), None);
+        assert_eq!(Dialect::of_path("/v1/models"), None);
+    }
+}

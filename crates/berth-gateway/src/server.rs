@@ -1,0 +1,296 @@
+//! The HTTP side: routing, authentication by attempt token, the scripted answers, journaling.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use crate::dialect::{self, Dialect, Reply, Turn};
+use crate::journal::{bounded, redacted_headers, Entry, JOURNAL_SCHEMA};
+use crate::script::{Action, Usage};
+use crate::{Attempt, Gateway, Upstream};
+
+/// The largest request body accepted (agent prompts with long histories are large).
+pub(crate) const MAX_REQUEST_BYTES: usize = 32 << 20;
+
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
+
+/// A gateway serving on a local port; stops accepting when stopped or dropped.
+#[derive(Debug)]
+pub struct RunningGateway {
+    addr: SocketAddr,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl RunningGateway {
+    /// The address it listens on (`127.0.0.1:PORT`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting connections.
+    pub fn stop(self) {}
+}
+
+impl Drop for RunningGateway {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> RunningGateway {
+    let addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let accept = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let gateway = gateway.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let gateway = gateway.clone();
+                    async move { Ok::<_, Infallible>(handle(&gateway, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    RunningGateway { addr, accept }
+}
+
+pub(crate) fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .body(full(body))
+        .expect("a valid response")
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    respond(status, "application/json", value.to_string())
+}
+
+/// The attempt token a request presents: `Authorization: Bearer …` or `x-api-key: …`.
+fn presented_token(req: &Request<Incoming>) -> Option<String> {
+    let headers = req.headers();
+    if let Some(bearer) = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return Some(bearer.trim().to_owned());
+    }
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_owned())
+}
+
+pub(crate) fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What every journal line of one request shares.
+pub(crate) struct Exchange {
+    pub(crate) attempt: Arc<Attempt>,
+    pub(crate) dialect: Dialect,
+    pub(crate) path: String,
+    pub(crate) at_unix_ms: u64,
+    pub(crate) started: Instant,
+    pub(crate) request_headers: std::collections::BTreeMap<String, String>,
+    pub(crate) request_body: Bytes,
+    pub(crate) model: Option<String>,
+    pub(crate) stream: bool,
+}
+
+impl Exchange {
+    /// Journals the exchange's outcome (a journal that cannot be written is reported on
+    /// stderr, never silently skipped).
+    pub(crate) fn journal(
+        &self,
+        gateway: &Gateway,
+        status: u16,
+        step: Option<usize>,
+        response: &[u8],
+        usage: Option<Usage>,
+    ) {
+        let (request_body, request_truncated) = bounded(&self.request_body);
+        let (response_body, response_truncated) = bounded(response);
+        let (cost_usd, cost_unknown) = match &gateway.config.prices {
+            None => (None, Some("no price table".to_owned())),
+            Some(prices) => match prices.cost(self.model.as_deref(), usage) {
+                Ok(cost) => (Some(cost), None),
+                Err(why) => (None, Some(why)),
+            },
+        };
+        let entry = Entry {
+            schema: JOURNAL_SCHEMA.into(),
+            attempt: self.attempt.key.clone(),
+            seq: 0,
+            at_unix_ms: self.at_unix_ms,
+            latency_ms: self.started.elapsed().as_secs_f64() * 1000.0,
+            dialect: self.dialect.as_str().into(),
+            upstream: gateway.config.upstream.name().into(),
+            path: self.path.clone(),
+            model: self.model.clone(),
+            stream: self.stream,
+            status,
+            step,
+            request_headers: self.request_headers.clone(),
+            request_body,
+            request_truncated,
+            response_body,
+            response_truncated,
+            usage,
+            cost_usd,
+            cost_unknown,
+        };
+        if let Err(err) = self.attempt.journal.append(entry, &gateway.secrets()) {
+            eprintln!(
+                "berth-gateway: cannot journal a request of attempt {} to {}: {err}",
+                self.attempt.key,
+                self.attempt.journal.path().display()
+            );
+        }
+    }
+}
+
+async fn handle(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let at_unix_ms = now_unix_ms();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    let bare_path = req.uri().path().trim_end_matches('/').to_owned();
+    // Claude Code's connectivity probe, and a plain GET for humans.
+    if req.method() == Method::HEAD || (req.method() == Method::GET && bare_path.is_empty()) {
+        return respond(StatusCode::OK, "text/plain", "berth gateway\n");
+    }
+    let dialect = Dialect::of_path(&bare_path);
+    let error_dialect = dialect.unwrap_or(if bare_path.ends_with("/count_tokens") {
+        Dialect::Anthropic
+    } else {
+        Dialect::Chat
+    });
+    let refuse = |status: StatusCode, message: &str| {
+        json_response(status, &error_dialect.error_body(status.as_u16(), message))
+    };
+    let Some(attempt) = presented_token(&req).and_then(|t| gateway.attempt(&t)) else {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "unknown or revoked attempt token (this gateway answers only the attempts it admitted)",
+        );
+    };
+    if req.method() == Method::GET && bare_path.ends_with("/models") {
+        if let Upstream::Proxy(proxy) = &gateway.config.upstream {
+            return proxy.forward_plain(req, Dialect::Chat).await;
+        }
+        return json_response(
+            StatusCode::OK,
+            &json!({ "object": "list", "data": [{ "id": "scripted", "object": "model", "owned_by": "berth" }] }),
+        );
+    }
+    if req.method() != Method::POST {
+        return refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+    }
+    let request_headers = redacted_headers(req.headers());
+    let (parts, body) = req.into_parts();
+    let request_body = match Limited::new(body, MAX_REQUEST_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request body over {MAX_REQUEST_BYTES} bytes, or unreadable"),
+            )
+        }
+    };
+    if bare_path.ends_with("/messages/count_tokens") {
+        // An estimate, clearly one: about four bytes a token.
+        return json_response(
+            StatusCode::OK,
+            &json!({ "input_tokens": request_body.len() / 4 }),
+        );
+    }
+    let Some(dialect) = dialect else {
+        return refuse(StatusCode::NOT_FOUND, &format!("no route for {bare_path}"));
+    };
+    let parsed: Option<Value> = serde_json::from_slice(&request_body).ok();
+    let exchange = Exchange {
+        attempt,
+        dialect,
+        path,
+        at_unix_ms,
+        started,
+        request_headers,
+        model: parsed
+            .as_ref()
+            .and_then(|b| b["model"].as_str().map(str::to_owned)),
+        stream: parsed
+            .as_ref()
+            .and_then(|b| b["stream"].as_bool())
+            .unwrap_or(false),
+        request_body,
+    };
+    match &gateway.config.upstream {
+        Upstream::Proxy(proxy) => proxy.forward(gateway, parts, exchange).await,
+        Upstream::Scripted(script) => {
+            let Some(body) = parsed else {
+                let error = dialect.error_body(400, "the request body is not JSON");
+                exchange.journal(gateway, 400, None, error.to_string().as_bytes(), None);
+                return json_response(StatusCode::BAD_REQUEST, &error);
+            };
+            let turn = Turn::read(dialect, &body);
+            let index = turn.tool_results.min(script.steps.len() - 1);
+            let step = script.step(turn.tool_results);
+            if let Some(delay) = step.delay_ms {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
+            let action = step.action();
+            if let Action::Error(error) = &action {
+                let status =
+                    StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let body = dialect.error_body(error.status, &error.message).to_string();
+                exchange.journal(gateway, error.status, Some(index), body.as_bytes(), None);
+                return respond(status, "application/json", body);
+            }
+            let reply = Reply::decide(&action, &turn, &script.side_text);
+            let usage = step.usage.unwrap_or(Usage::SCRIPTED_DEFAULT);
+            let rendered = dialect::render(&turn, &reply, usage);
+            exchange.journal(
+                gateway,
+                200,
+                Some(index),
+                rendered.body.as_bytes(),
+                Some(usage),
+            );
+            respond(StatusCode::OK, rendered.content_type, rendered.body)
+        }
+    }
+}

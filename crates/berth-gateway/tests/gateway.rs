@@ -1,0 +1,430 @@
+//! The gateway over real HTTP on a loopback port: the three dialects, streamed and not, the
+//! attempt tokens, the journal, and the proxy keeping the credential on the host.
+
+use std::sync::Arc;
+
+use berth_gateway::{
+    journal::JOURNAL_SCHEMA, Gateway, GatewayConfig, Journal, Price, Prices, Proxy, Script,
+    Upstream,
+};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+
+const SCRIPT: &str = r#"
+schema_version = 1
+side_text = "A title"
+[[step]]
+shell = "printf hi > hello.txt"
+[[step]]
+write = { path = "notes/a.txt", content = "two\nlines" }
+[[step]]
+error = { status = 503, message = "scripted outage" }
+[[step]]
+text = "Done"
+usage = { input = 1000, output = 50, cached = 600 }
+"#;
+
+fn scripted(prices: Option<Prices>) -> Gateway {
+    Gateway::new(GatewayConfig {
+        upstream: Upstream::Scripted(Arc::new(Script::parse(SCRIPT).unwrap())),
+        prices,
+    })
+}
+
+/// POSTs `body` to `url` with `headers`; the status and the whole body.
+async fn post(url: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String) {
+    let uri: hyper::Uri = url.parse().unwrap();
+    let authority = uri.authority().unwrap().clone();
+    let stream = tokio::net::TcpStream::connect(authority.as_str())
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut request = hyper::Request::post(uri.path_and_query().unwrap().as_str())
+        .header("host", authority.as_str())
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = sender
+        .send_request(
+            request
+                .body(Full::new(Bytes::from(body.to_string())))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+fn sse_events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+fn chat_request(tool_results: usize, stream: bool) -> Value {
+    let mut messages =
+        vec![json!({"role": "system", "content": "Working directory: /work/repo\n"})];
+    for _ in 0..tool_results {
+        messages.push(json!({"role": "tool", "tool_call_id": "c", "content": "ok"}));
+    }
+    json!({
+        "model": "scripted-model", "stream": stream,
+        "stream_options": {"include_usage": true},
+        "messages": messages,
+        "tools": [
+            {"type": "function", "function": {"name": "bash", "parameters": {"properties": {"command": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "write", "parameters": {"properties": {"filePath": {}, "content": {}}}}},
+        ],
+    })
+}
+
+#[tokio::test]
+async fn chat_completions_follow_the_script_streamed_and_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = scripted(None);
+    let token = gateway.admit("m1:t1:a1", dir.path().join("journal.jsonl"));
+    let running = gateway.listen(0).await.unwrap();
+    let url = format!("{}/v1/chat/completions", running.base_url());
+    let auth = format!("Bearer {}", token.expose());
+    let headers = [("authorization", auth.as_str())];
+
+    // Step 0, not streamed: a bash call.
+    let (status, body) = post(&url, &headers, &chat_request(0, false)).await;
+    assert_eq!(status, 200, "{body}");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    let call = &doc["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "bash");
+    assert_eq!(
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(),
+        json!({"command": "printf hi > hello.txt"})
+    );
+    assert_eq!(doc["choices"][0]["finish_reason"], "tool_calls");
+
+    // Step 1, streamed: the write tool with an absolute path from the prompt's directory.
+    let (status, body) = post(&url, &headers, &chat_request(1, true)).await;
+    assert_eq!(status, 200);
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    let events = sse_events(&body);
+    let call = &events[0]["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "write");
+    assert_eq!(
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap(),
+        json!({"filePath": "/work/repo/notes/a.txt", "content": "two\nlines"})
+    );
+    assert_eq!(events.last().unwrap()["usage"]["prompt_tokens"], 100);
+
+    // Step 2: the scripted error, in OpenAI's shape.
+    let (status, body) = post(&url, &headers, &chat_request(2, true)).await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["message"],
+        "scripted outage"
+    );
+
+    // Step 3 and beyond: the final text, repeated.
+    for results in [3, 7] {
+        let (_, body) = post(&url, &headers, &chat_request(results, false)).await;
+        let doc: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(doc["choices"][0]["message"]["content"], "Done");
+        assert_eq!(doc["usage"]["prompt_tokens_details"]["cached_tokens"], 600);
+    }
+
+    // A request without tools (a title) gets the side text.
+    let (_, body) = post(
+        &url,
+        &headers,
+        &json!({"model": "m", "messages": [{"role": "user", "content": "title?"}]}),
+    )
+    .await;
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["choices"][0]["message"]["content"], "A title");
+}
+
+#[tokio::test]
+async fn responses_and_messages_speak_their_own_dialects() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = scripted(None);
+    let token = gateway.admit("m1:t1:a1", dir.path().join("journal.jsonl"));
+    let running = gateway.listen(0).await.unwrap();
+    let base = running.base_url();
+    let bearer = format!("Bearer {}", token.expose());
+
+    // Responses (Codex): exec_command takes `cmd`; apply_patch is freeform.
+    let responses = |results: usize, stream: bool| {
+        let mut input = vec![
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context><cwd>/w</cwd></environment_context>"}]}),
+        ];
+        for _ in 0..results {
+            input.push(json!({"type": "function_call_output", "call_id": "c", "output": "ok"}));
+        }
+        json!({"model": "gpt-5.5", "stream": stream, "input": input, "tools": [
+            {"type": "function", "name": "exec_command", "parameters": {"properties": {"cmd": {}}}},
+            {"type": "custom", "name": "apply_patch"},
+        ]})
+    };
+    let url = format!("{base}/v1/responses");
+    let (status, body) = post(&url, &[("authorization", &bearer)], &responses(0, true)).await;
+    assert_eq!(status, 200);
+    let events = sse_events(&body);
+    let kinds: Vec<_> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds.first(), Some(&"response.created"));
+    assert_eq!(kinds.last(), Some(&"response.completed"));
+    assert!(kinds.contains(&"response.function_call_arguments.done"));
+    let item = &events.last().unwrap()["response"]["output"][0];
+    assert_eq!(item["name"], "exec_command");
+    assert_eq!(
+        item["arguments"],
+        json!({"cmd": "printf hi > hello.txt"}).to_string()
+    );
+    // sequence numbers count up from 0
+    for (n, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], n as u64);
+    }
+    let (_, body) = post(&url, &[("authorization", &bearer)], &responses(1, false)).await;
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["output"][0]["type"], "custom_tool_call");
+    assert_eq!(
+        doc["output"][0]["input"],
+        "*** Begin Patch\n*** Add File: /w/notes/a.txt\n+two\n+lines\n*** End Patch"
+    );
+
+    // Anthropic Messages (Claude Code): x-api-key, Bash with a description, tool_result blocks.
+    let messages = |results: usize, stream: bool| {
+        let mut messages = vec![json!({"role": "user", "content": "go"})];
+        for _ in 0..results {
+            messages.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}));
+        }
+        json!({"model": "claude-x", "stream": stream, "messages": messages,
+               "system": [{"type": "text", "text": "Working directory: /c\n"}],
+               "tools": [{"name": "Bash", "input_schema": {"properties": {"command": {}, "description": {}}}},
+                         {"name": "Write", "input_schema": {"properties": {"file_path": {}, "content": {}}}}]})
+    };
+    let url = format!("{base}/v1/messages?beta=true");
+    let key = token.expose().to_owned();
+    let (status, body) = post(&url, &[("x-api-key", &key)], &messages(0, true)).await;
+    assert_eq!(status, 200, "{body}");
+    let events = sse_events(&body);
+    let kinds: Vec<_> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    assert_eq!(events[1]["content_block"]["name"], "Bash");
+    assert_eq!(
+        serde_json::from_str::<Value>(events[2]["delta"]["partial_json"].as_str().unwrap())
+            .unwrap(),
+        json!({"command": "printf hi > hello.txt", "description": "Scripted step"})
+    );
+    assert_eq!(events[4]["delta"]["stop_reason"], "tool_use");
+    let (_, body) = post(&url, &[("x-api-key", &key)], &messages(1, false)).await;
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["content"][0]["input"],
+        json!({"file_path": "/c/notes/a.txt", "content": "two\nlines"})
+    );
+    let (status, body) = post(&url, &[("x-api-key", &key)], &messages(2, false)).await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["type"],
+        "api_error"
+    );
+    // Cached tokens counted once: Anthropic's input_tokens exclude cache reads.
+    let (_, body) = post(&url, &[("x-api-key", &key)], &messages(3, false)).await;
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["usage"]["input_tokens"], 400);
+    assert_eq!(doc["usage"]["cache_read_input_tokens"], 600);
+}
+
+#[tokio::test]
+async fn unknown_and_revoked_tokens_are_refused_and_not_journaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.jsonl");
+    let gateway = scripted(None);
+    let token = gateway.admit("a", journal.clone());
+    let running = gateway.listen(0).await.unwrap();
+    let url = format!("{}/v1/chat/completions", running.base_url());
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer berth-gw-forged")],
+        vec![("x-api-key", "sk-anything")],
+    ] {
+        let (status, body) = post(&url, &headers, &chat_request(0, false)).await;
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("unknown or revoked attempt token"));
+    }
+    let auth = format!("Bearer {}", token.expose());
+    assert_eq!(
+        post(&url, &[("authorization", &auth)], &chat_request(0, false))
+            .await
+            .0,
+        200
+    );
+    gateway.revoke(&token);
+    assert_eq!(
+        post(&url, &[("authorization", &auth)], &chat_request(0, false))
+            .await
+            .0,
+        401
+    );
+    assert_eq!(Journal::read(&journal).unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_journal_keeps_requests_redacted_with_usage_and_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.jsonl");
+    let mut prices = Prices::default();
+    prices.models.insert(
+        "scripted-model".into(),
+        Price {
+            input: 2.0,
+            output: 10.0,
+            cached_input: Some(0.5),
+        },
+    );
+    let gateway = scripted(Some(prices));
+    let token = gateway.admit("m1:t1:a1", journal.clone());
+    let running = gateway.listen(0).await.unwrap();
+    let url = format!("{}/v1/chat/completions", running.base_url());
+    let auth = format!("Bearer {}", token.expose());
+    post(&url, &[("authorization", &auth)], &chat_request(0, true)).await;
+    post(&url, &[("authorization", &auth)], &chat_request(3, false)).await;
+    let mut unpriced = chat_request(3, false);
+    unpriced["model"] = json!("other-model");
+    post(&url, &[("authorization", &auth)], &unpriced).await;
+
+    let entries = Journal::read(&journal).unwrap();
+    assert_eq!(entries.len(), 3);
+    assert!(entries.iter().all(|e| e.schema == JOURNAL_SCHEMA
+        && e.attempt == "m1:t1:a1"
+        && e.request_headers["authorization"] == "[redacted]"));
+    assert_eq!(entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!((entries[0].step, entries[0].stream), (Some(0), true));
+    let usage = entries[1].usage.unwrap();
+    assert_eq!((usage.input, usage.output, usage.cached), (1000, 50, 600));
+    // (400 × 2 + 600 × 0.5 + 50 × 10) / 1e6
+    let cost = entries[1].cost_usd.unwrap();
+    assert!((cost - 0.0016).abs() < 1e-12, "{cost}");
+    assert_eq!(entries[2].cost_usd, None);
+    assert_eq!(
+        entries[2].cost_unknown.as_deref(),
+        Some("no price for model `other-model`")
+    );
+    let text = std::fs::read_to_string(&journal).unwrap();
+    assert!(
+        !text.contains(token.expose()),
+        "the token leaked into the journal"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&journal).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[tokio::test]
+async fn the_proxy_adds_the_credential_which_reaches_the_upstream_and_nowhere_else() {
+    let dir = tempfile::tempdir().unwrap();
+    // The "real endpoint": a scripted gateway whose only accepted key is the credential.
+    let upstream = scripted(None);
+    let credential = upstream.admit("upstream", dir.path().join("upstream.jsonl"));
+    let upstream_running = upstream.listen(0).await.unwrap();
+
+    let proxy = Gateway::new(GatewayConfig {
+        upstream: Upstream::Proxy(Arc::new(
+            Proxy::new(&upstream_running.base_url(), credential.expose().to_owned()).unwrap(),
+        )),
+        prices: None,
+    });
+    let journal = dir.path().join("proxy.jsonl");
+    let token = proxy.admit("m1:t1:a1", journal.clone());
+    let running = proxy.listen(0).await.unwrap();
+
+    // Streamed Chat through the proxy: the upstream accepted the credential it added.
+    let auth = format!("Bearer {}", token.expose());
+    let url = format!("{}/v1/chat/completions", running.base_url());
+    let (status, body) = post(&url, &[("authorization", &auth)], &chat_request(0, true)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("printf hi > hello.txt"));
+    // Anthropic through the proxy: the credential goes as x-api-key.
+    let url = format!("{}/v1/messages", running.base_url());
+    let (status, body) = post(
+        &url,
+        &[("x-api-key", token.expose())],
+        &json!({"model": "c", "messages": [{"role": "user", "content": "hi"}], "tools": [{"name": "Bash", "input_schema": {"properties": {"command": {}}}}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // The real credential, presented to the proxy as if it were a token, is refused.
+    let forged = format!("Bearer {}", credential.expose());
+    let url = format!("{}/v1/chat/completions", running.base_url());
+    assert_eq!(
+        post(&url, &[("authorization", &forged)], &chat_request(0, false))
+            .await
+            .0,
+        401
+    );
+
+    // Journaled with usage read from the upstream's stream; the credential is in no line.
+    let entries = Journal::read(&journal).unwrap();
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0].upstream, "proxy");
+    assert_eq!(entries[0].usage.map(|u| u.input), Some(100));
+    for file in ["proxy.jsonl", "upstream.jsonl"] {
+        let text = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        assert!(
+            !text.contains(credential.expose()),
+            "the credential leaked into {file}"
+        );
+    }
+    // The upstream saw the proxy's requests, not the sandbox's token.
+    let upstream_text = std::fs::read_to_string(dir.path().join("upstream.jsonl")).unwrap();
+    assert!(!upstream_text.contains(token.expose()));
+
+    // An unreachable upstream is a 502 in the dialect's shape, journaled.
+    drop(upstream_running);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let (status, _) = post(&url, &[("authorization", &auth)], &chat_request(0, false)).await;
+    assert_eq!(status, 502);
+    assert_eq!(Journal::read(&journal).unwrap().len(), 3);
+}
+
+#[test]
+fn proxy_origins_are_checked() {
+    for (origin, why) in [
+        (
+            "https://api.example.com",
+            "https upstreams are not supported",
+        ),
+        ("ftp://x", "scheme must be http"),
+        ("http://host:1/v1", "origin only"),
+        ("not a url", "not a URL"),
+    ] {
+        let err = Proxy::new(origin, "k".into()).unwrap_err().to_string();
+        assert!(err.contains(why), "{origin}: {err}");
+    }
+    assert!(Proxy::new("http://127.0.0.1:9", "k\nx".into()).is_err());
+    let debug = format!(
+        "{:?}",
+        Proxy::new("http://127.0.0.1:9", "sk-canary".into()).unwrap()
+    );
+    assert!(!debug.contains("sk-canary"), "{debug}");
+}
