@@ -94,6 +94,7 @@ pub(crate) fn orchestrator(ctx: &BenchContext) -> berth_orchestrator::Orchestrat
         home: &ctx.home,
         boundary: None,
         lease: Default::default(),
+        gateways: Default::default(),
     }
 }
 

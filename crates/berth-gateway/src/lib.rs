@@ -136,6 +136,8 @@ pub struct GatewayConfig {
 #[derive(Debug)]
 pub(crate) struct Attempt {
     pub(crate) key: String,
+    /// 1-based: which of a script's `[[attempt]]` blocks answers.
+    pub(crate) ordinal: u32,
     pub(crate) journal: Journal,
 }
 
@@ -176,6 +178,12 @@ impl Gateway {
     /// Admits an attempt: requests carrying the returned token are answered and journaled to
     /// `journal`.
     pub fn admit(&self, attempt_key: &str, journal: PathBuf) -> AttemptToken {
+        self.admit_nth(attempt_key, 1, journal)
+    }
+
+    /// [`Gateway::admit`] for a mission's attempt `ordinal` (1-based), which selects the
+    /// scripted model's `[[attempt]]` block.
+    pub fn admit_nth(&self, attempt_key: &str, ordinal: u32, journal: PathBuf) -> AttemptToken {
         let mut bytes = [0u8; 24];
         getrandom::fill(&mut bytes).expect("the OS random source works");
         let token = format!("berth-gw-{}", hex::encode(bytes));
@@ -186,6 +194,7 @@ impl Gateway {
                 token.clone(),
                 Arc::new(Attempt {
                     key: attempt_key.to_owned(),
+                    ordinal,
                     journal: Journal::new(journal),
                 }),
             );

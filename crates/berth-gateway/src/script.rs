@@ -9,6 +9,8 @@
 //! [[step]]
 //! write = { path = "hello.txt", content = "hi\n" }   # its write tool (or the shell)
 //! [[step]]
+//! read = "hello.txt"                 # its read tool (Claude Code writes only files it read)
+//! [[step]]
 //! edit = { path = "hello.txt", old = "hi", new = "hello" }
 //! [[step]]
 //! error = { status = 500, message = "scripted outage" }
@@ -20,6 +22,24 @@
 //!
 //! The model is stateless: the step answered is the number of tool results already in the
 //! request (the last step repeats), so a harness that retries or resumes gets the same answer.
+//!
+//! A mission's attempts can get different scripts: instead of top-level steps, `[[attempt]]`
+//! blocks, each with its own `[[attempt.step]]`s; attempt N answers from block N (the last block
+//! repeats).
+//!
+//! ```toml
+//! schema_version = 1
+//! [[attempt]]                       # attempt 1: a wrong change
+//! [[attempt.step]]
+//! shell = "echo wrong > answer.txt"
+//! [[attempt.step]]
+//! text = "Done"
+//! [[attempt]]                       # attempt 2 and later: the right one
+//! [[attempt.step]]
+//! shell = "echo right > answer.txt"
+//! [[attempt.step]]
+//! text = "Done"
+//! ```
 
 use std::path::Path;
 
@@ -42,6 +62,18 @@ pub struct Script {
     /// What a request without tools gets (the harnesses' title requests).
     #[serde(default = "default_side_text")]
     pub side_text: String,
+    /// The steps, in order (every attempt), or empty when `attempts` are given.
+    #[serde(rename = "step", default)]
+    pub steps: Vec<Step>,
+    /// Per-attempt steps: attempt N answers from entry N (the last repeats).
+    #[serde(rename = "attempt", default)]
+    pub attempts: Vec<AttemptSteps>,
+}
+
+/// The steps of one attempt.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptSteps {
     /// The steps, in order.
     #[serde(rename = "step")]
     pub steps: Vec<Step>,
@@ -58,6 +90,10 @@ pub struct Step {
     /// Run a shell command through the harness's shell tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shell: Option<String>,
+    /// Read a file through the harness's read tool (its shell when it has none). Claude Code
+    /// refuses to write or edit an existing file it has not read in the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read: Option<String>,
     /// Write a file through the harness's write tool (its shell when it has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write: Option<WriteStep>,
@@ -137,6 +173,8 @@ impl Usage {
 pub enum Action {
     /// Call the shell tool.
     Shell(String),
+    /// Call the read tool.
+    Read(String),
     /// Call the write tool.
     Write(WriteStep),
     /// Call the edit tool.
@@ -153,6 +191,8 @@ impl Step {
         // `Script::parse` checked that exactly one is set.
         if let Some(cmd) = &self.shell {
             Action::Shell(cmd.clone())
+        } else if let Some(path) = &self.read {
+            Action::Read(path.clone())
         } else if let Some(write) = &self.write {
             Action::Write(write.clone())
         } else if let Some(edit) = &self.edit {
@@ -177,14 +217,32 @@ impl Script {
                 script.schema_version
             )));
         }
-        if script.steps.is_empty() {
+        match (script.steps.is_empty(), script.attempts.is_empty()) {
+            (true, true) => {
+                return Err(GatewayError::Script(
+                    "a script needs at least one [[step]] (or [[attempt]] blocks)".into(),
+                ))
+            }
+            (false, false) => {
+                return Err(GatewayError::Script(
+                    "give either top-level [[step]]s or [[attempt]] blocks, not both".into(),
+                ))
+            }
+            _ => {}
+        }
+        if script.attempts.iter().any(|a| a.steps.is_empty()) {
             return Err(GatewayError::Script(
-                "a script needs at least one [[step]]".into(),
+                "every [[attempt]] needs at least one [[attempt.step]]".into(),
             ));
         }
-        for (n, step) in script.steps.iter().enumerate() {
+        let all = script
+            .steps
+            .iter()
+            .chain(script.attempts.iter().flat_map(|a| a.steps.iter()));
+        for (n, step) in all.enumerate() {
             let set = [
                 step.shell.is_some(),
+                step.read.is_some(),
                 step.write.is_some(),
                 step.edit.is_some(),
                 step.text.is_some(),
@@ -195,7 +253,7 @@ impl Script {
             .count();
             if set != 1 {
                 return Err(GatewayError::Script(format!(
-                    "step {}: name exactly one of shell, write, edit, text, error (found {set})",
+                    "step {}: name exactly one of shell, read, write, edit, text, error (found {set})",
                     n + 1
                 )));
             }
@@ -247,9 +305,26 @@ impl Script {
         Script::parse(&text)
     }
 
-    /// The step for a request that already carries `tool_results` tool results.
+    /// The steps attempt `ordinal` (1-based) answers from.
+    pub fn steps_of(&self, ordinal: u32) -> &[Step] {
+        if self.attempts.is_empty() {
+            return &self.steps;
+        }
+        let index = (ordinal.max(1) as usize - 1).min(self.attempts.len() - 1);
+        &self.attempts[index].steps
+    }
+
+    /// For attempt `ordinal`, a request that already carries `tool_results` tool results: the
+    /// step's index and the step.
+    pub fn step_of(&self, ordinal: u32, tool_results: usize) -> (usize, &Step) {
+        let steps = self.steps_of(ordinal);
+        let index = tool_results.min(steps.len() - 1);
+        (index, &steps[index])
+    }
+
+    /// [`Script::step_of`] for a single-attempt script.
     pub fn step(&self, tool_results: usize) -> &Step {
-        &self.steps[tool_results.min(self.steps.len() - 1)]
+        self.step_of(1, tool_results).1
     }
 }
 
@@ -285,10 +360,37 @@ usage = { input = 10, output = 2, cached = 4 }
     }
 
     #[test]
+    fn attempts_get_their_own_steps_and_the_last_block_repeats() {
+        let script = Script::parse(
+            "schema_version = 1\n[[attempt]]\n[[attempt.step]]\nshell = \"wrong\"\n\
+             [[attempt]]\n[[attempt.step]]\nshell = \"right\"\n[[attempt.step]]\ntext = \"ok\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            script.step_of(1, 0).1.action(),
+            Action::Shell("wrong".into())
+        );
+        assert_eq!(
+            script.step_of(1, 5).1.action(),
+            Action::Shell("wrong".into())
+        );
+        assert_eq!(
+            script.step_of(2, 0).1.action(),
+            Action::Shell("right".into())
+        );
+        assert_eq!(script.step_of(3, 1), (1, &script.attempts[1].steps[1]));
+    }
+
+    #[test]
     fn malformed_scripts_are_refused_with_the_reason() {
         for (text, why) in [
             ("schema_version = 2\n[[step]]\ntext = \"x\"", "schema_version 2"),
             ("schema_version = 1\nstep = []", "at least one"),
+            (
+                "schema_version = 1\n[[step]]\ntext = \"x\"\n[[attempt]]\n[[attempt.step]]\ntext = \"y\"",
+                "not both",
+            ),
+            ("schema_version = 1\n[[attempt]]\nstep = []", "at least one [[attempt.step]]"),
             ("schema_version = 1\n[[step]]\ntext = \"x\"\nshell = \"y\"", "exactly one"),
             ("schema_version = 1\n[[step]]", "exactly one"),
             (

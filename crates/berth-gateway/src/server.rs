@@ -267,8 +267,7 @@ async fn handle(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
                 return json_response(StatusCode::BAD_REQUEST, &error);
             };
             let turn = Turn::read(dialect, &body);
-            let index = turn.tool_results.min(script.steps.len() - 1);
-            let step = script.step(turn.tool_results);
+            let (index, step) = script.step_of(exchange.attempt.ordinal, turn.tool_results);
             if let Some(delay) = step.delay_ms {
                 tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
             }

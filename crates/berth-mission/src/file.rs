@@ -16,6 +16,11 @@
 //! [harness]
 //! kind = "script"
 //! command = "sh agent.sh"  # run with sh -c in the staged repository
+//! # or an agent CLI, its model traffic through Berth's gateway:
+//! # kind = "claude-code"   # opencode | codex | claude-code
+//! # model = "scripted"
+//! # [harness.gateway]
+//! # script = "model.toml"  # a scripted model; or proxy = "http://…" + credential_env = "NAME"
 //!
 //! [[tasks]]
 //! id = "fix"
@@ -134,10 +139,37 @@ impl Limits {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Harness {
-    /// `script` (any command); agent CLIs come later.
+    /// `script` (any command), or an agent CLI: `opencode`, `codex`, `claude-code`.
     pub kind: String,
-    /// The command line, run with `sh -c` in the staged repository.
-    pub command: String,
+    /// `script` only: the command line, run with `sh -c` in the staged repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Agent CLIs: the model name the CLI asks for (default `scripted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Agent CLIs: where their model traffic goes (Berth's gateway, started per mission run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewaySpec>,
+}
+
+/// The agent CLIs a mission can run, by `harness.kind`.
+pub const AGENT_HARNESSES: [&str; 3] = ["opencode", "codex", "claude-code"];
+
+/// Where an agent CLI's model traffic goes: exactly one of a scripted model or a proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySpec {
+    /// A scripted model (TOML; `berth gateway --script`), relative to the mission file; read
+    /// once when the mission is registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// A real endpoint's origin (`http://host:port`); the gateway adds the credential.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+    /// The name of the variable in Berth's own environment that holds the proxy's credential
+    /// (never the value; it never enters a sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_env: Option<String>,
 }
 
 /// One task.
@@ -382,7 +414,7 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             "harness",
             "command",
             "harness.command",
-            file.harness.command.len(),
+            file.harness.command.as_deref().map_or(0, str::len),
             MAX_COMMAND,
         ),
         ("", "name", "tasks", file.tasks.len(), MAX_TASKS),
@@ -419,16 +451,13 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             ))
         }
     }
-    if file.harness.kind != "script" {
+    if let Some((key, problem)) = harness_problem(&file.harness) {
         return Err(invalid(
             "harness",
             None,
-            "kind",
-            "harness.kind".into(),
-            format!(
-                "is `{}`; this berth runs the `script` harness (agent CLIs come later)",
-                file.harness.kind
-            ),
+            key,
+            format!("harness.{key}"),
+            problem,
         ));
     }
     if file.tasks.is_empty() {
@@ -552,6 +581,106 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
         }
     }
     Ok(file)
+}
+
+/// What is wrong with a harness section, if anything: the key and the problem.
+fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
+    let kind = harness.kind.as_str();
+    if kind == "script" {
+        if harness
+            .command
+            .as_deref()
+            .is_none_or(|c| c.trim().is_empty())
+        {
+            return Some(("command", "is required for the `script` harness".into()));
+        }
+        if harness.gateway.is_some() || harness.model.is_some() {
+            return Some((
+                "kind",
+                "is `script`, which takes only `command` (`model` and `gateway` are for agent \
+                 CLIs)"
+                    .into(),
+            ));
+        }
+        return None;
+    }
+    if !AGENT_HARNESSES.contains(&kind) {
+        return Some((
+            "kind",
+            format!(
+                "is `{}`; this berth runs `script`, `opencode`, `codex` or `claude-code`",
+                kind.escape_debug()
+            ),
+        ));
+    }
+    if harness.command.is_some() {
+        return Some((
+            "command",
+            format!("is for the `script` harness; `{kind}` is launched by Berth"),
+        ));
+    }
+    if let Some(model) = &harness.model {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "._-:/@[]".contains(c);
+        if model.is_empty() || model.len() > 128 || !model.chars().all(allowed) {
+            return Some((
+                "model",
+                "is not a model name (letters, digits, `.`, `_`, `-`, `:`, `/`, `@`, `[`, `]`; \
+                 at most 128)"
+                    .into(),
+            ));
+        }
+    }
+    let Some(gateway) = &harness.gateway else {
+        return Some((
+            "kind",
+            format!(
+                "is `{kind}`, which needs `[harness.gateway]`: `script = \"model.toml\"` (a \
+                 scripted model) or `proxy = \"http://…\"` with `credential_env`"
+            ),
+        ));
+    };
+    match (&gateway.script, &gateway.proxy) {
+        (Some(script), None) => {
+            if gateway.credential_env.is_some() {
+                return Some(("gateway", "`credential_env` is for `proxy`".into()));
+            }
+            if script.is_empty() || script.starts_with('/') || script.contains('\0') {
+                return Some((
+                    "gateway",
+                    "`script` must be a path relative to the mission file".into(),
+                ));
+            }
+            None
+        }
+        (None, Some(proxy)) => {
+            if !proxy.starts_with("http://") || proxy.len() > 512 {
+                return Some((
+                    "gateway",
+                    "`proxy` must be an http:// origin (https upstreams are not supported yet)"
+                        .into(),
+                ));
+            }
+            let named = gateway.credential_env.as_deref().is_some_and(|v| {
+                !v.is_empty()
+                    && v.len() <= 128
+                    && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !v.starts_with(|c: char| c.is_ascii_digit())
+            });
+            if !named {
+                return Some((
+                    "gateway",
+                    "`proxy` needs `credential_env`: the NAME of the variable holding the \
+                     credential (letters, digits, `_`)"
+                        .into(),
+                ));
+            }
+            None
+        }
+        _ => Some((
+            "gateway",
+            "needs exactly one of `script` (a scripted model) or `proxy`".into(),
+        )),
+    }
 }
 
 /// The JSON Schema of mission files.

@@ -69,8 +69,12 @@ fn errors_name_the_file_and_line() {
             "m.toml:35: `tasks[1].validator.evidence` is empty",
         ),
         (
+            GOOD.replacen("kind = \"script\"", "kind = \"aider\"", 1),
+            "m.toml:12: `harness.kind` is `aider`",
+        ),
+        (
             GOOD.replacen("kind = \"script\"", "kind = \"codex\"", 1),
-            "m.toml:12: `harness.kind`",
+            "`harness.command` is for the `script` harness",
         ),
         (
             GOOD.replacen(
@@ -190,4 +194,68 @@ fn published_json_schema_is_in_sync() {
         std::fs::read_to_string(&path).unwrap_or_default() == generated,
         "schemas/mission-file.schema.json is out of date; run BERTH_BLESS=1 cargo test -p berth-mission"
     );
+}
+
+#[test]
+fn agent_harnesses_need_a_gateway_and_take_no_command() {
+    let agent = |section: &str| {
+        GOOD.replacen(
+            "[harness]\nkind = \"script\"\ncommand = \"sh agent.sh\"\n",
+            section,
+            1,
+        )
+    };
+    for kind in AGENT_HARNESSES {
+        let text = agent(&format!(
+            "[harness]\nkind = \"{kind}\"\nmodel = \"scripted\"\n[harness.gateway]\nscript = \"model.toml\"\n"
+        ));
+        let file = parse("m.toml", &text).unwrap();
+        assert_eq!(file.harness.kind, kind);
+        assert_eq!(
+            file.harness.gateway.unwrap().script.as_deref(),
+            Some("model.toml")
+        );
+    }
+    let proxy = agent(
+        "[harness]\nkind = \"claude-code\"\n[harness.gateway]\nproxy = \"http://127.0.0.1:8080\"\ncredential_env = \"ANTHROPIC_KEY\"\n",
+    );
+    assert!(parse("m.toml", &proxy).is_ok());
+    for (section, want) in [
+        ("[harness]\nkind = \"codex\"\n", "needs `[harness.gateway]`"),
+        (
+            "[harness]\nkind = \"codex\"\n[harness.gateway]\nscript = \"a\"\nproxy = \"http://x\"\n",
+            "exactly one of",
+        ),
+        (
+            "[harness]\nkind = \"codex\"\n[harness.gateway]\nproxy = \"http://x:1\"\n",
+            "needs `credential_env`",
+        ),
+        (
+            "[harness]\nkind = \"codex\"\n[harness.gateway]\nproxy = \"http://x:1\"\ncredential_env = \"sk-live-value!\"\n",
+            "the NAME of the variable",
+        ),
+        (
+            "[harness]\nkind = \"codex\"\n[harness.gateway]\nproxy = \"https://api.example.com\"\ncredential_env = \"K\"\n",
+            "https upstreams",
+        ),
+        (
+            "[harness]\nkind = \"codex\"\n[harness.gateway]\nscript = \"/etc/passwd\"\n",
+            "relative to the mission file",
+        ),
+        (
+            "[harness]\nkind = \"codex\"\nmodel = \"a b\"\n[harness.gateway]\nscript = \"m.toml\"\n",
+            "not a model name",
+        ),
+        (
+            "[harness]\nkind = \"script\"\n",
+            "`harness.command` is required",
+        ),
+        (
+            "[harness]\nkind = \"script\"\ncommand = \"x\"\n[harness.gateway]\nscript = \"m.toml\"\n",
+            "takes only `command`",
+        ),
+    ] {
+        let err = parse("m.toml", &agent(section)).unwrap_err().to_string();
+        assert!(err.contains(want), "{section:?}: {err}");
+    }
 }

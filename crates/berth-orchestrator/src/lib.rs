@@ -15,6 +15,7 @@
 //! which is written to be repeatable (adoption by name, idempotent commits and exports). Model
 //! (agent) execution is therefore at-least-once, never silently skipped.
 
+mod agents;
 mod capture;
 mod hostgit;
 mod pipeline;
@@ -32,6 +33,7 @@ use berth_mission::file::MissionFile;
 use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
 
+pub use agents::{Gateways, AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN};
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
 pub use pipeline::Step;
 pub use pipeline::STAGE_SCRIPT;
@@ -116,6 +118,9 @@ pub struct MissionSpec {
     pub base_commit: String,
     /// The repository bundle the first task starts from.
     pub base_bundle: PathBuf,
+    /// An agent harness's scripted model, as read when the mission was registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_script: Option<String>,
 }
 
 /// Runs missions for one owner.
@@ -136,6 +141,8 @@ pub struct Orchestrator<'a> {
     pub boundary: Option<fn(Boundary)>,
     /// The fencing token of the mission lease [`Orchestrator::run`] holds (0: none held).
     pub lease: MissionLease,
+    /// The model gateways of agent-CLI missions, one per mission, started on first use.
+    pub gateways: Gateways,
 }
 
 /// The fencing token of a held mission lease; events are appended under it.
@@ -203,6 +210,24 @@ fn confined_path(
     path: &str,
     allow_outside: bool,
 ) -> Result<PathBuf, OrchestratorError> {
+    let resolved = confined(file_path, path, allow_outside, "repository.path")?;
+    if !resolved.is_dir() {
+        return Err(OrchestratorError::Repository(format!(
+            "{} is not a directory",
+            resolved.display()
+        )));
+    }
+    Ok(resolved)
+}
+
+/// A path a mission file names (`field`), resolved (symlinks followed) and — unless
+/// `allow_outside` — required to be the mission file's directory or beneath it.
+fn confined(
+    file_path: &Path,
+    path: &str,
+    allow_outside: bool,
+    field: &str,
+) -> Result<PathBuf, OrchestratorError> {
     let base = file_path.parent().unwrap_or(Path::new("."));
     let base = if base.as_os_str().is_empty() {
         Path::new(".")
@@ -214,16 +239,10 @@ fn confined_path(
     };
     let joined = base.join(path);
     let resolved = joined.canonicalize().map_err(|e| shown(e, &joined))?;
-    if !resolved.is_dir() {
-        return Err(OrchestratorError::Repository(format!(
-            "{} is not a directory",
-            resolved.display()
-        )));
-    }
     let root = base.canonicalize().map_err(|e| shown(e, base))?;
     if !allow_outside && !resolved.starts_with(&root) {
         return Err(OrchestratorError::Unreadable(format!(
-            "repository.path `{}` resolves to {}, outside the mission file's directory {}; \
+            "{field} `{}` resolves to {}, outside the mission file's directory {}; \
              a mission reads only what it ships with unless you pass --allow-outside-path",
             path.escape_debug(),
             resolved.display(),
@@ -277,6 +296,10 @@ impl Orchestrator<'_> {
                 return Err(OrchestratorError::UnknownProvider(provider.clone()));
             }
         }
+        let model_script = agents::register_check(&file, |path| {
+            let path = confined(file_path, path, allow_outside, "harness.gateway.script")?;
+            read_mission_file(&path)
+        })?;
         let id = new_mission_id(&file.name);
         let dir = self.mission_dir(&id);
         std::fs::DirBuilder::new()
@@ -287,7 +310,7 @@ impl Orchestrator<'_> {
                 OrchestratorError::Repository(format!("cannot create {}: {e}", dir.display()))
             })?;
         let registered = self
-            .register(file_path, file, &id, &dir, allow_outside)
+            .register(file_path, file, model_script, &id, &dir, allow_outside)
             .await;
         if registered.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
@@ -299,6 +322,7 @@ impl Orchestrator<'_> {
         &self,
         file_path: &Path,
         file: berth_mission::file::MissionFile,
+        model_script: Option<String>,
         id: &str,
         dir: &Path,
         allow_outside: bool,
@@ -406,6 +430,7 @@ impl Orchestrator<'_> {
             file,
             base_commit,
             base_bundle,
+            model_script,
         };
         self.store
             .mission_insert(

@@ -71,9 +71,36 @@ pub(crate) fn inputs(spec: &MissionSpec, task_id: &str) -> AttemptInputs {
     AttemptInputs {
         provider: spec.file.sandbox.provider.clone(),
         image: spec.file.sandbox.image.clone(),
-        harness: format!("script/{}", spec.file.harness.command),
+        harness: harness_input(spec),
         validator: format!("sha256:{}", hex::encode(hasher.finalize())),
     }
+}
+
+/// The harness an attempt runs with, as its lock record names it: the script's command, or
+/// the agent CLI's pinned version, model and what answers it (the scripted model's hash, or the
+/// proxy's origin).
+fn harness_input(spec: &MissionSpec) -> String {
+    let harness = &spec.file.harness;
+    let Some(cli) = berth_harness::Harness::parse(&harness.kind) else {
+        return format!("script/{}", harness.command.as_deref().unwrap_or_default());
+    };
+    let (package, version) = cli.pinned();
+    let answered_by = match (
+        &spec.model_script,
+        harness.gateway.as_ref().and_then(|g| g.proxy.as_ref()),
+    ) {
+        (Some(script), _) => format!(
+            "scripted:sha256:{}",
+            hex::encode(Sha256::digest(script.as_bytes()))
+        ),
+        (None, Some(origin)) => format!("proxy:{origin}"),
+        (None, None) => "unknown".into(),
+    };
+    format!(
+        "{}/{package}@{version}/model={}/{answered_by}",
+        cli.as_str(),
+        harness.model.as_deref().unwrap_or("scripted")
+    )
 }
 
 /// The providers an attempt may use, in order: the mission's provider, then its fallbacks.

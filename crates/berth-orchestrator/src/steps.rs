@@ -44,7 +44,7 @@ pub(crate) struct Attempt<'a, 'o> {
 }
 
 impl Attempt<'_, '_> {
-    async fn reject(&self, reason: String) -> Result<Step, OrchestratorError> {
+    pub(crate) async fn reject(&self, reason: String) -> Result<Step, OrchestratorError> {
         reject(
             self.orch,
             self.spec,
@@ -57,7 +57,7 @@ impl Attempt<'_, '_> {
     }
 
     /// Stores the step's event with its facts, in one transaction.
-    async fn reached(
+    pub(crate) async fn reached(
         &self,
         phase: Phase,
         what: String,
@@ -171,9 +171,13 @@ impl Attempt<'_, '_> {
         let attempt = self.attempt;
         let provider = &self.provider;
         let main = &self.main;
+        if let Some(harness) = crate::agents::harness_of(&spec.file) {
+            return self.run_agent_cli(harness).await;
+        }
         let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
         let timeout = parse_duration(&task.agent_timeout).expect("validated");
-        let req = ExecRequest::shell(spec.file.harness.command.clone())
+        let command = spec.file.harness.command.clone().expect("validated");
+        let req = ExecRequest::shell(command)
             .with_cwd("repo")
             .with_timeout(timeout)
             .with_env("BERTH_TASK", task.id.clone())

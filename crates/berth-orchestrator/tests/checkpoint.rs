@@ -86,6 +86,7 @@ async fn providers_without_snapshots_checkpoint_the_workspace() {
         home: home.path(),
         boundary: None,
         lease: Default::default(),
+        gateways: Default::default(),
     };
     let example =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test");

@@ -36,6 +36,7 @@ pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
         home: &app.config.home,
         boundary: Some(crash_at),
         lease: Default::default(),
+        gateways: Default::default(),
     }
 }
 

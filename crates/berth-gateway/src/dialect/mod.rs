@@ -172,6 +172,21 @@ impl Reply {
                 },
                 Reply::Call,
             ),
+            Action::Read(path) => {
+                let path = absolute(path, turn.cwd.as_deref());
+                if let Some(tool) = find(turn, &["read", "Read"]) {
+                    let mut args = serde_json::Map::new();
+                    args.insert(path_key(tool).into(), json!(path));
+                    return Reply::Call(Call::Function {
+                        name: tool.name.clone(),
+                        arguments: Value::Object(args),
+                    });
+                }
+                shell_call(turn, &format!("cat {}", shell_quote(&path))).map_or_else(
+                    || Reply::Text("(scripted) the harness offers no read or shell tool".into()),
+                    Reply::Call,
+                )
+            }
             Action::Write(write) => {
                 let path = absolute(&write.path, turn.cwd.as_deref());
                 if let Some(tool) = find(turn, &["write", "Write"]) {
@@ -265,7 +280,7 @@ fn path_key(tool: &Tool) -> &'static str {
     ["filePath", "file_path", "path"]
         .into_iter()
         .find(|k| !props[*k].is_null())
-        .unwrap_or(if tool.name == "Write" || tool.name == "Edit" {
+        .unwrap_or(if matches!(tool.name.as_str(), "Write" | "Edit" | "Read") {
             "file_path"
         } else {
             "filePath"
@@ -326,14 +341,14 @@ fn find_cwd(body: &Value) -> Option<String> {
                         return Some(rest[..end].trim().to_owned());
                     }
                 }
-                if let Some(start) = text.find("Working directory: ") {
-                    let rest = &text[start + 19..];
-                    let line = rest.lines().next().unwrap_or("").trim();
-                    if line.starts_with('/') {
-                        return Some(line.to_owned());
-                    }
-                }
-                None
+                // "Working directory: /…" (OpenCode), "Primary working directory: /…" (Claude
+                // Code); other mentions of working directories are skipped.
+                const MARK: &str = "working directory: ";
+                let lower = text.to_ascii_lowercase();
+                lower.match_indices(MARK).find_map(|(start, _)| {
+                    let line = text[start + MARK.len()..].lines().next()?.trim();
+                    line.starts_with('/').then(|| line.to_owned())
+                })
             }
             Value::Array(items) => items.iter().find_map(walk),
             Value::Object(map) => map.values().find_map(walk),
@@ -513,6 +528,12 @@ mod tests {
         assert_eq!(
             find_cwd(&json!({"system": "Here.\nWorking directory: /work/x\nPlatform: linux"})),
             Some("/work/x".into())
+        );
+        assert_eq!(
+            find_cwd(
+                &json!({"system": "Working directory persists.\n - Primary working directory: /w/repo\n - Is a git repository"})
+            ),
+            Some("/w/repo".into())
         );
         assert_eq!(find_cwd(&json!({"messages": []})), None);
     }

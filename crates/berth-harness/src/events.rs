@@ -1,0 +1,384 @@
+//! Berth's normalized agent events (schema `berth.events/v1`).
+//!
+//! The CLI's raw JSONL stays the source of truth; every normalized event points back into it
+//! (file, byte offset, length) and carries `event_id = <attempt key>:<seq>`. Kinds are named
+//! after the Agent Client Protocol's `session/update` kinds where one exists
+//! (`agent_message_chunk`, `agent_thought_chunk`, `tool_call`, `tool_call_update`); the rest are
+//! Berth's (`session_started`, `turn_started`, `turn_completed`, `file_change`, `usage`,
+//! `error`, `heartbeat`, `stalled`, `unparsed`). A line that is not JSON, or JSON of a shape this
+//! build does not know, is kept as `unparsed` — never dropped.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::Harness;
+
+/// The schema every event carries.
+pub const EVENTS_SCHEMA: &str = "berth.events/v1";
+
+/// The most text of one field an event keeps (the raw log has it all).
+const MAX_TEXT: usize = 4096;
+
+/// What an event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The CLI's session began (its native session id).
+    SessionStarted,
+    /// A model turn began.
+    TurnStarted,
+    /// A turn ended (`is_error`, `result`).
+    TurnCompleted,
+    /// Assistant text.
+    AgentMessageChunk,
+    /// Reasoning text.
+    AgentThoughtChunk,
+    /// A tool call (`id`, `name`, `input`).
+    ToolCall,
+    /// A tool call's result (`id`, `is_error`, `content`).
+    ToolCallUpdate,
+    /// Files the agent changed.
+    FileChange,
+    /// Tokens (`input` with cached counted once, `output`, `cached`).
+    Usage,
+    /// A classified error (`kind`, `retryable`, `message`).
+    Error,
+    /// The monitor saw the agent alive without new output.
+    Heartbeat,
+    /// No output for longer than the idle limit.
+    Stalled,
+    /// A line kept as is.
+    Unparsed,
+}
+
+/// Where an event came from in the raw log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawPointer {
+    /// The raw log's file name (in the attempt's log directory).
+    pub file: String,
+    /// Byte offset of the line.
+    pub offset: u64,
+    /// Its length in bytes (without the newline).
+    pub len: u64,
+}
+
+/// One normalized event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// [`EVENTS_SCHEMA`].
+    pub schema: String,
+    /// `<attempt key>:<seq>`.
+    pub event_id: String,
+    /// 0, 1, … within the attempt.
+    pub seq: u64,
+    /// What it is.
+    pub kind: EventKind,
+    /// The CLI's own session id, when known.
+    pub session_id: Option<String>,
+    /// Where in the raw log.
+    pub raw: RawPointer,
+    /// Kind-specific fields.
+    pub data: Value,
+}
+
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_TEXT {
+        return text.to_owned();
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+fn text_of(value: &Value) -> String {
+    match value {
+        Value::String(s) => bounded(s),
+        Value::Array(parts) => bounded(
+            &parts
+                .iter()
+                .filter_map(|p| p["text"].as_str().or(p.as_str()))
+                .collect::<Vec<_>>()
+                .join(""),
+        ),
+        Value::Null => String::new(),
+        other => bounded(&other.to_string()),
+    }
+}
+
+/// The events of one raw line (kind and data), with the session id it names.
+fn line_events(harness: Harness, line: &Value) -> (Option<String>, Vec<(EventKind, Value)>) {
+    use EventKind::*;
+    let mut out = Vec::new();
+    let kind = line["type"].as_str().unwrap_or("");
+    let session = match harness {
+        Harness::ClaudeCode => line["session_id"].as_str(),
+        Harness::Opencode => line["sessionID"].as_str(),
+        Harness::Codex => line["thread_id"].as_str(),
+    }
+    .map(str::to_owned);
+    match (harness, kind) {
+        (Harness::ClaudeCode, "system") if line["subtype"] == "init" => out.push((
+            SessionStarted,
+            json!({ "model": line["model"], "cwd": line["cwd"], "version": line["claude_code_version"] }),
+        )),
+        (Harness::ClaudeCode, "system") if line["subtype"] == "api_retry" => out.push((
+            Error,
+            json!({ "kind": "api_retry", "retryable": true, "message": format!("retry {} after HTTP {}", line["attempt"], line["error_status"]) }),
+        )),
+        (Harness::ClaudeCode, "assistant") | (Harness::ClaudeCode, "user") => {
+            for block in line["message"]["content"].as_array().into_iter().flatten() {
+                match block["type"].as_str() {
+                    Some("text") => out.push((AgentMessageChunk, json!({ "text": text_of(&block["text"]) }))),
+                    Some("thinking") => out.push((AgentThoughtChunk, json!({ "text": text_of(&block["thinking"]) }))),
+                    Some("tool_use") => out.push((ToolCall, json!({ "id": block["id"], "name": block["name"], "input": block["input"] }))),
+                    Some("tool_result") => out.push((ToolCallUpdate, json!({
+                        "id": block["tool_use_id"], "is_error": block["is_error"].as_bool().unwrap_or(false),
+                        "content": text_of(&block["content"]),
+                    }))),
+                    _ => {}
+                }
+            }
+        }
+        (Harness::ClaudeCode, "result") => {
+            let usage = &line["usage"];
+            if let Some(fresh) = usage["input_tokens"].as_u64() {
+                let cached = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+                let created = usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+                out.push((Usage, json!({
+                    "input": fresh + cached + created, "cached": cached,
+                    "output": usage["output_tokens"].as_u64().unwrap_or(0),
+                    "cost_usd": line["total_cost_usd"],
+                })));
+            }
+            let is_error = line["is_error"].as_bool().unwrap_or(true);
+            out.push((TurnCompleted, json!({ "is_error": is_error, "result": text_of(&line["result"]), "subtype": line["subtype"] })));
+            if is_error {
+                out.push((Error, json!({ "kind": "result_error", "retryable": false, "message": text_of(&line["result"]) })));
+            }
+        }
+        (Harness::Opencode, "step_start") => out.push((TurnStarted, json!({}))),
+        (Harness::Opencode, "text") => out.push((AgentMessageChunk, json!({ "text": text_of(&line["part"]["text"]) }))),
+        (Harness::Opencode, "reasoning") => out.push((AgentThoughtChunk, json!({ "text": text_of(&line["part"]["text"]) }))),
+        (Harness::Opencode, "tool_use") => {
+            let part = &line["part"];
+            let state = &part["state"];
+            out.push((ToolCall, json!({ "id": part["callID"], "name": part["tool"], "input": state["input"] })));
+            let failed = state["status"] == "error";
+            out.push((ToolCallUpdate, json!({
+                "id": part["callID"], "is_error": failed,
+                "content": text_of(if failed { &state["error"] } else { &state["output"] }),
+            })));
+            if matches!(part["tool"].as_str(), Some("write" | "edit")) && !failed {
+                out.push((FileChange, json!({ "paths": [state["input"]["filePath"]] })));
+            }
+        }
+        (Harness::Opencode, "step_finish") => {
+            let part = &line["part"];
+            let tokens = &part["tokens"];
+            if let Some(input) = tokens["input"].as_u64() {
+                let cached = tokens["cache"]["read"].as_u64().unwrap_or(0);
+                out.push((Usage, json!({
+                    "input": input + cached, "cached": cached,
+                    "output": tokens["output"].as_u64().unwrap_or(0), "cost_usd": part["cost"],
+                })));
+            }
+            if part["reason"] != "tool-calls" {
+                out.push((TurnCompleted, json!({ "is_error": false, "result": part["reason"] })));
+            }
+        }
+        (Harness::Opencode, "error") => {
+            let error = &line["error"];
+            out.push((Error, json!({
+                "kind": error["name"].as_str().unwrap_or("error"),
+                "retryable": error["data"]["isRetryable"].as_bool().unwrap_or(false),
+                "message": text_of(&error["data"]["message"]),
+            })));
+        }
+        (Harness::Codex, "thread.started") => out.push((SessionStarted, json!({}))),
+        (Harness::Codex, "turn.started") => out.push((TurnStarted, json!({}))),
+        (Harness::Codex, "item.started") | (Harness::Codex, "item.completed") => {
+            let item = &line["item"];
+            let completed = kind == "item.completed";
+            match (item["type"].as_str(), completed) {
+                (Some("command_execution"), false) => out.push((ToolCall, json!({ "id": item["id"], "name": "command_execution", "input": { "command": item["command"] } }))),
+                (Some("command_execution"), true) => out.push((ToolCallUpdate, json!({
+                    "id": item["id"], "is_error": item["exit_code"].as_i64().is_some_and(|c| c != 0),
+                    "content": text_of(&item["aggregated_output"]), "exit_code": item["exit_code"],
+                }))),
+                (Some("file_change"), true) => out.push((FileChange, json!({
+                    "paths": item["changes"].as_array().into_iter().flatten().map(|c| c["path"].clone()).collect::<Vec<_>>(),
+                }))),
+                (Some("agent_message"), true) => out.push((AgentMessageChunk, json!({ "text": text_of(&item["text"]) }))),
+                (Some("reasoning"), true) => out.push((AgentThoughtChunk, json!({ "text": text_of(&item["text"]) }))),
+                // Codex reports warnings (e.g. unknown model metadata) as error items.
+                (Some("error"), true) => out.push((Error, json!({ "kind": "warning", "retryable": true, "message": text_of(&item["message"]) }))),
+                (Some(other), true) if other.ends_with("_call") || other == "mcp_tool_call" => out.push((ToolCall, json!({ "id": item["id"], "name": other, "input": item }))),
+                _ => {}
+            }
+        }
+        (Harness::Codex, "turn.completed") => {
+            let usage = &line["usage"];
+            out.push((Usage, json!({
+                "input": usage["input_tokens"], "cached": usage["cached_input_tokens"],
+                "output": usage["output_tokens"],
+            })));
+            out.push((TurnCompleted, json!({ "is_error": false })));
+        }
+        (Harness::Codex, "turn.failed") => {
+            out.push((TurnCompleted, json!({ "is_error": true, "result": text_of(&line["error"]["message"]) })));
+            out.push((Error, json!({ "kind": "turn_failed", "retryable": false, "message": text_of(&line["error"]["message"]) })));
+        }
+        (Harness::Codex, "error") => out.push((Error, json!({ "kind": "stream", "retryable": true, "message": text_of(&line["message"]) }))),
+        _ => {}
+    }
+    (session, out)
+}
+
+/// Normalizes the raw JSONL of one agent run (`raw_file`, as stored in the attempt's log
+/// directory). Lines of known shapes that carry nothing of interest produce no event; lines
+/// that cannot be read are kept as `unparsed`.
+pub fn normalize(harness: Harness, attempt_key: &str, raw_file: &str, raw: &[u8]) -> Vec<Event> {
+    let mut events = Vec::new();
+    let mut session: Option<String> = None;
+    let mut offset = 0u64;
+    for line in raw.split(|b| *b == b'\n') {
+        let pointer = RawPointer {
+            file: raw_file.to_owned(),
+            offset,
+            len: line.len() as u64,
+        };
+        offset += line.len() as u64 + 1;
+        let trimmed = String::from_utf8_lossy(line);
+        if trimmed.trim().is_empty() {
+            continue;
+        }
+        let parsed: Option<Value> = serde_json::from_str(trimmed.trim()).ok();
+        let produced = match &parsed {
+            Some(value) if value.is_object() && value["type"].is_string() => {
+                let (named, produced) = line_events(harness, value);
+                if named.is_some() && session.is_none() {
+                    session = named;
+                }
+                produced
+            }
+            _ => vec![(
+                EventKind::Unparsed,
+                json!({ "text": bounded(&trimmed), "reason": if parsed.is_some() { "unknown shape" } else { "not JSON" } }),
+            )],
+        };
+        for (kind, data) in produced {
+            let seq = events.len() as u64;
+            events.push(Event {
+                schema: EVENTS_SCHEMA.into(),
+                event_id: format!("{attempt_key}:{seq}"),
+                seq,
+                kind,
+                session_id: session.clone(),
+                raw: pointer.clone(),
+                data,
+            });
+        }
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{judge, Harness};
+
+    const CLAUDE: &str = r#"{"type":"system","subtype":"init","cwd":"/w","session_id":"s-1","model":"m","claude_code_version":"2.1.197"}
+{"type":"assistant","message":{"content":[{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"command":"printf hi > hello.txt"}}]},"session_id":"s-1"}
+{"type":"user","message":{"content":[{"tool_use_id":"toolu_1","type":"tool_result","content":"(Bash completed with no output)","is_error":false}]},"session_id":"s-1"}
+not json at all
+{"type":"assistant","message":{"content":[{"type":"text","text":"Done"}]},"session_id":"s-1"}
+{"type":"result","subtype":"success","is_error":false,"result":"Done","session_id":"s-1","usage":{"input_tokens":40,"cache_read_input_tokens":60,"output_tokens":5},"total_cost_usd":0.001}
+"#;
+
+    #[test]
+    fn claude_code_stream_json_normalizes_with_pointers_and_keeps_bad_lines() {
+        let events = normalize(
+            Harness::ClaudeCode,
+            "m:t:1",
+            "agent.jsonl",
+            CLAUDE.as_bytes(),
+        );
+        let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::SessionStarted,
+                EventKind::ToolCall,
+                EventKind::ToolCallUpdate,
+                EventKind::Unparsed,
+                EventKind::AgentMessageChunk,
+                EventKind::Usage,
+                EventKind::TurnCompleted
+            ]
+        );
+        assert_eq!(events[1].event_id, "m:t:1:1");
+        assert_eq!(events[1].session_id.as_deref(), Some("s-1"));
+        // The pointer finds the raw line.
+        let p = &events[3].raw;
+        assert_eq!(
+            &CLAUDE.as_bytes()[p.offset as usize..(p.offset + p.len) as usize],
+            b"not json at all"
+        );
+        assert_eq!(events[5].data["input"], 100);
+        let judged = judge(Harness::ClaudeCode, &events);
+        assert_eq!(judged.verdict, Ok(()));
+        assert_eq!((judged.tool_calls, judged.unparsed), (1, 1));
+        assert_eq!(judged.session_id.as_deref(), Some("s-1"));
+    }
+
+    #[test]
+    fn claude_success_with_is_error_is_rejected() {
+        let raw = r#"{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t","name":"Bash","input":{}}]}}
+{"type":"result","subtype":"success","is_error":true,"result":"API Error: 500 boom"}"#;
+        let events = normalize(Harness::ClaudeCode, "k", "a", raw.as_bytes());
+        let verdict = judge(Harness::ClaudeCode, &events).verdict.unwrap_err();
+        assert!(verdict.contains("API Error: 500 boom"), "{verdict}");
+    }
+
+    #[test]
+    fn opencode_permission_auto_reject_is_rejected_though_it_exits_zero() {
+        let raw = r#"{"type":"step_start","sessionID":"ses_1","part":{}}
+{"type":"tool_use","sessionID":"ses_1","part":{"tool":"write","callID":"c1","state":{"status":"error","input":{"filePath":"/etc/x"},"error":"The user rejected permission to use this specific tool call."}}}
+{"type":"step_finish","sessionID":"ses_1","part":{"reason":"stop","tokens":{"input":10,"output":1,"cache":{"read":0}}}}"#;
+        let events = normalize(Harness::Opencode, "k", "a", raw.as_bytes());
+        let verdict = judge(Harness::Opencode, &events).verdict.unwrap_err();
+        assert!(verdict.contains("refused a permission"), "{verdict}");
+    }
+
+    #[test]
+    fn an_agent_that_made_no_tool_call_is_vacuous() {
+        let raw = r#"{"type":"thread.started","thread_id":"th-1"}
+{"type":"turn.started"}
+{"type":"item.completed","item":{"id":"item_0","type":"error","message":"Model metadata for `x` not found."}}
+{"type":"item.completed","item":{"id":"item_1","type":"agent_message","text":"I did it"}}
+{"type":"turn.completed","usage":{"input_tokens":10,"cached_input_tokens":0,"output_tokens":2}}"#;
+        let events = normalize(Harness::Codex, "k", "a", raw.as_bytes());
+        let judged = judge(Harness::Codex, &events);
+        assert_eq!(judged.session_id.as_deref(), Some("th-1"));
+        assert!(judged.verdict.unwrap_err().starts_with("vacuous"));
+    }
+
+    #[test]
+    fn codex_turn_failed_and_a_missing_final_event_are_rejected() {
+        let failed = r#"{"type":"item.started","item":{"id":"i","type":"command_execution","command":"ls"}}
+{"type":"turn.failed","error":{"message":"unexpected status 401 Unauthorized"}}"#;
+        let events = normalize(Harness::Codex, "k", "a", failed.as_bytes());
+        assert!(judge(Harness::Codex, &events)
+            .verdict
+            .unwrap_err()
+            .contains("401"));
+        let cut = r#"{"type":"item.started","item":{"id":"i","type":"command_execution","command":"ls"}}"#;
+        let events = normalize(Harness::Codex, "k", "a", cut.as_bytes());
+        assert!(judge(Harness::Codex, &events)
+            .verdict
+            .unwrap_err()
+            .contains("never completed"));
+    }
+}

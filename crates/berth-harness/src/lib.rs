@@ -1,0 +1,234 @@
+//! Agent harnesses: the coding-agent CLIs a mission can run, as data.
+//!
+//! For each CLI this crate knows how to launch it headless against Berth's model gateway
+//! ([`launch`]: a shell line plus environment, never splicing the task's text or the token into
+//! the line), how to read its event stream into Berth's normalized events ([`events`]), and how
+//! to judge an attempt from those events rather than the exit code ([`judge`]): OpenCode exits
+//! 0 after auto-rejecting a permission, Claude Code can report `subtype: "success"` with
+//! `is_error: true`, and an agent that made no tool call did nothing worth validating.
+//!
+//! Pure: no I/O. The orchestrator runs the line in a sandbox and stores what comes back.
+
+pub mod events;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::events::{normalize, Event, EventKind, EVENTS_SCHEMA};
+
+/// The agent CLIs Berth drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Harness {
+    /// OpenCode (`opencode run --format json`), OpenAI Chat Completions.
+    Opencode,
+    /// Codex CLI (`codex exec --json`), OpenAI Responses.
+    Codex,
+    /// Claude Code (`claude -p --output-format stream-json`), Anthropic Messages.
+    ClaudeCode,
+}
+
+impl Harness {
+    /// Every harness.
+    pub const ALL: [Harness; 3] = [Harness::Opencode, Harness::Codex, Harness::ClaudeCode];
+
+    /// The mission file's name for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Harness::Opencode => "opencode",
+            Harness::Codex => "codex",
+            Harness::ClaudeCode => "claude-code",
+        }
+    }
+
+    /// From the mission file's name.
+    pub fn parse(name: &str) -> Option<Harness> {
+        Harness::ALL.into_iter().find(|h| h.as_str() == name)
+    }
+
+    /// The executable's name.
+    pub fn program(self) -> &'static str {
+        match self {
+            Harness::Opencode => "opencode",
+            Harness::Codex => "codex",
+            Harness::ClaudeCode => "claude",
+        }
+    }
+
+    /// The npm package and the version Berth pins (`agents/package.json`).
+    pub fn pinned(self) -> (&'static str, &'static str) {
+        match self {
+            Harness::Opencode => ("opencode-ai", "1.18.33"),
+            Harness::Codex => ("@openai/codex", "0.171.0"),
+            Harness::ClaudeCode => ("@anthropic-ai/claude-code", "2.1.197"),
+        }
+    }
+
+    /// The wire dialect it speaks to the gateway.
+    pub fn dialect(self) -> &'static str {
+        match self {
+            Harness::Opencode => "openai-chat",
+            Harness::Codex => "openai-responses",
+            Harness::ClaudeCode => "anthropic-messages",
+        }
+    }
+}
+
+/// The environment variables a launch line reads (the orchestrator sets them on the exec).
+pub mod vars {
+    /// The directory holding the CLI, as the sandbox sees it.
+    pub const BIN: &str = "BERTH_AGENT_BIN";
+    /// The gateway's base URL, as the sandbox reaches it (`http://127.0.0.1:PORT`).
+    pub const GATEWAY_URL: &str = "BERTH_GATEWAY_URL";
+    /// The attempt's gateway token (not a model credential).
+    pub const GATEWAY_TOKEN: &str = "BERTH_GATEWAY_TOKEN";
+    /// The model name given to the CLI.
+    pub const MODEL: &str = "BERTH_MODEL";
+    /// The task's instructions (the prompt).
+    pub const INSTRUCTIONS: &str = "BERTH_INSTRUCTIONS";
+}
+
+/// The per-attempt home, relative to the repository (outside it, so the capture never takes
+/// it).
+pub const HOME_FROM_REPO: &str = "../.berth-agent";
+
+/// The shell line that runs `harness` headless in the repository: stdin closed, a fresh home
+/// beside the repository, the gateway as its only endpoint. Every variable part comes from
+/// the environment ([`vars`]); nothing is spliced into the line.
+pub fn launch(harness: Harness) -> String {
+    let prologue = format!(
+        "set -eu\nhome=\"$(cd .. && pwd)/{home}\"\nrm -rf \"$home\"\nmkdir -p \"$home/tmp\"\n\
+         export HOME=\"$home\" TMPDIR=\"$home/tmp\" XDG_CONFIG_HOME=\"$home/.config\" \
+         XDG_DATA_HOME=\"$home/.local/share\" XDG_CACHE_HOME=\"$home/.cache\" \
+         XDG_STATE_HOME=\"$home/.local/state\"\n",
+        home = HOME_FROM_REPO.trim_start_matches("../")
+    );
+    let run = match harness {
+        // The token by variable name (`{env:…}`), so it is in no config text either.
+        Harness::Opencode => concat!(
+            "export OPENCODE_DISABLE_AUTOUPDATE=1 OPENCODE_DISABLE_MODELS_FETCH=1\n",
+            "export OPENCODE_CONFIG_CONTENT=\"{\\\"provider\\\":{\\\"berth\\\":{\\\"npm\\\":\\\"@ai-sdk/openai-compatible\\\",",
+            "\\\"name\\\":\\\"Berth gateway\\\",\\\"options\\\":{\\\"baseURL\\\":\\\"$BERTH_GATEWAY_URL/v1\\\",",
+            "\\\"apiKey\\\":\\\"{env:BERTH_GATEWAY_TOKEN}\\\"},\\\"models\\\":{\\\"$BERTH_MODEL\\\":{\\\"name\\\":\\\"$BERTH_MODEL\\\",",
+            "\\\"tool_call\\\":true}}}},\\\"model\\\":\\\"berth/$BERTH_MODEL\\\",\\\"small_model\\\":\\\"berth/$BERTH_MODEL\\\",",
+            "\\\"autoupdate\\\":false,\\\"share\\\":\\\"disabled\\\"}\"\n",
+            "exec \"$BERTH_AGENT_BIN/opencode\" run --auto --format json -m \"berth/$BERTH_MODEL\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
+        )
+        .to_owned(),
+        Harness::Codex => concat!(
+            "mkdir -p \"$home/.codex\"\nexport CODEX_HOME=\"$home/.codex\"\n",
+            "exec \"$BERTH_AGENT_BIN/codex\" exec --json --skip-git-repo-check ",
+            "--dangerously-bypass-approvals-and-sandbox -m \"$BERTH_MODEL\" -c model_provider=berth ",
+            "-c \"model_providers.berth={name=\\\"Berth gateway\\\",base_url=\\\"$BERTH_GATEWAY_URL/v1\\\",",
+            "env_key=\\\"BERTH_GATEWAY_TOKEN\\\",wire_api=\\\"responses\\\",request_max_retries=0,",
+            "stream_max_retries=0}\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
+        )
+        .to_owned(),
+        Harness::ClaudeCode => concat!(
+            "export CLAUDE_CONFIG_DIR=\"$home/.claude\" IS_SANDBOX=1 ",
+            "ANTHROPIC_BASE_URL=\"$BERTH_GATEWAY_URL\" ANTHROPIC_API_KEY=\"$BERTH_GATEWAY_TOKEN\" ",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CODE_MAX_RETRIES=1\n",
+            "exec \"$BERTH_AGENT_BIN/claude\" -p \"$BERTH_INSTRUCTIONS\" --model \"$BERTH_MODEL\" ",
+            "--output-format stream-json --verbose --dangerously-skip-permissions < /dev/null\n",
+        )
+        .to_owned(),
+    };
+    prologue + &run
+}
+
+/// What an attempt's agent run amounted to, from its events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Judgement {
+    /// The CLI's session id, when its stream named one.
+    pub session_id: Option<String>,
+    /// Tool calls made.
+    pub tool_calls: usize,
+    /// Events that could not be parsed (kept, marked).
+    pub unparsed: usize,
+    /// `Ok`: the agent finished its turn without error and did something; `Err`: why the
+    /// attempt is rejected before any validator runs.
+    pub verdict: Result<(), String>,
+}
+
+/// Judges an agent run from its normalized events: the final turn must have completed without
+/// an error, no permission may have been refused, and at least one tool call must have been
+/// made (otherwise the attempt is vacuous).
+pub fn judge(harness: Harness, events: &[Event]) -> Judgement {
+    let session_id = events.iter().find_map(|e| e.session_id.clone());
+    let tool_calls = events
+        .iter()
+        .filter(|e| e.kind == EventKind::ToolCall)
+        .count();
+    let unparsed = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Unparsed)
+        .count();
+    let name = harness.as_str();
+    let fatal = events
+        .iter()
+        .find(|e| e.kind == EventKind::Error && !e.data["retryable"].as_bool().unwrap_or(false));
+    let refused = events.iter().find(|e| {
+        e.kind == EventKind::ToolCallUpdate
+            && e.data["is_error"] == true
+            && e.data["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("rejected permission"))
+    });
+    let completed = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == EventKind::TurnCompleted);
+    let verdict = if let Some(error) = fatal {
+        Err(format!(
+            "{name} reported an error: {}",
+            error.data["message"].as_str().unwrap_or("(no message)")
+        ))
+    } else if let Some(refusal) = refused {
+        Err(format!(
+            "{name} was refused a permission and stopped: {}",
+            refusal.data["content"].as_str().unwrap_or_default()
+        ))
+    } else if completed.is_none() {
+        Err(format!("{name} never completed its turn (no final event)"))
+    } else if completed.is_some_and(|c| c.data["is_error"] == true) {
+        Err(format!(
+            "{name} ended its turn with an error: {}",
+            completed
+                .and_then(|c| c.data["result"].as_str())
+                .unwrap_or("")
+        ))
+    } else if tool_calls == 0 {
+        Err(format!(
+            "vacuous: {name} made no tool call (its trajectory is empty)"
+        ))
+    } else {
+        Ok(())
+    };
+    Judgement {
+        session_id,
+        tool_calls,
+        unparsed,
+        verdict,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_lines_take_every_variable_part_from_the_environment() {
+        for harness in Harness::ALL {
+            let line = launch(harness);
+            assert!(line.contains("< /dev/null"), "{line}");
+            assert!(line.contains("\"$BERTH_INSTRUCTIONS\""), "{line}");
+            assert!(line.contains(&format!("$BERTH_AGENT_BIN/{}", harness.program())));
+            // The token is read by name only.
+            assert!(!line.contains("$BERTH_GATEWAY_TOKEN\"  "), "{line}");
+            assert_eq!(Harness::parse(harness.as_str()), Some(harness));
+        }
+        assert!(launch(Harness::ClaudeCode).contains("ANTHROPIC_API_KEY=\"$BERTH_GATEWAY_TOKEN\""));
+        assert!(launch(Harness::Codex).contains("env_key=\\\"BERTH_GATEWAY_TOKEN\\\""));
+        assert!(launch(Harness::Opencode).contains("{env:BERTH_GATEWAY_TOKEN}"));
+        assert_eq!(Harness::parse("script"), None);
+    }
+}

@@ -1,0 +1,315 @@
+//! Agent-CLI attempts: the mission's model gateway, the launch in the sandbox, and the
+//! judgement from the agent's own events.
+//!
+//! A mission whose harness is an agent CLI gets one gateway per run (scripted model or
+//! credential-adding proxy) on the host's loopback. Each attempt is admitted with its own token,
+//! which is revoked as soon as the agent stops; the sandbox never sees a model credential. The
+//! agent's raw JSONL, its normalized events and the gateway's journal land in the attempt's log
+//! directory (`<mission>/attempts/<task>-<ordinal>/`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use berth_contract::ExecRequest;
+use berth_gateway::{Gateway, GatewayConfig, Proxy, RunningGateway, Script, Upstream};
+use berth_harness::{judge, launch, normalize, vars, Harness};
+use berth_mission::file::{parse_duration, MissionFile};
+use serde_json::json;
+
+use crate::pipeline::{existing, output_json, Step};
+use crate::steps::Attempt;
+use crate::{MissionSpec, Orchestrator, OrchestratorError};
+
+/// Where the CLIs live in Berth's reference image with agents (`scripts/build-agent-image.sh
+/// --with-agents`).
+pub const IMAGE_AGENT_BIN: &str = "/opt/berth/agents/bin";
+
+/// The variable naming the host directory that holds the CLIs (host provider), when they are
+/// not on `PATH`.
+pub const AGENT_BIN_DIR_VAR: &str = "BERTH_AGENT_BIN_DIR";
+
+/// Most agent output kept per attempt (the raw log).
+const MAX_AGENT_OUTPUT: usize = 64 << 20;
+
+/// The providers an agent CLI can run on in this build: the gateway listens on the host's
+/// loopback, which a host-provider sandbox shares. Docker and bwrap sandboxes (network `none`)
+/// need the supervisor's loopback forward, which is not built yet.
+const AGENT_PROVIDERS: &[&str] = &["host"];
+
+/// The mission's agent CLI, if its harness is one.
+pub(crate) fn harness_of(file: &MissionFile) -> Option<Harness> {
+    Harness::parse(&file.harness.kind)
+}
+
+/// Checks, at registration, what the mission file alone cannot: where the agent may run and
+/// that a scripted model parses. Returns the model script's text, kept in the spec (a resumed
+/// mission answers from the same script even if the file changed).
+pub(crate) fn register_check(
+    file: &MissionFile,
+    read_script: impl FnOnce(&str) -> Result<String, OrchestratorError>,
+) -> Result<Option<String>, OrchestratorError> {
+    let Some(harness) = harness_of(file) else {
+        return Ok(None);
+    };
+    for provider in std::iter::once(&file.sandbox.provider).chain(&file.sandbox.fallback) {
+        if !AGENT_PROVIDERS.contains(&provider.as_str()) {
+            return Err(OrchestratorError::Unsupported(format!(
+                "the `{}` harness on provider `{provider}`: agent CLIs run on the host provider \
+                 in this build (sandboxes without network need the supervisor's loopback \
+                 forward to reach the model gateway, which is not built yet)",
+                harness.as_str()
+            )));
+        }
+    }
+    let gateway = file.harness.gateway.as_ref().expect("validated");
+    match &gateway.script {
+        Some(path) => {
+            let text = read_script(path)?;
+            Script::parse(&text).map_err(|e| {
+                OrchestratorError::Unsupported(format!("harness.gateway.script `{path}`: {e}"))
+            })?;
+            Ok(Some(text))
+        }
+        None => Ok(None),
+    }
+}
+
+/// A mission's running gateway.
+pub(crate) struct MissionGateway {
+    gateway: Gateway,
+    running: RunningGateway,
+}
+
+/// The gateways of the missions this orchestrator runs (one per mission, started on first
+/// use, stopped when the orchestrator goes away).
+#[derive(Default)]
+pub struct Gateways(Mutex<HashMap<String, Arc<MissionGateway>>>);
+
+impl std::fmt::Debug for Gateways {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let missions: Vec<String> = self
+            .0
+            .lock()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        f.debug_tuple("Gateways").field(&missions).finish()
+    }
+}
+
+async fn gateway_for(
+    orch: &Orchestrator<'_>,
+    mission: &str,
+    spec: &MissionSpec,
+) -> Result<Arc<MissionGateway>, OrchestratorError> {
+    if let Some(found) = orch
+        .gateways
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(mission)
+    {
+        return Ok(found.clone());
+    }
+    let gateway = spec.file.harness.gateway.as_ref().expect("validated");
+    let upstream = match (&spec.model_script, &gateway.proxy) {
+        (Some(text), _) => Upstream::Scripted(Arc::new(
+            Script::parse(text).map_err(|e| OrchestratorError::Corrupt(e.to_string()))?,
+        )),
+        (None, Some(origin)) => {
+            let variable = gateway.credential_env.as_deref().expect("validated");
+            let credential = orch.config.env.get(variable).unwrap_or_default();
+            if credential.is_empty() {
+                return Err(OrchestratorError::Unsupported(format!(
+                    "the model proxy's credential variable `{variable}` is not set in Berth's \
+                     environment"
+                )));
+            }
+            Upstream::Proxy(Arc::new(
+                Proxy::new(origin, credential.to_owned())
+                    .map_err(|e| OrchestratorError::Unsupported(e.to_string()))?,
+            ))
+        }
+        (None, None) => return Err(OrchestratorError::Corrupt("no model script kept".into())),
+    };
+    let gateway = Gateway::new(GatewayConfig {
+        upstream,
+        prices: None,
+    });
+    let running = gateway
+        .listen(0)
+        .await
+        .map_err(|e| OrchestratorError::Unsupported(format!("model gateway: {e}")))?;
+    let entry = Arc::new(MissionGateway { gateway, running });
+    orch.gateways
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(mission.to_owned(), entry.clone());
+    Ok(entry)
+}
+
+/// Where `harness`'s CLI is, as a sandbox of `provider` sees it.
+fn bin_dir(orch: &Orchestrator<'_>, provider: &str, harness: Harness) -> Result<String, String> {
+    if provider != "host" {
+        return Ok(IMAGE_AGENT_BIN.to_owned());
+    }
+    let env = &orch.config.env;
+    let mut search: Vec<PathBuf> = env
+        .get(AGENT_BIN_DIR_VAR)
+        .filter(|d| !d.is_empty())
+        .map(|d| vec![PathBuf::from(d)])
+        .unwrap_or_default();
+    search.extend(
+        env.get("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .filter(|p| p.starts_with('/'))
+            .map(PathBuf::from),
+    );
+    search
+        .into_iter()
+        .find(|dir| dir.join(harness.program()).is_file())
+        .map(|dir| dir.display().to_string())
+        .ok_or_else(|| {
+            format!(
+                "`{}` was found neither in {AGENT_BIN_DIR_VAR} nor on PATH (install the pinned \
+                 CLIs with scripts/install-agent-clis and set {AGENT_BIN_DIR_VAR} to \
+                 agents/node_modules/.bin)",
+                harness.program()
+            )
+        })
+}
+
+/// The attempt's log directory (created, private).
+fn log_dir(
+    orch: &Orchestrator<'_>,
+    mission: &str,
+    task: &str,
+    ordinal: u32,
+) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = orch
+        .mission_dir(mission)
+        .join("attempts")
+        .join(format!("{task}-{ordinal}"));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)?;
+    Ok(dir)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
+}
+
+impl Attempt<'_, '_> {
+    /// Runs the attempt's agent CLI headless against the mission's gateway and judges it from
+    /// its events.
+    pub(crate) async fn run_agent_cli(&self, harness: Harness) -> Result<Step, OrchestratorError> {
+        let mission = &self.record.id;
+        let provider_id = self.provider.id().to_owned();
+        let id = match existing(self.orch, self.provider.as_ref(), &self.main).await? {
+            Ok(id) => id,
+            Err(reason) => return self.reject(reason).await,
+        };
+        let bin = match bin_dir(self.orch, &provider_id, harness) {
+            Ok(bin) => bin,
+            Err(reason) => return self.reject(reason).await,
+        };
+        let logs = log_dir(self.orch, mission, &self.task.id, self.attempt.ordinal)
+            .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
+        let gateway = gateway_for(self.orch, mission, self.spec).await?;
+        let journal = logs.join("gateway.jsonl");
+        let token = gateway
+            .gateway
+            .admit_nth(&self.key.0, self.attempt.ordinal, journal.clone());
+        let timeout = parse_duration(&self.task.agent_timeout).expect("validated");
+        let mut req = ExecRequest::shell(launch(harness))
+            .with_cwd("repo")
+            .with_timeout(timeout)
+            .with_env(vars::BIN, bin)
+            .with_env(vars::GATEWAY_URL, gateway.running.base_url())
+            .with_env(vars::GATEWAY_TOKEN, token.expose().to_owned())
+            .with_env(
+                vars::MODEL,
+                self.spec
+                    .file
+                    .harness
+                    .model
+                    .clone()
+                    .unwrap_or_else(|| "scripted".into()),
+            )
+            .with_env(vars::INSTRUCTIONS, self.task.instructions.clone())
+            .with_env("BERTH_TASK", self.task.id.clone())
+            .with_env("BERTH_ATTEMPT", self.attempt.ordinal.to_string());
+        req.max_output_bytes = MAX_AGENT_OUTPUT;
+        let ran = self.provider.exec(&id, &req).await;
+        // The token dies with the run: whatever the agent left behind cannot reach the model.
+        gateway.gateway.revoke(&token);
+        let out = match ran {
+            Ok(out) => out,
+            Err(e) => return self.reject(format!("the agent could not run: {e}")).await,
+        };
+        let raw = logs.join("agent.jsonl");
+        let normalized = normalize(harness, &self.key.0, "agent.jsonl", &out.stdout);
+        let mut events = String::new();
+        for event in &normalized {
+            events.push_str(&serde_json::to_string(event).expect("events serialize"));
+            events.push('\n');
+        }
+        let written = write_private(&raw, &out.stdout)
+            .and_then(|()| write_private(&logs.join("events.jsonl"), events.as_bytes()))
+            .and_then(|()| {
+                write_private(
+                    &logs.join("agent.stderr"),
+                    out.stderr.as_deref().unwrap_or_default(),
+                )
+            });
+        if let Err(e) = written {
+            return Err(OrchestratorError::Repository(format!(
+                "cannot keep the agent's logs in {}: {e}",
+                logs.display()
+            )));
+        }
+        let judged = judge(harness, &normalized);
+        let truncated = out.stdout_total > out.stdout.len() as u64;
+        if let Err(reason) = &judged.verdict {
+            let reason = format!(
+                "{reason} (exit {}; events: {})",
+                out.status,
+                logs.join("events.jsonl").display()
+            );
+            return self.reject(reason).await;
+        }
+        let mut facts = output_json(&out);
+        facts["harness"] = json!(harness.as_str());
+        facts["session_id"] = json!(judged.session_id);
+        facts["tool_calls"] = json!(judged.tool_calls);
+        facts["unparsed_lines"] = json!(judged.unparsed);
+        facts["events"] = json!(normalized.len());
+        facts["raw_truncated"] = json!(truncated);
+        facts["logs"] = json!(logs);
+        self.reached(
+            berth_mission::authority::Phase::AgentStopped,
+            format!(
+                "agent {} finished its turn: {} tool calls, {} events",
+                harness.as_str(),
+                judged.tool_calls,
+                normalized.len()
+            ),
+            "agent",
+            facts,
+        )
+        .await
+    }
+}
