@@ -13,6 +13,7 @@
 //! Benchmarks reach adapters' bare mechanisms (the docker supervisor socket, `bwrap` run
 //! directly, the Engine API), which is why this family — and not the CLI — depends on them.
 
+pub mod gateway;
 pub mod lifecycle;
 pub mod mission;
 pub mod raw;

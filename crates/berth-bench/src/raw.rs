@@ -33,10 +33,10 @@ pub struct RawOptions {
 use berth_contract::{ExecRequest, NativeId, Provider};
 use berth_provider_docker::Engine;
 use hyper::Method;
-use serde::Serialize;
 use serde_json::json;
 
 use crate::destroy_tracked;
+use crate::stats::{compare, Comparison};
 
 /// Exec targets over the raw substrate (median), from the issues: host ≤ 2 ms over a raw spawn,
 /// bwrap ≤ 3 ms over a raw bwrap; docker: an absolute ≤ 5 ms round trip.
@@ -56,44 +56,6 @@ const OWN_EXEC_OVERHEAD_MS: f64 = 1.0;
 const OWN_CYCLE_RATIO: f64 = 1.1;
 /// `berth exec ID -- true` as a whole process: ≤ 4 ms (median).
 const CLI_EXEC_MS: f64 = 4.0;
-
-#[derive(Debug, Serialize)]
-struct Summary {
-    n: usize,
-    median_ms: f64,
-    p95_ms: f64,
-    min_ms: f64,
-}
-
-fn summarize(samples: &mut [Duration]) -> Summary {
-    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-    let at = |ms: &mut Vec<f64>, p: f64| crate::stats::percentile(ms, p).unwrap_or(f64::NAN);
-    Summary {
-        n: ms.len(),
-        median_ms: at(&mut ms, 0.5),
-        p95_ms: at(&mut ms, 0.95),
-        min_ms: ms.first().copied().unwrap_or(f64::NAN),
-    }
-}
-
-#[derive(Debug, Serialize)]
-struct Comparison {
-    berth: Summary,
-    raw: Summary,
-    ratio_median: f64,
-    overhead_median_ms: f64,
-}
-
-fn compare(berth: &mut [Duration], raw: &mut [Duration]) -> Comparison {
-    let berth = summarize(berth);
-    let raw = summarize(raw);
-    Comparison {
-        ratio_median: berth.median_ms / raw.median_ms,
-        overhead_median_ms: berth.median_ms - raw.median_ms,
-        berth,
-        raw,
-    }
-}
 
 /// The raw substrate of one provider.
 #[derive(Debug)]

@@ -160,6 +160,9 @@ pub enum Command {
     /// Provider development: `berth provider new NAME` scaffolds an adapter.
     #[command(subcommand)]
     Provider(ProviderCommand),
+    /// One attempt of a mission: its agent trajectory.
+    #[command(subcommand)]
+    Attempt(AttemptCommand),
     /// Run the model gateway on its own: a scripted model (`--script FILE`) or a proxy to a
     /// real endpoint (`--proxy URL --credential-env VAR`), on 127.0.0.1, until interrupted.
     Gateway(GatewayArgs),
@@ -324,7 +327,8 @@ pub enum LedgerCommand {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Providers to measure, side by side (with `--raw`, exactly one).
+    /// Providers to measure, side by side (with `--raw`, exactly one); `gateway` measures the
+    /// model gateway and the agent CLIs' start-up instead.
     #[arg(required = true)]
     pub providers: Vec<String>,
     /// Compare one provider's exec and create→destroy cycle with its raw substrate instead.
@@ -488,4 +492,17 @@ pub struct GatewayArgs {
     /// dollars per million tokens) for the journal's costs.
     #[arg(long)]
     pub prices: Option<std::path::PathBuf>,
+}
+
+/// `berth attempt …`.
+#[derive(Debug, Subcommand)]
+pub enum AttemptCommand {
+    /// An agent attempt's trajectory: Harbor's ATIF (v1.4), or Berth's normalized events.
+    Trajectory {
+        /// The attempt key (`berth mission status` lists them).
+        key: String,
+        /// `atif` (a JSON document) or `events` (JSON lines, `berth.events/v1`).
+        #[arg(long, default_value = "atif", value_parser = ["atif", "events"])]
+        format: String,
+    },
 }

@@ -226,6 +226,7 @@ impl Command {
             Command::Schema { .. } => "schema",
             Command::Completions { .. } => "completions",
             Command::Gateway(_) => "gateway",
+            Command::Attempt(cli::AttemptCommand::Trajectory { .. }) => "attempt trajectory",
         }
     }
 }

@@ -171,3 +171,35 @@ fn malformed_scripts_are_refused_before_listening() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("name exactly one of"), "{stderr}");
 }
+
+#[test]
+fn the_gateway_bench_reports_its_overhead_and_unknown_start_up_for_missing_clis() {
+    let home = Home::new();
+    let empty = home.path().join("no-clis");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = home
+        .command(
+            "tester",
+            &["--json", "bench", "gateway", "--iterations", "20"],
+        )
+        .env("BERTH_AGENT_BIN_DIR", &empty)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["through_gateway"]["n"], 20);
+    assert!(doc["overhead_median_ms"].as_f64().unwrap().is_finite());
+    assert_eq!(doc["target"]["overhead_median_ms"], 1.0);
+    assert!(doc["target"]["met"].is_boolean());
+    for cli in ["opencode", "codex", "claude-code"] {
+        let unknown = doc["harness_startup"][cli]["unknown"].as_str().unwrap();
+        assert!(unknown.starts_with("UNKNOWN("), "{unknown}");
+        assert!(doc["harness_startup"][cli]["median_ms"].is_null());
+    }
+}

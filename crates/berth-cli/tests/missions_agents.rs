@@ -118,8 +118,36 @@ fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
                     || journal.contains("\"x-api-key\":\"[redacted]\"")
             );
         }
+        // The accepted attempt's trajectory, as ATIF and as events.
+        let key = attempts[1]["key"].as_str().unwrap();
+        let (code, atif, _) = run_json(&home, &bin, &["attempt", "trajectory", key]);
+        assert_eq!(code, 0, "{atif:#}");
+        let trajectory = &atif["trajectory"];
+        assert_eq!(trajectory["schema_version"], "ATIF-v1.4");
+        assert_eq!(trajectory["agent"]["name"], kind);
+        let steps = trajectory["steps"].as_array().unwrap();
+        assert_eq!(steps[0]["source"], "user");
+        assert!(steps[0]["message"].as_str().unwrap().contains("calc.add"));
+        assert!(
+            steps.iter().any(|s| s["tool_calls"].is_array()),
+            "{kind}: {trajectory:#}"
+        );
+        let (code, events, _) = run_json(
+            &home,
+            &bin,
+            &["attempt", "trajectory", key, "--format", "events"],
+        );
+        assert_eq!(code, 0);
+        assert!(events["events"][0]["event_id"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{key}:")));
         home.assert_no_canary_persisted();
     }
+    // An unknown attempt is a clear not-found.
+    let home = Home::new();
+    let out = home.run(&["attempt", "trajectory", "at-nope"]);
+    assert_eq!(out.status.code(), Some(3));
 }
 
 #[test]

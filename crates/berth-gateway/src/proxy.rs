@@ -32,10 +32,14 @@ const DROPPED: &[&str] = &[
     "trailer",
 ];
 
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
 /// A real endpoint and its credential.
 pub struct Proxy {
     origin: Uri,
     credential: String,
+    /// Kept-alive upstream connections (HTTP/1.1: one request at a time each).
+    idle: std::sync::Mutex<Vec<Sender>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -86,6 +90,7 @@ impl Proxy {
         Ok(Proxy {
             origin: uri,
             credential,
+            idle: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -101,14 +106,21 @@ impl Proxy {
         body: Bytes,
     ) -> Result<Response<Incoming>, String> {
         let authority = self.origin.authority().expect("checked in new").clone();
-        let stream = tokio::net::TcpStream::connect(authority.as_str())
-            .await
-            .map_err(|e| format!("cannot reach the upstream {authority}: {e}"))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| format!("upstream handshake: {e}"))?;
-        tokio::spawn(connection);
+        let mut sender = match self.idle_sender() {
+            Some(sender) => sender,
+            None => {
+                let stream = tokio::net::TcpStream::connect(authority.as_str())
+                    .await
+                    .map_err(|e| format!("cannot reach the upstream {authority}: {e}"))?;
+                let _ = stream.set_nodelay(true);
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await
+                        .map_err(|e| format!("upstream handshake: {e}"))?;
+                tokio::spawn(connection);
+                sender
+            }
+        };
         let mut request = Request::builder()
             .method(parts.method.clone())
             .uri(path)
@@ -127,10 +139,24 @@ impl Proxy {
         let request = request
             .body(Full::new(body))
             .map_err(|e| format!("cannot build the upstream request: {e}"))?;
-        sender
+        let response = sender
             .send_request(request)
             .await
-            .map_err(|e| format!("upstream request: {e}"))
+            .map_err(|e| format!("upstream request: {e}"))?;
+        // Ready again once this response's body has been read; until then it is skipped.
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sender);
+        Ok(response)
+    }
+
+    /// A kept-alive connection that can take a request now (closed ones are dropped).
+    fn idle_sender(&self) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        idle.retain(|s| !s.is_closed());
+        let at = idle.iter().position(|s| s.is_ready())?;
+        Some(idle.swap_remove(at))
     }
 
     /// A request that is not a model turn (`GET /models`): forwarded, not journaled.

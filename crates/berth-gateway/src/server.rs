@@ -39,7 +39,7 @@ impl RunningGateway {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting connections.
+    /// Stops: no new connection is accepted, and open ones are closed.
     pub fn stop(self) {}
 }
 
@@ -54,13 +54,16 @@ pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Runn
         .local_addr()
         .expect("a bound listener has an address");
     let accept = tokio::spawn(async move {
+        // Owned here, so stopping the gateway also ends every connection it is serving.
+        let mut connections = tokio::task::JoinSet::new();
         loop {
+            while connections.try_join_next().is_some() {}
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
             let _ = stream.set_nodelay(true);
             let gateway = gateway.clone();
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
                     let gateway = gateway.clone();
                     async move { Ok::<_, Infallible>(handle(&gateway, req).await) }

@@ -9,6 +9,7 @@
 //!
 //! Pure: no I/O. The orchestrator runs the line in a sandbox and stores what comes back.
 
+pub mod atif;
 pub mod events;
 
 use serde::{Deserialize, Serialize};

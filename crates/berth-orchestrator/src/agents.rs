@@ -313,3 +313,63 @@ impl Attempt<'_, '_> {
         .await
     }
 }
+
+/// Where one attempt's agent logs are, found by its key among the owner's missions.
+#[derive(Debug, Clone)]
+pub struct AttemptLogs {
+    /// The mission.
+    pub mission: String,
+    /// The mission's spec (harness, model, tasks).
+    pub spec: MissionSpec,
+    /// The task's id.
+    pub task: String,
+    /// The attempt's ordinal.
+    pub ordinal: u32,
+    /// The directory (`agent.jsonl`, `events.jsonl`, `gateway.jsonl`, `agent.stderr`).
+    pub dir: PathBuf,
+}
+
+impl AttemptLogs {
+    /// The task's instructions.
+    pub fn instructions(&self) -> &str {
+        self.spec
+            .file
+            .tasks
+            .iter()
+            .find(|t| t.id == self.task)
+            .map(|t| t.instructions.as_str())
+            .unwrap_or_default()
+    }
+
+    /// The agent CLI that ran, if the harness is one.
+    pub fn harness(&self) -> Option<Harness> {
+        harness_of(&self.spec.file)
+    }
+}
+
+impl Orchestrator<'_> {
+    /// Finds attempt `key` among this owner's missions.
+    pub async fn attempt_logs(&self, key: &str) -> Result<Option<AttemptLogs>, OrchestratorError> {
+        for row in self.store.mission_list(self.ledger.owner()).await? {
+            let record: berth_mission::authority::MissionRecord =
+                serde_json::from_str(&row.record_json)
+                    .map_err(|e| OrchestratorError::Corrupt(e.to_string()))?;
+            for task in &record.tasks {
+                if let Some(attempt) = task.attempts.iter().find(|a| a.key.0 == key) {
+                    let (spec, _, _) = self.load(&row.id).await?;
+                    return Ok(Some(AttemptLogs {
+                        dir: self
+                            .mission_dir(&row.id)
+                            .join("attempts")
+                            .join(format!("{}-{}", task.id, attempt.ordinal)),
+                        mission: row.id.clone(),
+                        spec,
+                        task: task.id.clone(),
+                        ordinal: attempt.ordinal,
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+}

@@ -201,3 +201,78 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
         }
     }
 }
+
+/// `berth attempt trajectory KEY [--format atif|events]`.
+pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i32> {
+    let crate::cli::AttemptCommand::Trajectory { key, format } = command;
+    let orch = orchestrator(app);
+    let Some(logs) = orch.attempt_logs(&key).await? else {
+        return Err(crate::errors::CliError::not_found(
+            format!("no attempt `{key}` in your missions"),
+            "`berth mission status ID` lists a mission's attempts",
+        )
+        .into());
+    };
+    let Some(harness) = logs.harness() else {
+        return Err(crate::errors::CliError::invalid(
+            format!("attempt `{key}` ran the `script` harness, which has no agent trajectory"),
+            "trajectories exist for opencode, codex and claude-code attempts",
+        )
+        .into());
+    };
+    let path = logs.dir.join("events.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(crate::errors::CliError::not_found(
+                format!(
+                    "attempt `{key}` has no events yet ({} is missing)",
+                    path.display()
+                ),
+                "the agent has not finished its run, or the attempt was rejected before it ran",
+            )
+            .into())
+        }
+        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+    };
+    let events = text
+        .lines()
+        .map(serde_json::from_str::<berth_harness::Event>)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("{} is unreadable: {e}", path.display()))?;
+    if format == "events" {
+        if app.json {
+            emit(
+                "attempt trajectory",
+                json!({ "attempt": key, "events": events }),
+            );
+        } else {
+            print!("{text}");
+        }
+        return Ok(code::OK);
+    }
+    let model = logs
+        .spec
+        .file
+        .harness
+        .model
+        .clone()
+        .unwrap_or_else(|| "scripted".into());
+    let trajectory =
+        berth_harness::atif::trajectory(harness, logs.instructions(), Some(&model), &events)
+            .map_err(|why| {
+                crate::errors::CliError::invalid(why, "the attempt did nothing to export")
+            })?;
+    if app.json {
+        emit(
+            "attempt trajectory",
+            json!({ "attempt": key, "trajectory": trajectory }),
+        );
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&trajectory).expect("json serializes")
+        );
+    }
+    Ok(code::OK)
+}

@@ -57,6 +57,11 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             no_discover,
         }) => ledger::sweep(&app, run, expired, !no_discover).await,
         Command::Demo => demo::demo(&app).await,
+        Command::Bench(args) if args.providers == ["gateway"] => report(
+            &app,
+            "bench",
+            berth_bench::gateway::bench(&app.bench_context()?, args.iterations).await?,
+        ),
         Command::Bench(args) if args.raw => {
             let options = berth_bench::raw::RawOptions {
                 providers: args.providers,
@@ -92,6 +97,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             report(&app, "mission bench", done)
         }
         Command::Mission(command) => mission::run(&app, command).await,
+        Command::Attempt(command) => mission::attempt(&app, command).await,
         Command::Providers
         | Command::Schema { .. }
         | Command::Completions { .. }

@@ -1,0 +1,206 @@
+//! ATIF (Harbor's Agent Trajectory Interchange Format, v1.4) from Berth's normalized events.
+//!
+//! Step 1 is the user's instructions; every agent step gathers, in order, the assistant's text
+//! and reasoning, its tool calls and their results (an agent step ends when a result is followed
+//! by new text or a new call). Token totals come from the CLI's own usage events, each counted
+//! once (cached tokens inside the prompt total, as ATIF defines them). A trajectory with no agent
+//! step is refused: an empty trajectory is not a run.
+
+use serde_json::{json, Map, Value};
+
+use crate::events::{Event, EventKind};
+use crate::Harness;
+
+/// The ATIF version written.
+pub const ATIF_VERSION: &str = "ATIF-v1.4";
+
+#[derive(Default)]
+struct AgentStep {
+    message: String,
+    reasoning: String,
+    calls: Vec<Value>,
+    results: Vec<Value>,
+    events: Vec<String>,
+}
+
+impl AgentStep {
+    fn is_empty(&self) -> bool {
+        self.message.is_empty()
+            && self.reasoning.is_empty()
+            && self.calls.is_empty()
+            && self.results.is_empty()
+    }
+}
+
+fn call_arguments(input: &Value) -> Value {
+    match input {
+        Value::Object(_) => input.clone(),
+        Value::Null => json!({}),
+        other => json!({ "input": other }),
+    }
+}
+
+/// The ATIF trajectory of one attempt's agent run.
+pub fn trajectory(
+    harness: Harness,
+    instructions: &str,
+    model: Option<&str>,
+    events: &[Event],
+) -> Result<Value, String> {
+    let mut steps: Vec<AgentStep> = Vec::new();
+    let mut current = AgentStep::default();
+    let (mut prompt, mut completion, mut cached, mut cost, mut priced) =
+        (0u64, 0u64, 0u64, 0f64, false);
+    let mut usage_seen = false;
+    for event in events {
+        let starts_new = matches!(
+            event.kind,
+            EventKind::AgentMessageChunk | EventKind::AgentThoughtChunk | EventKind::ToolCall
+        ) && !current.results.is_empty();
+        if starts_new {
+            steps.push(std::mem::take(&mut current));
+        }
+        match event.kind {
+            EventKind::AgentMessageChunk => {
+                current.message.push_str(event.data["text"].as_str().unwrap_or(""))
+            }
+            EventKind::AgentThoughtChunk => {
+                current.reasoning.push_str(event.data["text"].as_str().unwrap_or(""))
+            }
+            EventKind::ToolCall => current.calls.push(json!({
+                "tool_call_id": event.data["id"].as_str().map(str::to_owned).unwrap_or_else(|| event.event_id.clone()),
+                "function_name": event.data["name"].as_str().unwrap_or("tool"),
+                "arguments": call_arguments(&event.data["input"]),
+            })),
+            EventKind::ToolCallUpdate => current.results.push(json!({
+                "source_call_id": event.data["id"],
+                "content": event.data["content"].as_str().unwrap_or(""),
+            })),
+            EventKind::Usage => {
+                usage_seen = true;
+                prompt += event.data["input"].as_u64().unwrap_or(0);
+                completion += event.data["output"].as_u64().unwrap_or(0);
+                cached += event.data["cached"].as_u64().unwrap_or(0);
+                if let Some(c) = event.data["cost_usd"].as_f64() {
+                    cost += c;
+                    priced = true;
+                }
+            }
+            _ => {}
+        }
+        if !matches!(event.kind, EventKind::Usage | EventKind::Unparsed) {
+            current.events.push(event.event_id.clone());
+        }
+    }
+    if !current.is_empty() {
+        steps.push(current);
+    }
+    steps.retain(|s| !s.is_empty());
+    if steps.is_empty() {
+        return Err(format!(
+            "the {} run has no agent step: an empty trajectory is not exported",
+            harness.as_str()
+        ));
+    }
+    let session_id = events
+        .iter()
+        .find_map(|e| e.session_id.clone())
+        .unwrap_or_else(|| {
+            events
+                .first()
+                .map(|e| e.event_id.clone())
+                .unwrap_or_default()
+        });
+    let mut out = vec![json!({ "step_id": 1, "source": "user", "message": instructions })];
+    for (n, step) in steps.into_iter().enumerate() {
+        let mut object = Map::new();
+        object.insert("step_id".into(), json!(n + 2));
+        object.insert("source".into(), json!("agent"));
+        if let Some(model) = model {
+            object.insert("model_name".into(), json!(model));
+        }
+        object.insert("message".into(), json!(step.message));
+        if !step.reasoning.is_empty() {
+            object.insert("reasoning_content".into(), json!(step.reasoning));
+        }
+        if !step.calls.is_empty() {
+            object.insert("tool_calls".into(), Value::Array(step.calls));
+        }
+        if !step.results.is_empty() {
+            object.insert("observation".into(), json!({ "results": step.results }));
+        }
+        object.insert("extra".into(), json!({ "berth_event_ids": step.events }));
+        out.push(Value::Object(object));
+    }
+    let (package, version) = harness.pinned();
+    let mut final_metrics = json!({ "total_steps": out.len() });
+    if usage_seen {
+        final_metrics["total_prompt_tokens"] = json!(prompt);
+        final_metrics["total_completion_tokens"] = json!(completion);
+        final_metrics["total_cached_tokens"] = json!(cached);
+    }
+    if priced {
+        final_metrics["total_cost_usd"] = json!(cost);
+    }
+    Ok(json!({
+        "schema_version": ATIF_VERSION,
+        "session_id": session_id,
+        "agent": {
+            "name": harness.as_str(),
+            "version": version,
+            "model_name": model,
+            "extra": { "package": package },
+        },
+        "steps": out,
+        "final_metrics": final_metrics,
+        "notes": "Exported by Berth from its normalized events (berth.events/v1); the CLI's raw JSONL is the source of truth.",
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::normalize;
+
+    #[test]
+    fn a_claude_run_becomes_user_then_agent_steps_with_observations_and_totals() {
+        let raw = r#"{"type":"system","subtype":"init","session_id":"s-9","model":"m"}
+{"type":"assistant","message":{"content":[{"type":"thinking","thinking":"look first"},{"type":"tool_use","id":"t1","name":"Read","input":{"file_path":"/w/a"}}]},"session_id":"s-9"}
+{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t1","content":"old","is_error":false}]},"session_id":"s-9"}
+{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t2","name":"Write","input":{"file_path":"/w/a","content":"new"}}]},"session_id":"s-9"}
+{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t2","content":"ok","is_error":false}]},"session_id":"s-9"}
+{"type":"assistant","message":{"content":[{"type":"text","text":"Done"}]},"session_id":"s-9"}
+{"type":"result","subtype":"success","is_error":false,"result":"Done","session_id":"s-9","usage":{"input_tokens":30,"cache_read_input_tokens":70,"output_tokens":9},"total_cost_usd":0.002}"#;
+        let events = normalize(Harness::ClaudeCode, "k", "agent.jsonl", raw.as_bytes());
+        let t = trajectory(Harness::ClaudeCode, "fix it", Some("m"), &events).unwrap();
+        assert_eq!(t["schema_version"], ATIF_VERSION);
+        assert_eq!(t["session_id"], "s-9");
+        let steps = t["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 4, "{t:#}");
+        assert_eq!(steps[0]["source"], "user");
+        assert_eq!(steps[1]["reasoning_content"], "look first");
+        assert_eq!(steps[1]["tool_calls"][0]["function_name"], "Read");
+        assert_eq!(
+            steps[1]["observation"]["results"][0]["source_call_id"],
+            "t1"
+        );
+        assert_eq!(steps[2]["tool_calls"][0]["arguments"]["content"], "new");
+        assert_eq!(steps[3]["message"], "Done");
+        let ids: Vec<u64> = steps
+            .iter()
+            .map(|s| s["step_id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, [1, 2, 3, 4]);
+        assert_eq!(t["final_metrics"]["total_prompt_tokens"], 100);
+        assert_eq!(t["final_metrics"]["total_cached_tokens"], 70);
+        assert_eq!(t["final_metrics"]["total_cost_usd"], 0.002);
+    }
+
+    #[test]
+    fn an_empty_run_exports_nothing() {
+        let events = normalize(Harness::Codex, "k", "a", b"{\"type\":\"turn.started\"}\n");
+        assert!(trajectory(Harness::Codex, "x", None, &events)
+            .unwrap_err()
+            .contains("empty trajectory"));
+    }
+}
