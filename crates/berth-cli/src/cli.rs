@@ -455,6 +455,14 @@ pub enum MissionCommand {
     },
     /// Your missions.
     List,
+    /// Follow a mission live: each agent attempt's normalized events as they arrive, and every
+    /// attempt's outcome; ends when the mission does.
+    Watch {
+        /// Mission id.
+        id: String,
+        #[command(flatten)]
+        watch: WatchArgs,
+    },
     /// Measure the mission control plane: per-attempt overhead against the same provider
     /// operations done raw, and attempts per second at several concurrencies.
     Bench {
@@ -505,4 +513,23 @@ pub enum AttemptCommand {
         #[arg(long, default_value = "atif", value_parser = ["atif", "events"])]
         format: String,
     },
+    /// Follow an agent attempt's normalized events live (from the start; heartbeats while the
+    /// agent is quiet); ends when the agent's run is over.
+    Watch {
+        /// The attempt key.
+        key: String,
+        #[command(flatten)]
+        watch: WatchArgs,
+    },
+}
+
+/// How a watcher reports silence.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WatchArgs {
+    /// A heartbeat after this long without a new event (e.g. `5s`).
+    #[arg(long, default_value = "5s")]
+    pub heartbeat: String,
+    /// Report the agent stalled after this long without output (e.g. `2m`).
+    #[arg(long, default_value = "2m")]
+    pub stall: String,
 }

@@ -227,6 +227,8 @@ impl Command {
             Command::Completions { .. } => "completions",
             Command::Gateway(_) => "gateway",
             Command::Attempt(cli::AttemptCommand::Trajectory { .. }) => "attempt trajectory",
+            Command::Attempt(cli::AttemptCommand::Watch { .. }) => "attempt watch",
+            Command::Mission(cli::MissionCommand::Watch { .. }) => "mission watch",
         }
     }
 }

@@ -183,3 +183,90 @@ fn agent_harnesses_refuse_providers_that_cannot_reach_the_gateway_before_anythin
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("harness.gateway.script"), "{stderr}");
 }
+
+#[test]
+fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
+    let Some(bin) = agent_bin() else { return };
+    let home = Home::new();
+    let mission = examples().join("claude-code.toml");
+    let mut run = home
+        .command("tester", &["mission", "run", mission.to_str().unwrap()])
+        .env("BERTH_AGENT_BIN_DIR", &bin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut id = None;
+    common::wait_for("the mission to be registered", || {
+        let (_, list) = home.json(&["mission", "list"]);
+        id = list["missions"][0]["id"].as_str().map(str::to_owned);
+        id.is_some()
+    });
+    let id = id.unwrap();
+    let watched = home
+        .command(
+            "tester",
+            &["--json", "mission", "watch", &id, "--heartbeat", "200ms"],
+        )
+        .output()
+        .unwrap();
+    assert!(run.wait().unwrap().success());
+    assert_eq!(
+        watched.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&watched.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&watched.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["kind"] == "attempt_outcome")
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes.len(), 2, "{lines:#?}");
+    assert!(outcomes[0].starts_with("rejected: validator"));
+    assert_eq!(outcomes[1], "accepted");
+    let tool_calls = lines.iter().filter(|l| l["kind"] == "tool_call").count();
+    assert!(tool_calls >= 3, "{lines:#?}");
+    // Every stored event of the second attempt reached the live watcher, in order.
+    let (_, status) = home.json(&["mission", "status", &id]);
+    let key = status["mission"]["tasks"][0]["attempts"][1]["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let live: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["event_id"]
+                .as_str()
+                .is_some_and(|e| e.starts_with(&format!("{key}:")))
+        })
+        .collect();
+    let stored = std::fs::read_to_string(
+        home.path()
+            .join("missions")
+            .join(&id)
+            .join("attempts/fix-add-2/events.jsonl"),
+    )
+    .unwrap();
+    assert_eq!(live.len(), stored.lines().count());
+
+    // A watcher that connects after the run replays from offset 0 and ends by itself.
+    let late = home
+        .command("tester", &["--json", "attempt", "watch", &key])
+        .output()
+        .unwrap();
+    assert_eq!(late.status.code(), Some(0));
+    let replayed: Vec<String> = String::from_utf8_lossy(&late.stdout)
+        .lines()
+        .filter(|l| !l.contains("\"heartbeat\""))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        replayed,
+        stored.lines().map(str::to_owned).collect::<Vec<_>>()
+    );
+}

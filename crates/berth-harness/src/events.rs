@@ -236,51 +236,115 @@ fn line_events(harness: Harness, line: &Value) -> (Option<String>, Vec<(EventKin
     (session, out)
 }
 
-/// Normalizes the raw JSONL of one agent run (`raw_file`, as stored in the attempt's log
-/// directory). Lines of known shapes that carry nothing of interest produce no event; lines
-/// that cannot be read are kept as `unparsed`.
-pub fn normalize(harness: Harness, attempt_key: &str, raw_file: &str, raw: &[u8]) -> Vec<Event> {
-    let mut events = Vec::new();
-    let mut session: Option<String> = None;
-    let mut offset = 0u64;
-    for line in raw.split(|b| *b == b'\n') {
+/// Normalizes an agent's raw JSONL as it arrives: feed chunks with [`Normalizer::push`], then
+/// [`Normalizer::finish`] for a last line without a newline. Events come out exactly as
+/// [`normalize`] would produce them for the whole log.
+#[derive(Debug)]
+pub struct Normalizer {
+    harness: Harness,
+    attempt_key: String,
+    raw_file: String,
+    next_seq: u64,
+    session: Option<String>,
+    /// Byte offset of `partial`'s first byte in the raw log.
+    offset: u64,
+    partial: Vec<u8>,
+}
+
+/// The longest line kept whole while waiting for its newline; beyond it the line is cut into
+/// an `unparsed` event (the raw log keeps it all).
+const MAX_LINE: usize = 8 << 20;
+
+impl Normalizer {
+    /// A normalizer for one attempt's raw log named `raw_file`.
+    pub fn new(harness: Harness, attempt_key: &str, raw_file: &str) -> Normalizer {
+        Normalizer {
+            harness,
+            attempt_key: attempt_key.to_owned(),
+            raw_file: raw_file.to_owned(),
+            next_seq: 0,
+            session: None,
+            offset: 0,
+            partial: Vec::new(),
+        }
+    }
+
+    /// The events of every line `bytes` completes.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut rest = bytes;
+        while let Some(at) = rest.iter().position(|b| *b == b'\n') {
+            self.partial.extend_from_slice(&rest[..at]);
+            rest = &rest[at + 1..];
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line, &mut events);
+            self.offset += line.len() as u64 + 1;
+        }
+        self.partial.extend_from_slice(rest);
+        if self.partial.len() > MAX_LINE {
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line, &mut events);
+            self.offset += line.len() as u64;
+        }
+        events
+    }
+
+    /// The events of a last line that had no newline.
+    pub fn finish(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        let line = std::mem::take(&mut self.partial);
+        self.line(&line, &mut events);
+        self.offset += line.len() as u64;
+        events
+    }
+
+    fn line(&mut self, line: &[u8], out: &mut Vec<Event>) {
         let pointer = RawPointer {
-            file: raw_file.to_owned(),
-            offset,
+            file: self.raw_file.clone(),
+            offset: self.offset,
             len: line.len() as u64,
         };
-        offset += line.len() as u64 + 1;
-        let trimmed = String::from_utf8_lossy(line);
-        if trimmed.trim().is_empty() {
-            continue;
+        let text = String::from_utf8_lossy(line);
+        if text.trim().is_empty() {
+            return;
         }
-        let parsed: Option<Value> = serde_json::from_str(trimmed.trim()).ok();
+        let parsed: Option<Value> = serde_json::from_str(text.trim()).ok();
         let produced = match &parsed {
             Some(value) if value.is_object() && value["type"].is_string() => {
-                let (named, produced) = line_events(harness, value);
-                if named.is_some() && session.is_none() {
-                    session = named;
+                let (named, produced) = line_events(self.harness, value);
+                if named.is_some() && self.session.is_none() {
+                    self.session = named;
                 }
                 produced
             }
             _ => vec![(
                 EventKind::Unparsed,
-                json!({ "text": bounded(&trimmed), "reason": if parsed.is_some() { "unknown shape" } else { "not JSON" } }),
+                json!({ "text": bounded(&text), "reason": if parsed.is_some() { "unknown shape" } else { "not JSON" } }),
             )],
         };
         for (kind, data) in produced {
-            let seq = events.len() as u64;
-            events.push(Event {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            out.push(Event {
                 schema: EVENTS_SCHEMA.into(),
-                event_id: format!("{attempt_key}:{seq}"),
+                event_id: format!("{}:{seq}", self.attempt_key),
                 seq,
                 kind,
-                session_id: session.clone(),
+                session_id: self.session.clone(),
                 raw: pointer.clone(),
                 data,
             });
         }
     }
+}
+
+/// Normalizes the whole raw JSONL of one agent run (`raw_file`, as stored in the attempt's log
+/// directory). Lines of known shapes that carry nothing of interest produce no event; lines
+/// that cannot be read are kept as `unparsed`.
+pub fn normalize(harness: Harness, attempt_key: &str, raw_file: &str, raw: &[u8]) -> Vec<Event> {
+    let mut normalizer = Normalizer::new(harness, attempt_key, raw_file);
+    let mut events = normalizer.push(raw);
+    events.extend(normalizer.finish());
     events
 }
 
@@ -331,6 +395,20 @@ not json at all
         assert_eq!(judged.verdict, Ok(()));
         assert_eq!((judged.tool_calls, judged.unparsed), (1, 1));
         assert_eq!(judged.session_id.as_deref(), Some("s-1"));
+    }
+
+    #[test]
+    fn chunked_input_normalizes_exactly_like_the_whole_log() {
+        let whole = normalize(Harness::ClaudeCode, "k", "a", CLAUDE.as_bytes());
+        for size in [1, 3, 17, 256] {
+            let mut n = Normalizer::new(Harness::ClaudeCode, "k", "a");
+            let mut events = Vec::new();
+            for chunk in CLAUDE.as_bytes().chunks(size) {
+                events.extend(n.push(chunk));
+            }
+            events.extend(n.finish());
+            assert_eq!(events, whole, "chunks of {size}");
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod events;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::events::{normalize, Event, EventKind, EVENTS_SCHEMA};
+pub use crate::events::{normalize, Event, EventKind, Normalizer, EVENTS_SCHEMA};
 
 /// The agent CLIs Berth drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

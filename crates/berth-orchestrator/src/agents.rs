@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use berth_contract::ExecRequest;
+use berth_contract::{ExecRequest, OutputSink, Stream};
 use berth_gateway::{Gateway, GatewayConfig, Proxy, RunningGateway, Script, Upstream};
-use berth_harness::{judge, launch, normalize, vars, Harness};
+use berth_harness::{judge, launch, vars, Harness, Normalizer};
 use berth_mission::file::{parse_duration, MissionFile};
 use serde_json::json;
 
-use crate::pipeline::{existing, output_json, Step};
+use crate::pipeline::{existing, Step};
 use crate::steps::Attempt;
 use crate::{MissionSpec, Orchestrator, OrchestratorError};
 
@@ -200,16 +200,98 @@ fn log_dir(
     Ok(dir)
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
+/// Where a streaming agent run's output goes while it runs: the raw log and the normalized
+/// events, appended as lines complete (so a watcher follows them live), and stderr.
+struct AgentLogs {
+    raw: std::fs::File,
+    events_file: std::fs::File,
+    stderr: std::fs::File,
+    normalizer: Normalizer,
+    events: Vec<berth_harness::Event>,
+    raw_kept: usize,
+    stderr_kept: usize,
+    truncated: bool,
+    failed: Option<std::io::Error>,
+}
+
+/// Most stderr kept per attempt.
+const MAX_AGENT_STDERR: usize = 8 << 20;
+
+fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+    // A rerun (after a crash) starts the files anew: a new file, so watchers see a new
+    // identity and replay from the start.
     let _ = std::fs::remove_file(path);
     std::fs::OpenOptions::new()
-        .write(true)
+        .append(true)
         .create_new(true)
         .mode(0o600)
-        .open(path)?
-        .write_all(bytes)
+        .open(path)
+}
+
+impl AgentLogs {
+    fn open(dir: &Path, harness: Harness, key: &str) -> std::io::Result<AgentLogs> {
+        Ok(AgentLogs {
+            raw: create_private(&dir.join("agent.jsonl"))?,
+            events_file: create_private(&dir.join("events.jsonl"))?,
+            stderr: create_private(&dir.join("agent.stderr"))?,
+            normalizer: Normalizer::new(harness, key, "agent.jsonl"),
+            events: Vec::new(),
+            raw_kept: 0,
+            stderr_kept: 0,
+            truncated: false,
+            failed: None,
+        })
+    }
+
+    fn record(&mut self, events: Vec<berth_harness::Event>) {
+        use std::io::Write;
+        let mut lines = String::new();
+        for event in &events {
+            lines.push_str(&serde_json::to_string(event).expect("events serialize"));
+            lines.push('\n');
+        }
+        if let Err(e) = self.events_file.write_all(lines.as_bytes()) {
+            self.failed.get_or_insert(e);
+        }
+        self.events.extend(events);
+    }
+
+    fn finish(mut self) -> std::io::Result<(Vec<berth_harness::Event>, bool)> {
+        let last = self.normalizer.finish();
+        self.record(last);
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok((self.events, self.truncated)),
+        }
+    }
+}
+
+impl OutputSink for AgentLogs {
+    fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
+        use std::io::Write;
+        match stream {
+            Stream::Stdout => {
+                let room = MAX_AGENT_OUTPUT.saturating_sub(self.raw_kept);
+                let kept = &bytes[..bytes.len().min(room)];
+                self.truncated |= kept.len() < bytes.len();
+                self.raw_kept += kept.len();
+                if let Err(e) = self.raw.write_all(kept) {
+                    self.failed.get_or_insert(e);
+                }
+                let events = self.normalizer.push(kept);
+                self.record(events);
+            }
+            Stream::Stderr => {
+                let room = MAX_AGENT_STDERR.saturating_sub(self.stderr_kept);
+                let kept = &bytes[..bytes.len().min(room)];
+                self.stderr_kept += kept.len();
+                if let Err(e) = self.stderr.write_all(kept) {
+                    self.failed.get_or_insert(e);
+                }
+            }
+        }
+    }
 }
 
 impl Attempt<'_, '_> {
@@ -253,45 +335,45 @@ impl Attempt<'_, '_> {
             .with_env("BERTH_TASK", self.task.id.clone())
             .with_env("BERTH_ATTEMPT", self.attempt.ordinal.to_string());
         req.max_output_bytes = MAX_AGENT_OUTPUT;
-        let ran = self.provider.exec(&id, &req).await;
+        let mut sink = AgentLogs::open(&logs, harness, &self.key.0)
+            .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
+        // Streamed where the provider can (watchers follow the logs live), else buffered.
+        let ran = match self.provider.streaming() {
+            Some(streaming) => streaming
+                .exec_streaming(&id, &req, &mut sink)
+                .await
+                .map(|s| (s.status, s.duration, s.stdout_total)),
+            None => self.provider.exec(&id, &req).await.map(|out| {
+                sink.chunk(Stream::Stdout, &out.stdout);
+                sink.chunk(Stream::Stderr, out.stderr.as_deref().unwrap_or_default());
+                (out.status, out.duration, out.stdout_total)
+            }),
+        };
         // The token dies with the run: whatever the agent left behind cannot reach the model.
         gateway.gateway.revoke(&token);
-        let out = match ran {
-            Ok(out) => out,
+        let (status, duration, stdout_total) = match ran {
+            Ok(ran) => ran,
             Err(e) => return self.reject(format!("the agent could not run: {e}")).await,
         };
-        let raw = logs.join("agent.jsonl");
-        let normalized = normalize(harness, &self.key.0, "agent.jsonl", &out.stdout);
-        let mut events = String::new();
-        for event in &normalized {
-            events.push_str(&serde_json::to_string(event).expect("events serialize"));
-            events.push('\n');
-        }
-        let written = write_private(&raw, &out.stdout)
-            .and_then(|()| write_private(&logs.join("events.jsonl"), events.as_bytes()))
-            .and_then(|()| {
-                write_private(
-                    &logs.join("agent.stderr"),
-                    out.stderr.as_deref().unwrap_or_default(),
-                )
-            });
-        if let Err(e) = written {
-            return Err(OrchestratorError::Repository(format!(
+        let (normalized, truncated) = sink.finish().map_err(|e| {
+            OrchestratorError::Repository(format!(
                 "cannot keep the agent's logs in {}: {e}",
                 logs.display()
-            )));
-        }
+            ))
+        })?;
         let judged = judge(harness, &normalized);
-        let truncated = out.stdout_total > out.stdout.len() as u64;
         if let Err(reason) = &judged.verdict {
             let reason = format!(
-                "{reason} (exit {}; events: {})",
-                out.status,
+                "{reason} (exit {status}; events: {})",
                 logs.join("events.jsonl").display()
             );
             return self.reject(reason).await;
         }
-        let mut facts = output_json(&out);
+        let mut facts = json!({
+            "status": status,
+            "duration_ms": duration.as_secs_f64() * 1000.0,
+            "stdout_total": stdout_total,
+        });
         facts["harness"] = json!(harness.as_str());
         facts["session_id"] = json!(judged.session_id);
         facts["tool_calls"] = json!(judged.tool_calls);
@@ -317,6 +399,8 @@ impl Attempt<'_, '_> {
 /// Where one attempt's agent logs are, found by its key among the owner's missions.
 #[derive(Debug, Clone)]
 pub struct AttemptLogs {
+    /// The attempt's status when it was looked up.
+    pub status: berth_mission::authority::AttemptStatus,
     /// The mission.
     pub mission: String,
     /// The mission's spec (harness, model, tasks).
@@ -345,6 +429,18 @@ impl AttemptLogs {
     pub fn harness(&self) -> Option<Harness> {
         harness_of(&self.spec.file)
     }
+
+    /// Whether the agent's run is over (it stopped, or the attempt ended): nothing more will
+    /// be appended to its logs.
+    pub fn agent_done(&self) -> bool {
+        use berth_mission::authority::{AttemptStatus, Phase};
+        !matches!(
+            self.status,
+            AttemptStatus::InProgress {
+                phase: Phase::Claimed | Phase::SandboxReady | Phase::Staged
+            }
+        )
+    }
 }
 
 impl Orchestrator<'_> {
@@ -358,6 +454,7 @@ impl Orchestrator<'_> {
                 if let Some(attempt) = task.attempts.iter().find(|a| a.key.0 == key) {
                     let (spec, _, _) = self.load(&row.id).await?;
                     return Ok(Some(AttemptLogs {
+                        status: attempt.status.clone(),
                         dir: self
                             .mission_dir(&row.id)
                             .join("attempts")

@@ -17,6 +17,7 @@
 
 mod agents;
 mod capture;
+pub mod follow;
 mod hostgit;
 mod pipeline;
 mod steps;

@@ -31,6 +31,12 @@ fn load_prices(path: &std::path::Path) -> Result<Prices> {
 
 /// Runs until SIGINT or SIGTERM; prints where it listens, the attempt token and the journal.
 pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32> {
+    // Before anything is printed: a SIGTERM sent as soon as the address is known must stop
+    // the gateway cleanly, not kill it.
+    let (mut interrupt, mut terminate) = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
     let upstream = match (&args.script, &args.proxy) {
         (Some(path), _) => Upstream::Scripted(Script::load(path).map_err(invalid)?.into()),
         (None, Some(origin)) => {
@@ -76,10 +82,6 @@ pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32>
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    let (mut interrupt, mut terminate) = (
-        signal(SignalKind::interrupt())?,
-        signal(SignalKind::terminate())?,
-    );
     tokio::select! {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}

@@ -176,6 +176,7 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
         MissionCommand::Resume { id } => drive(app, &id).await,
         MissionCommand::Status { id } => status(app, &id).await,
         MissionCommand::Bench { .. } => unreachable!("dispatched to berth_bench::mission"),
+        MissionCommand::Watch { .. } => unreachable!("dispatched to commands::watch"),
         MissionCommand::List => {
             let rows = app.ledger.store().mission_list(app.ledger.owner()).await?;
             if app.json {
@@ -204,7 +205,9 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
 
 /// `berth attempt trajectory KEY [--format atif|events]`.
 pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i32> {
-    let crate::cli::AttemptCommand::Trajectory { key, format } = command;
+    let crate::cli::AttemptCommand::Trajectory { key, format } = command else {
+        unreachable!("watch is dispatched to commands::watch")
+    };
     let orch = orchestrator(app);
     let Some(logs) = orch.attempt_logs(&key).await? else {
         return Err(crate::errors::CliError::not_found(

@@ -9,6 +9,7 @@ mod mission;
 mod sandbox;
 pub mod scaffold;
 pub mod verify;
+mod watch;
 
 use std::sync::Arc;
 
@@ -96,7 +97,13 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
                 berth_bench::mission::bench(app.bench_context()?, attempts, concurrency).await?;
             report(&app, "mission bench", done)
         }
+        Command::Mission(crate::cli::MissionCommand::Watch { id, watch }) => {
+            watch::mission(&app, &id, &watch).await
+        }
         Command::Mission(command) => mission::run(&app, command).await,
+        Command::Attempt(crate::cli::AttemptCommand::Watch { key, watch }) => {
+            watch::attempt(&app, &key, &watch).await
+        }
         Command::Attempt(command) => mission::attempt(&app, command).await,
         Command::Providers
         | Command::Schema { .. }

@@ -1,0 +1,280 @@
+//! `berth attempt watch KEY` and `berth mission watch ID`: an agent's normalized events, live.
+//!
+//! The watcher reads only what Berth keeps on the host (`events.jsonl` in the attempt's log
+//! directory, appended while the agent runs), so it needs no model credential and no access to
+//! the sandbox. It follows the file by (identity, offset): a late watcher replays from the
+//! start, a replaced file is replayed again (and said so). While nothing arrives it prints a
+//! heartbeat — the monitor's own clock, the offset it holds and how long the agent has been
+//! quiet — so a quiet agent is told apart from a stuck monitor; an agent quiet for longer than
+//! `--stall` is reported stalled (the watcher keeps following). With `--json`, one JSON object a
+//! line: the events as Berth stored them, and the monitor's `heartbeat`, `stalled` and
+//! `replayed` lines.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Result;
+use berth_mission::authority::{AttemptStatus, MissionState};
+use berth_orchestrator::follow::Follower;
+use serde_json::{json, Value};
+
+use crate::app::App;
+use crate::cli::WatchArgs;
+use crate::errors::{code, CliError};
+
+/// How often the file is polled (the monitor's latency floor).
+const POLL: Duration = Duration::from_millis(25);
+/// How often the attempt's state is read from the store.
+const STATE_EVERY: Duration = Duration::from_millis(250);
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct Limits {
+    heartbeat: Duration,
+    stall: Duration,
+}
+
+fn limits(args: &WatchArgs) -> Result<Limits> {
+    Ok(Limits {
+        heartbeat: crate::duration::parse(&args.heartbeat)?,
+        stall: crate::duration::parse(&args.stall)?,
+    })
+}
+
+fn human(event: &Value) -> String {
+    let data = &event["data"];
+    let one_line = |v: &Value| {
+        let text = v
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| v.to_string());
+        let line = text.lines().next().unwrap_or("").to_owned();
+        if line.chars().count() > 120 {
+            format!("{}…", line.chars().take(120).collect::<String>())
+        } else {
+            line
+        }
+    };
+    let what = match event["kind"].as_str().unwrap_or("?") {
+        "tool_call" => format!("{} {}", one_line(&data["name"]), one_line(&data["input"])),
+        "tool_call_update" => format!(
+            "{} {}",
+            if data["is_error"] == true {
+                "error"
+            } else {
+                "ok"
+            },
+            one_line(&data["content"])
+        ),
+        "agent_message_chunk" | "agent_thought_chunk" => one_line(&data["text"]),
+        "usage" => format!(
+            "input {} (cached {}), output {}",
+            data["input"], data["cached"], data["output"]
+        ),
+        "error" => format!(
+            "{} ({}): {}",
+            one_line(&data["kind"]),
+            if data["retryable"] == true {
+                "retryable"
+            } else {
+                "fatal"
+            },
+            one_line(&data["message"])
+        ),
+        "turn_completed" => format!(
+            "{}{}",
+            if data["is_error"] == true {
+                "with an error: "
+            } else {
+                ""
+            },
+            one_line(&data["result"])
+        ),
+        "unparsed" => one_line(&data["text"]),
+        _ => String::new(),
+    };
+    format!(
+        "{:>5} {:<20} {what}",
+        event["seq"]
+            .as_u64()
+            .map(|s| s.to_string())
+            .unwrap_or_default(),
+        event["kind"].as_str().unwrap_or("?")
+    )
+}
+
+fn monitor_line(json_out: bool, kind: &str, key: &str, fields: Value, text: String) {
+    if json_out {
+        let mut line = json!({ "schema": berth_harness::EVENTS_SCHEMA, "kind": kind, "attempt": key, "monitor_unix_ms": now_ms() });
+        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
+            line.extend(fields);
+        }
+        println!("{line}");
+    } else {
+        println!("      {kind:<20} {text}");
+    }
+}
+
+/// Follows one attempt until its agent's run is over and every event has been shown.
+async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
+    let orch = super::mission::orchestrator(app);
+    let Some(mut logs) = orch.attempt_logs(key).await? else {
+        return Err(CliError::not_found(
+            format!("no attempt `{key}` in your missions"),
+            "`berth mission status ID` lists a mission's attempts",
+        )
+        .into());
+    };
+    if logs.harness().is_none() {
+        return Err(CliError::invalid(
+            format!("attempt `{key}` runs the `script` harness, which has no event stream"),
+            "watch opencode, codex or claude-code attempts",
+        )
+        .into());
+    }
+    let mut follower = Follower::new(&logs.dir.join("events.jsonl"));
+    let (mut last_event, mut last_beat, mut last_state) =
+        (Instant::now(), Instant::now(), Instant::now());
+    let mut stalled = false;
+    loop {
+        let polled = follower.poll()?;
+        if polled.restarted {
+            monitor_line(
+                app.json,
+                "replayed",
+                key,
+                json!({ "reason": "the event log was replaced (the agent step ran again)" }),
+                "the event log was replaced; replaying from the start".into(),
+            );
+        }
+        let drained = polled.lines.is_empty();
+        for line in &polled.lines {
+            if app.json {
+                println!("{line}");
+            } else {
+                match serde_json::from_str::<Value>(line) {
+                    Ok(event) => println!("{}", human(&event)),
+                    Err(_) => println!("      (unreadable line) {line}"),
+                }
+            }
+        }
+        if !drained {
+            last_event = Instant::now();
+            last_beat = Instant::now();
+            stalled = false;
+        }
+        if last_state.elapsed() >= STATE_EVERY {
+            last_state = Instant::now();
+            if let Some(now) = orch.attempt_logs(key).await? {
+                logs = now;
+            }
+        }
+        if logs.agent_done() && drained {
+            // One last read: the run may have ended right after the poll above.
+            let tail = follower.poll()?;
+            for line in &tail.lines {
+                if app.json {
+                    println!("{line}");
+                } else if let Ok(event) = serde_json::from_str::<Value>(line) {
+                    println!("{}", human(&event));
+                }
+            }
+            if tail.lines.is_empty() {
+                return Ok(());
+            }
+            continue;
+        }
+        let quiet = follower
+            .modified()
+            .and_then(|m| m.elapsed().ok())
+            .unwrap_or_else(|| last_event.elapsed());
+        if last_beat.elapsed() >= limits.heartbeat {
+            last_beat = Instant::now();
+            monitor_line(
+                app.json,
+                "heartbeat",
+                key,
+                json!({ "offset": follower.offset(), "agent_quiet_ms": quiet.as_millis() as u64, "waiting_for_log": polled.missing }),
+                format!(
+                    "monitor alive; agent quiet for {:.1}s (offset {})",
+                    quiet.as_secs_f64(),
+                    follower.offset()
+                ),
+            );
+        }
+        if !stalled && !polled.missing && quiet >= limits.stall {
+            stalled = true;
+            monitor_line(
+                app.json,
+                "stalled",
+                key,
+                json!({ "agent_quiet_ms": quiet.as_millis() as u64 }),
+                format!("no output from the agent for {:.0}s", quiet.as_secs_f64()),
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// `berth attempt watch KEY`.
+pub async fn attempt(app: &App, key: &str, args: &WatchArgs) -> Result<i32> {
+    follow_attempt(app, key, &limits(args)?).await?;
+    Ok(code::OK)
+}
+
+/// `berth mission watch ID`: every agent attempt's events as they arrive, and each attempt's
+/// outcome; ends when the mission has finished.
+pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
+    let limits = limits(args)?;
+    let orch = super::mission::orchestrator(app);
+    let (spec, _, _) = orch.load(id).await?;
+    let agent = berth_harness::Harness::parse(&spec.file.harness.kind).is_some();
+    let (mut followed, mut reported) = (BTreeSet::new(), BTreeSet::new());
+    loop {
+        let (_, record, _) = orch.load(id).await?;
+        let mut progressed = false;
+        for task in &record.tasks {
+            for attempt in &task.attempts {
+                let key = attempt.key.0.clone();
+                if agent && followed.insert(key.clone()) {
+                    progressed = true;
+                    if !app.json {
+                        println!("{}: attempt {} ({key})", task.id, attempt.ordinal);
+                    }
+                    follow_attempt(app, &key, &limits).await?;
+                }
+                let outcome = match &attempt.status {
+                    AttemptStatus::Accepted { .. } => Some("accepted".to_owned()),
+                    AttemptStatus::Rejected { reason } => Some(format!("rejected: {reason}")),
+                    AttemptStatus::InProgress { .. } => None,
+                };
+                if let Some(outcome) = outcome {
+                    if reported.insert(key.clone()) {
+                        progressed = true;
+                        monitor_line(
+                            app.json,
+                            "attempt_outcome",
+                            &key,
+                            json!({ "task": task.id, "outcome": outcome }),
+                            format!("{} attempt {}: {outcome}", task.id, attempt.ordinal),
+                        );
+                    }
+                }
+            }
+        }
+        if record.state != MissionState::Running && !progressed {
+            if !app.json {
+                println!("mission {id}: {:?}", record.state);
+            }
+            return Ok(code::OK);
+        }
+        if !progressed {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
