@@ -160,6 +160,9 @@ pub enum Command {
     /// Provider development: `berth provider new NAME` scaffolds an adapter.
     #[command(subcommand)]
     Provider(ProviderCommand),
+    /// Run an agent CLI in an existing sandbox against Berth's model gateway and stream its
+    /// normalized events: `berth prompt ID --harness claude-code --script model.toml "…"`.
+    Prompt(PromptArgs),
     /// One attempt of a mission: its agent trajectory.
     #[command(subcommand)]
     Attempt(AttemptCommand),
@@ -532,4 +535,34 @@ pub struct WatchArgs {
     /// Report the agent stalled after this long without output (e.g. `2m`).
     #[arg(long, default_value = "2m")]
     pub stall: String,
+}
+
+/// `berth prompt`.
+#[derive(Debug, clap::Args)]
+pub struct PromptArgs {
+    /// The sandbox.
+    pub id: String,
+    /// The agent CLI.
+    #[arg(long, value_parser = ["opencode", "codex", "claude-code"])]
+    pub harness: String,
+    /// What the agent is asked to do.
+    pub instructions: String,
+    /// A scripted model (TOML).
+    #[arg(long, conflicts_with = "proxy", required_unless_present = "proxy")]
+    pub script: Option<std::path::PathBuf>,
+    /// A real endpoint's origin (`http://host:port`); the gateway adds the credential.
+    #[arg(long, requires = "credential_env")]
+    pub proxy: Option<String>,
+    /// The variable holding the proxy's credential (its value never enters the sandbox).
+    #[arg(long)]
+    pub credential_env: Option<String>,
+    /// The model name the CLI asks for.
+    #[arg(long, default_value = "scripted")]
+    pub model: String,
+    /// The working directory in the sandbox (relative to its workspace).
+    #[arg(long, default_value = ".")]
+    pub cwd: String,
+    /// Deadline for the agent.
+    #[arg(long, default_value = "10m")]
+    pub timeout: String,
 }

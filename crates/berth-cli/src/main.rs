@@ -226,6 +226,7 @@ impl Command {
             Command::Schema { .. } => "schema",
             Command::Completions { .. } => "completions",
             Command::Gateway(_) => "gateway",
+            Command::Prompt(_) => "prompt",
             Command::Attempt(cli::AttemptCommand::Trajectory { .. }) => "attempt trajectory",
             Command::Attempt(cli::AttemptCommand::Watch { .. }) => "attempt watch",
             Command::Mission(cli::MissionCommand::Watch { .. }) => "mission watch",

@@ -270,3 +270,107 @@ fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
         stored.lines().map(str::to_owned).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn an_agent_idle_past_its_limit_is_stopped_and_the_attempt_rejected() {
+    let Some(bin) = agent_bin() else { return };
+    let home = Home::new();
+    let dir = home.path().join("m");
+    std::fs::create_dir_all(dir.join("repo")).unwrap();
+    for file in ["calc.py", "test_calc.py"] {
+        std::fs::copy(
+            examples().join("repo").join(file),
+            dir.join("repo").join(file),
+        )
+        .unwrap();
+    }
+    // The model answers the second request only after a minute: the agent sits silent.
+    std::fs::write(
+        dir.join("model.toml"),
+        "schema_version = 1\n[[step]]\nshell = \"true\"\n[[step]]\ntext = \"late\"\ndelay_ms = 60000\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(examples().join("claude-code.toml"))
+        .unwrap()
+        .replace(
+            "model = \"scripted\"",
+            "model = \"scripted\"\nidle_timeout = \"2s\"",
+        )
+        .replace("max_attempts = 3", "max_attempts = 1");
+    std::fs::write(dir.join("mission.toml"), text).unwrap();
+    let started = std::time::Instant::now();
+    let (code, doc, stderr) = run_json(
+        &home,
+        &bin,
+        &["mission", "run", dir.join("mission.toml").to_str().unwrap()],
+    );
+    assert_eq!(code, 12, "{doc:#}\n{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(50));
+    let reason = doc["mission"]["tasks"][0]["attempts"][0]["status"]["reason"]
+        .as_str()
+        .unwrap();
+    assert!(reason.contains("idle"), "{reason}");
+    // Nothing the agent started is left running in its sandbox.
+    let sandboxes = home.path().join("state");
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd")) {
+            assert!(
+                !cwd.starts_with(&sandboxes),
+                "process {:?} still runs in {}",
+                entry.file_name(),
+                cwd.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn berth_prompt_runs_an_agent_in_an_existing_sandbox_and_streams_its_events() {
+    let Some(bin) = agent_bin() else { return };
+    let home = Home::new();
+    let id = home.create("tester");
+    let script = examples().join("../gateway/hello.toml");
+    let out = home
+        .command(
+            "tester",
+            &[
+                "--json",
+                "prompt",
+                &id,
+                "--harness",
+                "codex",
+                "--script",
+                script.to_str().unwrap(),
+                "Create hello.txt containing hi",
+            ],
+        )
+        .env("BERTH_AGENT_BIN_DIR", &bin)
+        .env("OPENAI_API_KEY", CANARY)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(lines.iter().any(|l| l["kind"] == "tool_call"));
+    let last = lines.last().unwrap();
+    assert_eq!(last["kind"], "prompt_finished");
+    assert!(last["rejected"].is_null(), "{last}");
+    let cat = home.run(&["exec", &id, "--", "cat", "hello.txt"]);
+    assert_eq!(String::from_utf8_lossy(&cat.stdout), "hi");
+    home.assert_no_canary_persisted();
+
+    // Without a model, a clear error and nothing runs.
+    let out = home.run(&["prompt", &id, "--harness", "codex", "x"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "clap refuses: no --script/--proxy"
+    );
+}

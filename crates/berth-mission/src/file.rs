@@ -150,7 +150,14 @@ pub struct Harness {
     /// Agent CLIs: where their model traffic goes (Berth's gateway, started per mission run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway: Option<GatewaySpec>,
+    /// Agent CLIs: stop the agent (attempt rejected) after this long without any output, e.g.
+    /// `2m` (default [`DEFAULT_IDLE_TIMEOUT`]); the task's `agent_timeout` still bounds the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<String>,
 }
+
+/// The idle watchdog's default for agent CLIs.
+pub const DEFAULT_IDLE_TIMEOUT: &str = "5m";
 
 /// The agent CLIs a mission can run, by `harness.kind`.
 pub const AGENT_HARNESSES: [&str; 3] = ["opencode", "codex", "claude-code"];
@@ -594,11 +601,11 @@ fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
         {
             return Some(("command", "is required for the `script` harness".into()));
         }
-        if harness.gateway.is_some() || harness.model.is_some() {
+        if harness.gateway.is_some() || harness.model.is_some() || harness.idle_timeout.is_some() {
             return Some((
                 "kind",
-                "is `script`, which takes only `command` (`model` and `gateway` are for agent \
-                 CLIs)"
+                "is `script`, which takes only `command` (`model`, `gateway` and `idle_timeout` \
+                 are for agent CLIs)"
                     .into(),
             ));
         }
@@ -627,6 +634,17 @@ fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
                 "is not a model name (letters, digits, `.`, `_`, `-`, `:`, `/`, `@`, `[`, `]`; \
                  at most 128)"
                     .into(),
+            ));
+        }
+    }
+    if let Some(idle) = &harness.idle_timeout {
+        if parse_duration(idle).is_none_or(|d| d.is_zero()) {
+            return Some((
+                "idle_timeout",
+                format!(
+                    "`{}` is not a duration like `90s`, `5m`",
+                    idle.escape_debug()
+                ),
             ));
         }
     }

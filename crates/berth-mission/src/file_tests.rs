@@ -251,6 +251,10 @@ fn agent_harnesses_need_a_gateway_and_take_no_command() {
             "`harness.command` is required",
         ),
         (
+            "[harness]\nkind = \"codex\"\nidle_timeout = \"soon\"\n[harness.gateway]\nscript = \"m.toml\"\n",
+            "`harness.idle_timeout`",
+        ),
+        (
             "[harness]\nkind = \"script\"\ncommand = \"x\"\n[harness.gateway]\nscript = \"m.toml\"\n",
             "takes only `command`",
         ),

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use berth_contract::{ExecRequest, OutputSink, Stream};
 use berth_gateway::{Gateway, GatewayConfig, Proxy, RunningGateway, Script, Upstream};
 use berth_harness::{judge, launch, vars, Harness, Normalizer};
-use berth_mission::file::{parse_duration, MissionFile};
+use berth_mission::file::{parse_duration, MissionFile, DEFAULT_IDLE_TIMEOUT};
 use serde_json::json;
+use std::time::Duration;
 
 use crate::pipeline::{existing, Step};
 use crate::steps::Attempt;
@@ -149,12 +150,17 @@ async fn gateway_for(
     Ok(entry)
 }
 
-/// Where `harness`'s CLI is, as a sandbox of `provider` sees it.
-fn bin_dir(orch: &Orchestrator<'_>, provider: &str, harness: Harness) -> Result<String, String> {
+/// Where `harness`'s CLI is, as a sandbox of `provider` sees it: on the host, in
+/// [`AGENT_BIN_DIR_VAR`] or on `PATH` (from Berth's environment); elsewhere, where Berth's
+/// reference image with agents has it.
+pub fn agent_bin_dir(
+    env: &berth_factory::Environment,
+    provider: &str,
+    harness: Harness,
+) -> Result<String, String> {
     if provider != "host" {
         return Ok(IMAGE_AGENT_BIN.to_owned());
     }
-    let env = &orch.config.env;
     let mut search: Vec<PathBuf> = env
         .get(AGENT_BIN_DIR_VAR)
         .filter(|d| !d.is_empty())
@@ -203,6 +209,9 @@ fn log_dir(
 /// Where a streaming agent run's output goes while it runs: the raw log and the normalized
 /// events, appended as lines complete (so a watcher follows them live), and stderr.
 struct AgentLogs {
+    /// When output last arrived (milliseconds since `started`), for the idle watchdog.
+    last_output: Arc<std::sync::atomic::AtomicU64>,
+    started: std::time::Instant,
     raw: std::fs::File,
     events_file: std::fs::File,
     stderr: std::fs::File,
@@ -232,6 +241,8 @@ fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
 impl AgentLogs {
     fn open(dir: &Path, harness: Harness, key: &str) -> std::io::Result<AgentLogs> {
         Ok(AgentLogs {
+            last_output: Arc::default(),
+            started: std::time::Instant::now(),
             raw: create_private(&dir.join("agent.jsonl"))?,
             events_file: create_private(&dir.join("events.jsonl"))?,
             stderr: create_private(&dir.join("agent.stderr"))?,
@@ -270,6 +281,10 @@ impl AgentLogs {
 impl OutputSink for AgentLogs {
     fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
         use std::io::Write;
+        self.last_output.store(
+            self.started.elapsed().as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         match stream {
             Stream::Stdout => {
                 let room = MAX_AGENT_OUTPUT.saturating_sub(self.raw_kept);
@@ -304,7 +319,7 @@ impl Attempt<'_, '_> {
             Ok(id) => id,
             Err(reason) => return self.reject(reason).await,
         };
-        let bin = match bin_dir(self.orch, &provider_id, harness) {
+        let bin = match agent_bin_dir(&self.orch.config.env, &provider_id, harness) {
             Ok(bin) => bin,
             Err(reason) => return self.reject(reason).await,
         };
@@ -337,20 +352,61 @@ impl Attempt<'_, '_> {
         req.max_output_bytes = MAX_AGENT_OUTPUT;
         let mut sink = AgentLogs::open(&logs, harness, &self.key.0)
             .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
+        let idle = parse_duration(
+            self.spec
+                .file
+                .harness
+                .idle_timeout
+                .as_deref()
+                .unwrap_or(DEFAULT_IDLE_TIMEOUT),
+        )
+        .expect("validated");
+        let (last_output, started) = (sink.last_output.clone(), sink.started);
+        // The idle watchdog: no output for `idle` stops the agent. Dropping the exec future
+        // kills the agent's whole process group (the provider's reaper sees its caller go).
+        let watchdog = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let last =
+                    Duration::from_millis(last_output.load(std::sync::atomic::Ordering::Relaxed));
+                if started.elapsed().saturating_sub(last) >= idle {
+                    return;
+                }
+            }
+        };
         // Streamed where the provider can (watchers follow the logs live), else buffered.
-        let ran = match self.provider.streaming() {
-            Some(streaming) => streaming
-                .exec_streaming(&id, &req, &mut sink)
-                .await
-                .map(|s| (s.status, s.duration, s.stdout_total)),
-            None => self.provider.exec(&id, &req).await.map(|out| {
-                sink.chunk(Stream::Stdout, &out.stdout);
-                sink.chunk(Stream::Stderr, out.stderr.as_deref().unwrap_or_default());
-                (out.status, out.duration, out.stdout_total)
-            }),
+        let ran = {
+            let sink = &mut sink;
+            let exec = async {
+                match self.provider.streaming() {
+                    Some(streaming) => streaming
+                        .exec_streaming(&id, &req, sink)
+                        .await
+                        .map(|s| (s.status, s.duration, s.stdout_total)),
+                    None => self.provider.exec(&id, &req).await.map(|out| {
+                        sink.chunk(Stream::Stdout, &out.stdout);
+                        sink.chunk(Stream::Stderr, out.stderr.as_deref().unwrap_or_default());
+                        (out.status, out.duration, out.stdout_total)
+                    }),
+                }
+            };
+            tokio::select! {
+                ran = exec => Some(ran),
+                () = watchdog => None,
+            }
         };
         // The token dies with the run: whatever the agent left behind cannot reach the model.
         gateway.gateway.revoke(&token);
+        let Some(ran) = ran else {
+            let _ = sink.finish();
+            return self
+                .reject(format!(
+                    "the agent was idle for {idle:?} (no output; harness.idle_timeout) and was \
+                     stopped (events: {})",
+                    logs.join("events.jsonl").display()
+                ))
+                .await;
+        };
         let (status, duration, stdout_total) = match ran {
             Ok(ran) => ran,
             Err(e) => return self.reject(format!("the agent could not run: {e}")).await,

@@ -29,18 +29,17 @@ fn load_prices(path: &std::path::Path) -> Result<Prices> {
     Ok(prices)
 }
 
-/// Runs until SIGINT or SIGTERM; prints where it listens, the attempt token and the journal.
-pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32> {
-    // Before anything is printed: a SIGTERM sent as soon as the address is known must stop
-    // the gateway cleanly, not kill it.
-    let (mut interrupt, mut terminate) = (
-        signal(SignalKind::interrupt())?,
-        signal(SignalKind::terminate())?,
-    );
-    let upstream = match (&args.script, &args.proxy) {
+/// The upstream `--script FILE` or `--proxy URL --credential-env VAR` names.
+pub fn upstream(
+    config: &Config,
+    script: Option<&std::path::Path>,
+    proxy: Option<&str>,
+    credential_env: Option<&str>,
+) -> Result<Upstream> {
+    Ok(match (script, proxy) {
         (Some(path), _) => Upstream::Scripted(Script::load(path).map_err(invalid)?.into()),
         (None, Some(origin)) => {
-            let variable = args.credential_env.as_deref().unwrap_or_default();
+            let variable = credential_env.unwrap_or_default();
             let credential = config.env.get(variable).unwrap_or_default().to_owned();
             if credential.is_empty() {
                 return Err(CliError::invalid(
@@ -51,8 +50,30 @@ pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32>
             }
             Upstream::Proxy(Proxy::new(origin, credential).map_err(invalid)?.into())
         }
-        (None, None) => unreachable!("clap requires --script or --proxy"),
-    };
+        (None, None) => {
+            return Err(CliError::invalid(
+                "no model: give `--script FILE` or `--proxy URL --credential-env VAR`",
+                "`berth gateway --help` describes both",
+            )
+            .into())
+        }
+    })
+}
+
+/// Runs until SIGINT or SIGTERM; prints where it listens, the attempt token and the journal.
+pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32> {
+    // Before anything is printed: a SIGTERM sent as soon as the address is known must stop
+    // the gateway cleanly, not kill it.
+    let (mut interrupt, mut terminate) = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
+    let upstream = upstream(
+        config,
+        args.script.as_deref(),
+        args.proxy.as_deref(),
+        args.credential_env.as_deref(),
+    )?;
     let prices = args.prices.as_deref().map(load_prices).transpose()?;
     let journal = match args.journal.clone() {
         Some(path) => path,

@@ -6,6 +6,7 @@ mod exec;
 pub mod gateway;
 mod ledger;
 mod mission;
+mod prompt;
 mod sandbox;
 pub mod scaffold;
 pub mod verify;
@@ -97,6 +98,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
                 berth_bench::mission::bench(app.bench_context()?, attempts, concurrency).await?;
             report(&app, "mission bench", done)
         }
+        Command::Prompt(args) => prompt::prompt(&app, args).await,
         Command::Mission(crate::cli::MissionCommand::Watch { id, watch }) => {
             watch::mission(&app, &id, &watch).await
         }

@@ -46,7 +46,8 @@ fn limits(args: &WatchArgs) -> Result<Limits> {
     })
 }
 
-fn human(event: &Value) -> String {
+/// One event as a terminal line.
+pub(super) fn human(event: &Value) -> String {
     let data = &event["data"];
     let one_line = |v: &Value| {
         let text = v
