@@ -62,9 +62,50 @@ fn run_json(home: &Home, bin: &Path, args: &[&str]) -> (i32, Value, String) {
     (out.status.code().unwrap_or(-1), doc, stderr)
 }
 
+/// Samples every process's argv while it runs; what contained a secret.
+struct ArgvScan {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl ArgvScan {
+    fn start(secrets: Vec<String>) -> ArgvScan {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut samples, mut found) = (0, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+                    let Ok(argv) = std::fs::read(entry.path().join("cmdline")) else {
+                        continue;
+                    };
+                    let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+                    for secret in &secrets {
+                        if argv.contains(secret.as_str()) && !found.contains(&argv) {
+                            found.push(argv.clone());
+                        }
+                    }
+                }
+                samples += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            (samples, found)
+        });
+        ArgvScan { stop, thread }
+    }
+
+    fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 #[test]
 fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
     let Some(bin) = agent_bin() else { return };
+    // No secret — the canary model key in Berth's environment, or any gateway token — is ever
+    // in a process's argv while the missions run.
+    let scan = ArgvScan::start(vec![CANARY.to_owned(), "berth-gw-".to_owned()]);
     for kind in ["opencode", "codex", "claude-code"] {
         let home = Home::new();
         let mission = examples().join(format!("{kind}.toml"));
@@ -144,6 +185,9 @@ fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
             .starts_with(&format!("{key}:")));
         home.assert_no_canary_persisted();
     }
+    let (samples, found) = scan.finish();
+    assert!(samples > 10, "the argv scan barely ran ({samples} samples)");
+    assert!(found.is_empty(), "secrets in argv: {found:#?}");
     // An unknown attempt is a clear not-found.
     let home = Home::new();
     let out = home.run(&["attempt", "trajectory", "at-nope"]);
