@@ -111,17 +111,6 @@ fn request_body() -> Bytes {
     )
 }
 
-/// Where `program` is: `BERTH_AGENT_BIN_DIR`, then `PATH` (from Berth's environment).
-fn find_cli(ctx: &BenchContext, program: &str) -> Option<PathBuf> {
-    let env = &ctx.provider_config.env;
-    env.get("BERTH_AGENT_BIN_DIR")
-        .into_iter()
-        .chain(env.get("PATH").unwrap_or_default().split(':'))
-        .filter(|d| d.starts_with('/'))
-        .map(PathBuf::from)
-        .find(|d| d.join(program).is_file())
-}
-
 /// Process start → first journaled request, for one launch of `harness`.
 async fn startup_once(
     harness: berth_harness::Harness,
@@ -256,7 +245,8 @@ pub async fn bench(ctx: &BenchContext, iterations: Option<usize>) -> Result<Repo
     let mut startup = serde_json::Map::new();
     let mut startup_text = String::new();
     for harness in berth_harness::Harness::ALL {
-        let Some(bin) = find_cli(ctx, harness.program()) else {
+        let found = berth_orchestrator::agent_bin_dir(&ctx.provider_config.env, "host", harness);
+        let Ok(bin) = found.map(PathBuf::from) else {
             let why = format!(
                 "UNKNOWN(`{}` not installed: set BERTH_AGENT_BIN_DIR)",
                 harness.program()

@@ -22,10 +22,6 @@ use crate::pipeline::{existing, Step};
 use crate::steps::Attempt;
 use crate::{MissionSpec, Orchestrator, OrchestratorError};
 
-/// Where the CLIs live in Berth's reference image with agents (`scripts/build-agent-image.sh
-/// --with-agents`).
-pub const IMAGE_AGENT_BIN: &str = "/opt/berth/agents/bin";
-
 /// The variable naming the host directory that holds the CLIs (host provider), when they are
 /// not on `PATH`.
 pub const AGENT_BIN_DIR_VAR: &str = "BERTH_AGENT_BIN_DIR";
@@ -150,16 +146,17 @@ async fn gateway_for(
     Ok(entry)
 }
 
-/// Where `harness`'s CLI is, as a sandbox of `provider` sees it: on the host, in
-/// [`AGENT_BIN_DIR_VAR`] or on `PATH` (from Berth's environment); elsewhere, where Berth's
-/// reference image with agents has it.
+/// Where `harness`'s CLI is, as a host-provider sandbox sees it: in [`AGENT_BIN_DIR_VAR`] or on
+/// `PATH` (from Berth's environment). Other providers have no agent CLIs in this build.
 pub fn agent_bin_dir(
     env: &berth_factory::Environment,
     provider: &str,
     harness: Harness,
 ) -> Result<String, String> {
     if provider != "host" {
-        return Ok(IMAGE_AGENT_BIN.to_owned());
+        return Err(format!(
+            "agent CLIs run on the host provider in this build, not on `{provider}`"
+        ));
     }
     let mut search: Vec<PathBuf> = env
         .get(AGENT_BIN_DIR_VAR)
