@@ -16,6 +16,7 @@
 pub mod gateway;
 pub mod lifecycle;
 pub mod mission;
+pub mod monitor;
 pub mod raw;
 pub mod stats;
 
@@ -171,6 +172,28 @@ macro_rules! bail {
     };
 }
 pub(crate) use bail;
+
+/// Creates a sandbox of `provider` through the ledger (origin `bench`).
+pub(crate) async fn berth_create_tracked(
+    ctx: &BenchContext,
+    provider: &Arc<dyn Provider>,
+    image: Option<&str>,
+) -> Result<berth_ledger::Tracked> {
+    let image = image.map(str::to_owned);
+    Ok(ctx
+        .ledger
+        .create_tracked(
+            provider.as_ref(),
+            "bench",
+            None,
+            |req| req.image = image,
+            |req| {
+                let provider = provider.clone();
+                async move { provider.create(&req).await }
+            },
+        )
+        .await?)
+}
 
 /// Destroys a ledger-tracked sandbox through its row (verified gone, or the row says why not).
 pub(crate) async fn destroy_tracked(

@@ -35,8 +35,8 @@ use berth_provider_docker::Engine;
 use hyper::Method;
 use serde_json::json;
 
-use crate::destroy_tracked;
 use crate::stats::{compare, Comparison};
+use crate::{berth_create_tracked, destroy_tracked};
 
 /// Exec targets over the raw substrate (median), from the issues: host ≤ 2 ms over a raw spawn,
 /// bwrap ≤ 3 ms over a raw bwrap; docker: an absolute ≤ 5 ms round trip.
@@ -248,27 +248,6 @@ async fn berth_exec(provider: &dyn Provider, id: &NativeId) -> Result<Duration> 
     Ok(took)
 }
 
-async fn berth_create(
-    ctx: &BenchContext,
-    provider: &std::sync::Arc<dyn Provider>,
-    image: Option<&str>,
-) -> Result<berth_ledger::Tracked> {
-    let image = image.map(str::to_owned);
-    Ok(ctx
-        .ledger
-        .create_tracked(
-            provider.as_ref(),
-            "bench",
-            None,
-            |req| req.image = image,
-            |req| {
-                let provider = provider.clone();
-                async move { provider.create(&req).await }
-            },
-        )
-        .await?)
-}
-
 /// `berth bench PROVIDER --raw`.
 pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     let [provider_id] = args.providers.as_slice() else {
@@ -286,7 +265,7 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
 
     // Exec round trip on one live sandbox and one raw target; docker also against its own bare
     // supervisor exchange; and the CLI as a whole process.
-    let tracked = berth_create(ctx, &provider, image).await?;
+    let tracked = berth_create_tracked(ctx, &provider, image).await?;
     let id = NativeId(tracked.native_id.clone());
     let target = raw.make_target(scratch.path(), 0, ctx).await?;
     let bare = match provider_id.as_str() {
@@ -360,7 +339,7 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
                 }
                 1 => {
                     let started = Instant::now();
-                    let tracked = berth_create(ctx, &provider, image).await?;
+                    let tracked = berth_create_tracked(ctx, &provider, image).await?;
                     berth_exec(provider.as_ref(), &NativeId(tracked.native_id.clone())).await?;
                     destroy_tracked(ctx, provider.as_ref(), &tracked).await?;
                     berth_cycle.push(started.elapsed());

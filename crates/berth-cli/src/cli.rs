@@ -331,7 +331,8 @@ pub enum LedgerCommand {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Providers to measure, side by side (with `--raw`, exactly one); `gateway` measures the
-    /// model gateway and the agent CLIs' start-up instead.
+    /// model gateway and the agent CLIs' start-up instead; `monitor P…` the latency from a
+    /// line an agent writes in a sandbox of P to the normalized event at a watcher.
     #[arg(required = true)]
     pub providers: Vec<String>,
     /// Compare one provider's exec and create→destroy cycle with its raw substrate instead.

@@ -203,3 +203,37 @@ fn the_gateway_bench_reports_its_overhead_and_unknown_start_up_for_missing_clis(
         assert!(doc["harness_startup"][cli]["median_ms"].is_null());
     }
 }
+
+#[test]
+fn the_monitor_bench_follows_a_stand_in_agent_and_reports_its_latency() {
+    let home = Home::new();
+    let out = home.run(&["--json", "bench", "monitor", "host"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let host = &doc["providers"]["host"];
+    assert_eq!(host["n"], 100, "{doc:#}");
+    let (p50, p95) = (
+        host["p50_ms"].as_f64().unwrap(),
+        host["p95_ms"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p50 <= p95, "{doc:#}");
+    assert!(host["target"]["met"].is_boolean());
+    // Nothing left behind: the sandbox went through the ledger and is gone.
+    let (_, ledger) = home.json(&["ledger", "list"]);
+    assert!(
+        ledger["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["state"] == "verified_gone"),
+        "{ledger:#}"
+    );
+    // Without a provider: a clear error.
+    let out = home.run(&["bench", "monitor"]);
+    assert_eq!(out.status.code(), Some(5));
+}

@@ -205,7 +205,7 @@ fn log_dir(
 
 /// Where a streaming agent run's output goes while it runs: the raw log and the normalized
 /// events, appended as lines complete (so a watcher follows them live), and stderr.
-struct AgentLogs {
+pub struct AgentLogs {
     /// When output last arrived (milliseconds since `started`), for the idle watchdog.
     last_output: Arc<std::sync::atomic::AtomicU64>,
     started: std::time::Instant,
@@ -235,8 +235,18 @@ fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+impl std::fmt::Debug for AgentLogs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentLogs")
+            .field("events", &self.events.len())
+            .field("raw_kept", &self.raw_kept)
+            .finish()
+    }
+}
+
 impl AgentLogs {
-    fn open(dir: &Path, harness: Harness, key: &str) -> std::io::Result<AgentLogs> {
+    /// Starts `agent.jsonl`, `events.jsonl` and `agent.stderr` anew in `dir`.
+    pub fn open(dir: &Path, harness: Harness, key: &str) -> std::io::Result<AgentLogs> {
         Ok(AgentLogs {
             last_output: Arc::default(),
             started: std::time::Instant::now(),
@@ -265,7 +275,9 @@ impl AgentLogs {
         self.events.extend(events);
     }
 
-    fn finish(mut self) -> std::io::Result<(Vec<berth_harness::Event>, bool)> {
+    /// Normalizes a last line without a newline; every event, and whether the raw log was cut
+    /// at its limit.
+    pub fn finish(mut self) -> std::io::Result<(Vec<berth_harness::Event>, bool)> {
         let last = self.normalizer.finish();
         self.record(last);
         match self.failed {

@@ -10,6 +10,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+/// How often watchers poll (the monitor's latency floor).
+pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// The most bytes read per poll (the rest comes on the next one).
 const MAX_READ: u64 = 4 << 20;
 

@@ -34,7 +34,7 @@ use berth_mission::file::MissionFile;
 use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
 
-pub use agents::{agent_bin_dir, AttemptLogs, Gateways, AGENT_BIN_DIR_VAR};
+pub use agents::{agent_bin_dir, AgentLogs, AttemptLogs, Gateways, AGENT_BIN_DIR_VAR};
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
 pub use pipeline::Step;
 pub use pipeline::STAGE_SCRIPT;

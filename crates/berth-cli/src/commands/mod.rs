@@ -64,6 +64,16 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             "bench",
             berth_bench::gateway::bench(&app.bench_context()?, args.iterations).await?,
         ),
+        Command::Bench(args) if args.providers.first().is_some_and(|p| p == "monitor") => report(
+            &app,
+            "bench",
+            berth_bench::monitor::bench(
+                &app.bench_context()?,
+                &args.providers[1..],
+                args.image.as_deref(),
+            )
+            .await?,
+        ),
         Command::Bench(args) if args.raw => {
             let options = berth_bench::raw::RawOptions {
                 providers: args.providers,

@@ -22,8 +22,7 @@ use crate::app::App;
 use crate::cli::WatchArgs;
 use crate::errors::{code, CliError};
 
-/// How often the file is polled (the monitor's latency floor).
-const POLL: Duration = Duration::from_millis(25);
+use berth_orchestrator::follow::POLL_INTERVAL as POLL;
 /// How often the attempt's state is read from the store.
 const STATE_EVERY: Duration = Duration::from_millis(250);
 
