@@ -245,7 +245,11 @@ pub async fn bench(ctx: &BenchContext, iterations: Option<usize>) -> Result<Repo
     let mut startup = serde_json::Map::new();
     let mut startup_text = String::new();
     for harness in berth_harness::Harness::ALL {
-        let found = berth_orchestrator::agent_bin_dir(&ctx.provider_config.env, "host", harness);
+        let found = berth_orchestrator::agent_bin_dir(
+            &ctx.provider_config.env,
+            berth_orchestrator::GatewayReach::SharedLoopback,
+            harness,
+        );
         let Ok(bin) = found.map(PathBuf::from) else {
             let why = format!(
                 "UNKNOWN(`{}` not installed: set BERTH_AGENT_BIN_DIR)",

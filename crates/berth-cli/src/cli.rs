@@ -485,7 +485,8 @@ pub struct GatewayArgs {
     /// A model script (TOML; see the README's "Model gateway" section).
     #[arg(long, conflicts_with = "proxy", required_unless_present = "proxy")]
     pub script: Option<std::path::PathBuf>,
-    /// Forward to this origin (`http://host:port`) instead, adding the credential.
+    /// Forward to this origin (`https://api.anthropic.com`, `http://host:port`) instead, adding
+    /// the credential (https: the system's roots, plus `BERTH_PROXY_CA_FILE` when set).
     #[arg(long, requires = "credential_env")]
     pub proxy: Option<String>,
     /// The environment variable holding the proxy's credential (the value never goes in argv).

@@ -7,7 +7,10 @@
 //!   `kill-before-event:N` or `kill-after-event:N` (missions).
 //!
 //! Everything else in the environment is passed to the factory as an opaque snapshot, from
-//! which adapters read only the credential variables their manifest names.
+//! which adapters read only the credential variables their manifest names, and the gateway
+//! only the variables a command or mission names (`--credential-env`, `credential_env`) and
+//! `BERTH_PROXY_CA_FILE`; missions on the host provider look for agent CLIs in
+//! `BERTH_AGENT_BIN_DIR` and `PATH`.
 
 use std::path::PathBuf;
 

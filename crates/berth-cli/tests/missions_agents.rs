@@ -4,8 +4,10 @@
 //! gateway in front of a scripted model. The agent's raw log, normalized events and the
 //! gateway's journal are kept per attempt; no secret of Berth's environment is persisted.
 //!
-//! The CLIs come from `agents/node_modules/.bin` (`scripts/install-agent-clis`); missing CLIs
-//! fail the test unless `BERTH_SKIP_AGENT_CLIS=1` says to skip it.
+//! The examples run in docker sandboxes without network, from `berth/agent-clis:bookworm`
+//! (`scripts/build-agent-clis-image.sh`), the gateway reached through the supervisor's loopback
+//! forward; host runs use `agents/node_modules/.bin` (`scripts/install-agent-clis`). Missing
+//! CLIs or image fail the tests unless `BERTH_SKIP_AGENT_CLIS=1` says to skip them.
 
 mod common;
 
@@ -41,6 +43,64 @@ fn agent_bin() -> Option<PathBuf> {
     );
 }
 
+const AGENT_IMAGE: &str = "berth/agent-clis:bookworm";
+
+fn agent_image() -> bool {
+    let found = std::process::Command::new("docker")
+        .args(["image", "inspect", AGENT_IMAGE])
+        .output();
+    if matches!(found, Ok(ref o) if o.status.success()) {
+        return true;
+    }
+    if std::env::var("BERTH_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: {AGENT_IMAGE} not built (BERTH_SKIP_AGENT_CLIS=1)");
+        return false;
+    }
+    panic!("{AGENT_IMAGE} is missing: run scripts/setup-substrates (or BERTH_SKIP_AGENT_CLIS=1)");
+}
+
+/// The example for `kind`, copied into `dir` and moved to the host provider.
+fn host_example(kind: &str, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir.join("repo")).unwrap();
+    for file in ["calc.py", "test_calc.py"] {
+        std::fs::copy(
+            examples().join("repo").join(file),
+            dir.join("repo").join(file),
+        )
+        .unwrap();
+    }
+    std::fs::copy(examples().join("model.toml"), dir.join("model.toml")).unwrap();
+    let text = std::fs::read_to_string(examples().join(format!("{kind}.toml")))
+        .unwrap()
+        .replace(
+            "provider = \"docker\"\nimage = \"berth/agent-clis:bookworm\"",
+            "provider = \"host\"",
+        );
+    assert!(text.contains("provider = \"host\""));
+    let path = dir.join(format!("{kind}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Everything `docker inspect` says about Berth's containers now.
+fn inspect_berth_containers() -> String {
+    let ids = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", "label=berth.owner"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    if ids.is_empty() {
+        return String::new();
+    }
+    std::process::Command::new("docker")
+        .arg("inspect")
+        .args(&ids)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 fn run_json(home: &Home, bin: &Path, args: &[&str]) -> (i32, Value, String) {
     let mut full = vec!["--json"];
     full.extend_from_slice(args);
@@ -65,7 +125,7 @@ fn run_json(home: &Home, bin: &Path, args: &[&str]) -> (i32, Value, String) {
 /// Samples every process's argv while it runs; what contained a secret.
 struct ArgvScan {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<(usize, Vec<String>)>,
+    thread: std::thread::JoinHandle<(usize, usize, Vec<String>)>,
 }
 
 impl ArgvScan {
@@ -73,7 +133,7 @@ impl ArgvScan {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
-            let (mut samples, mut found) = (0, Vec::new());
+            let (mut samples, mut inspects, mut found) = (0, 0, Vec::new());
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 for entry in std::fs::read_dir("/proc").unwrap().flatten() {
                     let Ok(argv) = std::fs::read(entry.path().join("cmdline")) else {
@@ -86,15 +146,26 @@ impl ArgvScan {
                         }
                     }
                 }
+                // Every so often, what the engine says about Berth's containers, too.
+                if samples % 50 == 0 {
+                    let inspected = inspect_berth_containers();
+                    for secret in &secrets {
+                        if inspected.contains(secret.as_str()) {
+                            found.push(format!("docker inspect: {secret}"));
+                        }
+                    }
+                    inspects += usize::from(!inspected.is_empty());
+                }
                 samples += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            (samples, found)
+            (samples, inspects, found)
         });
         ArgvScan { stop, thread }
     }
 
-    fn finish(self) -> (usize, Vec<String>) {
+    /// Samples of argv taken, `docker inspect`s that saw a container, what held a secret.
+    fn finish(self) -> (usize, usize, Vec<String>) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.join().unwrap()
     }
@@ -103,12 +174,22 @@ impl ArgvScan {
 #[test]
 fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
     let Some(bin) = agent_bin() else { return };
+    if !agent_image() {
+        return;
+    }
     // No secret — the canary model key in Berth's environment, or any gateway token — is ever
-    // in a process's argv while the missions run.
+    // in a process's argv or in `docker inspect` while the missions run.
     let scan = ArgvScan::start(vec![CANARY.to_owned(), "berth-gw-".to_owned()]);
-    for kind in ["opencode", "codex", "claude-code"] {
+    let scratch = tempfile::tempdir().unwrap();
+    // The three examples in docker (no network: the loopback forward), and one on the host.
+    let runs = [
+        ("opencode", examples().join("opencode.toml")),
+        ("codex", examples().join("codex.toml")),
+        ("claude-code", examples().join("claude-code.toml")),
+        ("claude-code", host_example("claude-code", scratch.path())),
+    ];
+    for (kind, mission) in runs {
         let home = Home::new();
-        let mission = examples().join(format!("{kind}.toml"));
         let (code, doc, stderr) =
             run_json(&home, &bin, &["mission", "run", mission.to_str().unwrap()]);
         assert_eq!(code, 0, "{kind}: {doc:#}\n{stderr}");
@@ -154,6 +235,10 @@ fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
             }
             let journal = std::fs::read_to_string(dir.join("gateway.jsonl")).unwrap();
             assert!(journal.lines().count() >= 2, "{kind}: {journal}");
+            // The CLI's own session record, as a tar archive (never extracted).
+            let session = std::fs::read(dir.join("session.tar")).unwrap();
+            assert_eq!(&session[257..262], b"ustar", "{kind}: not a tar archive");
+            assert!(!session.windows(9).any(|w| w == b"berth-gw-"), "{kind}");
             assert!(
                 journal.contains("\"authorization\":\"[redacted]\"")
                     || journal.contains("\"x-api-key\":\"[redacted]\"")
@@ -183,10 +268,51 @@ fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
             .as_str()
             .unwrap()
             .starts_with(&format!("{key}:")));
+        // The agent's home is gone before the checkpoint: no session, config or cache of
+        // the run is in the checkpoint image.
+        let checkpoints: Vec<String> = attempts[1]["status"]["checkpoint"]
+            .as_str()
+            .filter(|c| c.starts_with("sha256:"))
+            .map(str::to_owned)
+            .into_iter()
+            .collect();
+        let in_docker = mission.starts_with(examples());
+        if in_docker {
+            assert_eq!(checkpoints.len(), 1, "{kind}: no checkpoint in {status:#}");
+        }
+        for image in checkpoints.iter().filter(|_| in_docker) {
+            let listing = std::process::Command::new("docker")
+                .args([
+                    "run",
+                    "--rm",
+                    "--network",
+                    "none",
+                    "--entrypoint",
+                    "ls",
+                    image,
+                    "-A",
+                    "/workspace",
+                ])
+                .output()
+                .unwrap();
+            let listing = String::from_utf8_lossy(&listing.stdout);
+            assert!(listing.contains("repo"), "{kind}: {listing}");
+            assert!(!listing.contains(".berth-agent"), "{kind}: {listing}");
+            let inspected = std::process::Command::new("docker")
+                .args(["image", "inspect", image])
+                .output()
+                .unwrap();
+            let inspected = String::from_utf8_lossy(&inspected.stdout);
+            assert!(!inspected.contains(CANARY) && !inspected.contains("berth-gw-"));
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", image])
+                .output();
+        }
         home.assert_no_canary_persisted();
     }
-    let (samples, found) = scan.finish();
+    let (samples, inspects, found) = scan.finish();
     assert!(samples > 10, "the argv scan barely ran ({samples} samples)");
+    assert!(inspects > 0, "docker inspect never saw a sandbox");
     assert!(found.is_empty(), "secrets in argv: {found:#?}");
     // An unknown attempt is a clear not-found.
     let home = Home::new();
@@ -207,13 +333,13 @@ fn agent_harnesses_refuse_providers_that_cannot_reach_the_gateway_before_anythin
     .unwrap();
     let text = std::fs::read_to_string(examples().join("codex.toml"))
         .unwrap()
-        .replace("provider = \"host\"", "provider = \"docker\"");
+        .replace("provider = \"docker\"", "provider = \"bwrap\"");
     std::fs::write(dir.join("mission.toml"), text).unwrap();
     let out = home.run(&["mission", "run", dir.join("mission.toml").to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("agent CLIs run on the host provider"),
+        stderr.contains("does not forward a loopback port to the host (loopback_forward)"),
         "{stderr}"
     );
     let (_, list) = home.json(&["mission", "list"]);
@@ -231,6 +357,9 @@ fn agent_harnesses_refuse_providers_that_cannot_reach_the_gateway_before_anythin
 #[test]
 fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
     let Some(bin) = agent_bin() else { return };
+    if !agent_image() {
+        return;
+    }
     let home = Home::new();
     let mission = examples().join("claude-code.toml");
     let mut run = home
@@ -313,6 +442,15 @@ fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
         replayed,
         stored.lines().map(str::to_owned).collect::<Vec<_>>()
     );
+    // The checkpoint image is the mission's artifact; the test removes it.
+    let checkpoint = status["mission"]["tasks"][0]["attempts"][1]["status"]["checkpoint"]
+        .as_str()
+        .unwrap();
+    let removed = std::process::Command::new("docker")
+        .args(["rmi", checkpoint])
+        .output()
+        .unwrap();
+    assert!(removed.status.success(), "{removed:?}");
 }
 
 #[test]
@@ -336,6 +474,10 @@ fn an_agent_idle_past_its_limit_is_stopped_and_the_attempt_rejected() {
     .unwrap();
     let text = std::fs::read_to_string(examples().join("claude-code.toml"))
         .unwrap()
+        .replace(
+            "provider = \"docker\"\nimage = \"berth/agent-clis:bookworm\"",
+            "provider = \"host\"",
+        )
         .replace(
             "model = \"scripted\"",
             "model = \"scripted\"\nidle_timeout = \"2s\"",
@@ -417,4 +559,251 @@ fn berth_prompt_runs_an_agent_in_an_existing_sandbox_and_streams_its_events() {
         Some(2),
         "clap refuses: no --script/--proxy"
     );
+}
+
+/// `berth prompt` in a docker sandbox: the image's CLI, the gateway through the loopback
+/// forward, the sandbox still without any network.
+#[test]
+fn berth_prompt_in_a_docker_sandbox_reaches_the_gateway_and_nothing_else() {
+    if !agent_image() {
+        return;
+    }
+    let home = Home::new();
+    let (code, doc) = home.json(&["create", "-p", "docker", "--image", AGENT_IMAGE]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let script = examples().join("../gateway/hello.toml");
+    let out = home
+        .command(
+            "tester",
+            &[
+                "--json",
+                "prompt",
+                &id,
+                "--harness",
+                "claude-code",
+                "--script",
+                script.to_str().unwrap(),
+                "Create hello.txt containing hi",
+            ],
+        )
+        .env("ANTHROPIC_API_KEY", CANARY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["kind"], "prompt_finished");
+    assert!(last["rejected"].is_null(), "{last}");
+    let cat = home.run(&["exec", &id, "--", "cat", "hello.txt"]);
+    assert_eq!(String::from_utf8_lossy(&cat.stdout), "hi");
+    // The forward is gone with the run, and the sandbox never had a network.
+    let probe = home.run(&[
+        "exec",
+        &id,
+        "--",
+        "bash",
+        "-c",
+        "exec 3<>/dev/tcp/127.0.0.1/47800 || echo closed; ls /sys/class/net",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&probe.stdout), "closed\nlo\n");
+    let out = home.run(&["destroy", &id]);
+    assert!(out.status.success());
+    home.assert_no_canary_persisted();
+}
+
+/// Subscription logins (Codex's `auth.json`, Claude Code's `.credentials.json`): named in
+/// `$BERTH_HOME/logins.toml`, staged into the docker sandbox for the agent run only, used by
+/// the real CLI (its key header passes through the mission's gateway to an upstream that
+/// accepts only that login), refreshed by the run and written back to the operator's file;
+/// nothing of it is left in the checkpoint image or in Berth's store and logs.
+#[test]
+fn subscription_logins_are_leased_staged_for_the_run_and_written_back() {
+    use std::io::BufRead;
+    if !agent_image() {
+        return;
+    }
+    let home = Home::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path();
+    std::fs::create_dir_all(dir.join("m/repo")).unwrap();
+    std::fs::write(dir.join("m/repo/a.txt"), "a\n").unwrap();
+    // The run "refreshes" the login it finds in the CLI's home.
+    std::fs::write(
+        dir.join("m/model.toml"),
+        r#"schema_version = 1
+[[step]]
+shell = "for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":true,/' \"$f\"; done; printf ok > logged.txt"
+[[step]]
+text = "done"
+"#,
+    )
+    .unwrap();
+    // The "vendor": a scripted gateway that accepts only its own token — the login's key.
+    let mut upstream = home
+        .command(
+            "tester",
+            &[
+                "--json",
+                "gateway",
+                "--script",
+                dir.join("m/model.toml").to_str().unwrap(),
+                "--journal",
+                dir.join("upstream.jsonl").to_str().unwrap(),
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut announced = String::new();
+    let mut lines = std::io::BufReader::new(upstream.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        announced.push_str(&line);
+        if line == "}" {
+            break;
+        }
+    }
+    let announced: Value = serde_json::from_str(&announced).unwrap();
+    let (origin, login_key) = (
+        announced["listening"].as_str().unwrap().to_owned(),
+        announced["token"].as_str().unwrap().to_owned(),
+    );
+    let expires = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 86_400)
+        * 1000;
+    let files = [
+        (
+            "codex",
+            "sub-codex",
+            dir.join("codex-auth.json"),
+            format!(r#"{{"auth_mode":"apikey","OPENAI_API_KEY":"{login_key}"}}"#),
+        ),
+        (
+            "claude-code",
+            "sub-claude",
+            dir.join("claude-credentials.json"),
+            format!(
+                r#"{{"claudeAiOauth":{{"accessToken":"{login_key}","refreshToken":"r1","expiresAt":{expires},"scopes":["user:inference"]}}}}"#
+            ),
+        ),
+    ];
+    let mut config = String::from("schema_version = 1\n");
+    for (kind, name, path, content) in &files {
+        std::fs::write(path, content).unwrap();
+        config.push_str(&format!(
+            "[logins.{name}]\nharness = \"{kind}\"\nfile = \"{}\"\n",
+            path.display()
+        ));
+    }
+    let logins = home.path().join("logins.toml");
+    std::fs::write(&logins, config).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&logins, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    for (kind, name, path, _) in &files {
+        let mission = dir.join(format!("m/{kind}.toml"));
+        std::fs::write(
+            &mission,
+            format!(
+                r#"schema_version = 1
+name = "login-{kind}"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "docker"
+image = "{AGENT_IMAGE}"
+[harness]
+kind = "{kind}"
+model = "scripted"
+login = "{name}"
+[harness.gateway]
+proxy = "{origin}"
+[[tasks]]
+id = "t"
+instructions = "log it"
+max_attempts = 1
+agent_timeout = "120s"
+[tasks.validator]
+command = "test \"$(cat logged.txt)\" = ok && mkdir -p .berth && echo pass > .berth/verdict"
+timeout = "60s"
+evidence = [".berth/verdict"]
+"#
+            ),
+        )
+        .unwrap();
+        let (code, doc) = home.json(&["mission", "run", mission.to_str().unwrap()]);
+        assert_eq!(code, 0, "{kind}: {doc:#}");
+        // Written back: the operator's file is the refreshed one, still private.
+        let now = std::fs::read_to_string(path).unwrap();
+        assert!(now.starts_with(r#"{"refreshed":true,"#), "{kind}: {now}");
+        {
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(path).unwrap().mode() & 0o777, 0o600);
+        }
+        // Gone from the sandbox before the checkpoint.
+        let checkpoint = doc["mission"]["tasks"][0]["attempts"][0]["status"]["checkpoint"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{doc:#}"))
+            .to_owned();
+        let listing = std::process::Command::new("docker")
+            .args(["run", "--rm", "--network", "none", "--entrypoint", "ls"])
+            .args([checkpoint.as_str(), "-A", "/workspace"])
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&listing.stdout);
+        assert!(listing.contains("repo"), "{kind}: {listing}");
+        assert!(!listing.contains(".berth-agent") && !listing.contains(".berth-login"));
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", checkpoint.as_str()])
+            .output();
+    }
+    // An unknown login is refused at registration, before anything is durable.
+    let text = std::fs::read_to_string(dir.join("m/codex.toml"))
+        .unwrap()
+        .replace("login = \"sub-codex\"", "login = \"nobody\"");
+    std::fs::write(dir.join("m/nobody.toml"), text).unwrap();
+    let out = home.run(&[
+        "mission",
+        "run",
+        dir.join("m/nobody.toml").to_str().unwrap(),
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no login `nobody`"));
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    // The login's key is nowhere in Berth's home (store, journals, logs, session records).
+    for entry in walk_files(home.path()) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !bytes
+                .windows(login_key.len())
+                .any(|w| w == login_key.as_bytes()),
+            "the login's key is in {}",
+            entry.display()
+        );
+    }
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => found.extend(walk_files(&path)),
+            Ok(t) if t.is_file() => found.push(path),
+            _ => {}
+        }
+    }
+    found
 }

@@ -40,11 +40,14 @@ pub enum Capability {
     Access,
     /// Provider-enforced time-to-live teardown.
     Ttl,
+    /// Connections to a loopback port inside a sandbox that has no network, handed to the
+    /// caller on the host (how an agent reaches Berth's model gateway and nothing else).
+    LoopbackForward,
 }
 
 impl Capability {
     /// Every capability, in declaration order.
-    pub const ALL: [Capability; 11] = [
+    pub const ALL: [Capability; 12] = [
         Capability::ExecStreaming,
         Capability::ExecDetached,
         Capability::Files,
@@ -56,6 +59,7 @@ impl Capability {
         Capability::Listing,
         Capability::Access,
         Capability::Ttl,
+        Capability::LoopbackForward,
     ];
 
     /// The snake_case name used in manifests, JSON and errors.
@@ -72,6 +76,7 @@ impl Capability {
             Capability::Listing => "listing",
             Capability::Access => "access",
             Capability::Ttl => "ttl",
+            Capability::LoopbackForward => "loopback_forward",
         }
     }
 }

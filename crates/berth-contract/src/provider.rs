@@ -98,6 +98,10 @@ pub trait Provider: Send + Sync + Debug {
     fn ttl(&self) -> Option<&dyn Ttl> {
         None
     }
+    /// Loopback forwarding into the host, when implemented.
+    fn loopback_forward(&self) -> Option<&dyn LoopbackForward> {
+        None
+    }
 }
 
 /// The capabilities an adapter implements, derived from its accessors.
@@ -116,6 +120,7 @@ pub fn implemented_capabilities(provider: &dyn Provider) -> CapabilitySet {
             Capability::Listing => provider.listing().is_some(),
             Capability::Access => provider.access().is_some(),
             Capability::Ttl => provider.ttl().is_some(),
+            Capability::LoopbackForward => provider.loopback_forward().is_some(),
         })
         .collect()
 }
@@ -134,6 +139,27 @@ pub trait StreamingExec: Send + Sync {
         req: &ExecRequest,
         sink: &mut dyn OutputSink,
     ) -> Result<ExecSummary>;
+}
+
+/// Connections made inside a sandbox to a loopback port, handed to the caller on the host.
+///
+/// # Contract
+/// `forward_loopback` returns once the sandbox listens on `127.0.0.1:port` (in its own network
+/// namespace; nothing is opened on the host's network). Each connection a process in the
+/// sandbox makes to it arrives through [`ForwardedPort::accept`] as a stream on the host, bytes
+/// passed through unchanged both ways. Dropping the [`ForwardedPort`] stops the listening; a
+/// sandbox that is paused or gone ends it with an error. No network access is granted.
+#[async_trait]
+pub trait LoopbackForward: Send + Sync {
+    /// Starts listening on the sandbox's loopback `port`.
+    async fn forward_loopback(&self, id: &NativeId, port: u16) -> Result<Box<dyn ForwardedPort>>;
+}
+
+/// A listening forward (see [`LoopbackForward`]).
+#[async_trait]
+pub trait ForwardedPort: Send {
+    /// The next connection made inside the sandbox, as a connected stream on the host.
+    async fn accept(&mut self) -> Result<std::os::unix::net::UnixStream>;
 }
 
 /// A detached process started in a sandbox.
@@ -406,6 +432,12 @@ pub trait ProviderExt: Provider {
         self.suspend_resume()
             .ok_or_else(|| ProviderError::unsupported(Capability::SuspendResume, self.id()))
     }
+    /// Loopback forwarding or `Unsupported`.
+    fn require_loopback_forward(&self) -> Result<&dyn LoopbackForward> {
+        self.loopback_forward()
+            .ok_or_else(|| ProviderError::unsupported(Capability::LoopbackForward, self.id()))
+    }
+
     /// Detached exec or `Unsupported`.
     fn require_detached(&self) -> Result<&dyn DetachedExec> {
         self.detached()

@@ -26,6 +26,7 @@ const SECRET_HEADERS: &[&str] = &[
     "authorization",
     "x-api-key",
     "proxy-authorization",
+    "x-berth-token",
     "cookie",
     "set-cookie",
 ];

@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::dialect::Dialect;
 pub use crate::journal::{Entry, Journal};
-pub use crate::proxy::Proxy;
+pub use crate::proxy::{Proxy, PROXY_CA_FILE_VAR};
 pub use crate::script::{Script, Usage};
-pub use crate::server::RunningGateway;
+pub use crate::server::{Connections, RunningGateway, TOKEN_HEADER};
 
 /// What goes wrong in the gateway.
 #[derive(Debug, thiserror::Error)]
@@ -220,7 +220,7 @@ impl Gateway {
     /// Secret values scrubbed from every journal line.
     pub(crate) fn secrets(&self) -> Vec<String> {
         match &self.config.upstream {
-            Upstream::Proxy(proxy) => vec![proxy.credential().to_owned()],
+            Upstream::Proxy(proxy) => proxy.credential().map(str::to_owned).into_iter().collect(),
             Upstream::Scripted(_) => Vec::new(),
         }
     }

@@ -1,4 +1,6 @@
-//! The proxy upstream: forwards to a real endpoint and adds the real credential itself.
+//! The proxy upstream: forwards to a real endpoint and adds the real credential itself, or —
+//! for a CLI signed in with its own subscription login — passes that login's key header
+//! through.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -20,6 +22,7 @@ const DROPPED: &[&str] = &[
     "authorization",
     "x-api-key",
     "proxy-authorization",
+    "x-berth-token",
     "cookie",
     "host",
     "connection",
@@ -34,10 +37,19 @@ const DROPPED: &[&str] = &[
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
+/// The variable naming a PEM file of extra certificates an https upstream may present (a
+/// private CA); the system's roots are always trusted.
+pub const PROXY_CA_FILE_VAR: &str = "BERTH_PROXY_CA_FILE";
+
 /// A real endpoint and its credential.
 pub struct Proxy {
     origin: Uri,
-    credential: String,
+    /// `host:port` to connect to (the scheme's port when the origin names none).
+    address: String,
+    /// TLS for an `https` origin: the system's roots plus any trusted with [`Proxy::trust_pem`].
+    tls: Option<TlsClient>,
+    /// `None`: pass the CLI's own key header (its subscription login) through.
+    credential: Option<String>,
     /// Kept-alive upstream connections (HTTP/1.1: one request at a time each).
     idle: std::sync::Mutex<Vec<Sender>>,
 }
@@ -56,46 +68,89 @@ impl Proxy {
     /// `credential` as the dialect's key header (`x-api-key` for Anthropic, a bearer token
     /// otherwise).
     pub fn new(origin: &str, credential: String) -> Result<Proxy, GatewayError> {
-        let uri: Uri = origin
-            .parse()
-            .map_err(|e| GatewayError::Proxy(format!("`{origin}` is not a URL: {e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(GatewayError::Proxy(
-                    "https upstreams are not supported by this build yet (no TLS client); put \
-                     a local TLS-terminating forwarder in front, or use http"
-                        .into(),
-                ))
-            }
-            _ => {
-                return Err(GatewayError::Proxy(format!(
-                    "`{origin}`: the scheme must be http"
-                )))
-            }
-        }
-        if uri.authority().is_none() {
-            return Err(GatewayError::Proxy(format!("`{origin}` names no host")));
-        }
-        if uri.path() != "/" && !uri.path().is_empty() {
-            return Err(GatewayError::Proxy(format!(
-                "`{origin}`: give the origin only (paths are forwarded unchanged)"
-            )));
-        }
         if credential.is_empty() || credential.contains(['\r', '\n']) {
             return Err(GatewayError::Proxy(
                 "the credential is empty or spans lines".into(),
             ));
         }
+        Self::build(origin, Some(credential))
+    }
+
+    /// Forwards to `origin` passing the client's own `authorization` / `x-api-key` through
+    /// (a CLI signed in with a subscription login; it presents the gateway token in
+    /// `x-berth-token`). The gateway adds no credential.
+    pub fn passthrough(origin: &str) -> Result<Proxy, GatewayError> {
+        Self::build(origin, None)
+    }
+
+    fn build(origin: &str, credential: Option<String>) -> Result<Proxy, GatewayError> {
+        let uri: Uri = origin
+            .parse()
+            .map_err(|e| GatewayError::Proxy(format!("`{origin}` is not a URL: {e}")))?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => {
+                return Err(GatewayError::Proxy(format!(
+                    "`{origin}`: the scheme must be http or https"
+                )))
+            }
+        };
+        let Some(authority) = uri.authority() else {
+            return Err(GatewayError::Proxy(format!("`{origin}` names no host")));
+        };
+        let address = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(if https { 443 } else { 80 })
+        );
+        let tls = if https {
+            Some(TlsClient::new(authority.host(), &[])?)
+        } else {
+            None
+        };
+        if uri.path() != "/" && !uri.path().is_empty() {
+            return Err(GatewayError::Proxy(format!(
+                "`{origin}`: give the origin only (paths are forwarded unchanged)"
+            )));
+        }
         Ok(Proxy {
             origin: uri,
+            address,
+            tls,
             credential,
             idle: std::sync::Mutex::new(Vec::new()),
         })
     }
 
-    pub(crate) fn credential(&self) -> &str {
-        &self.credential
+    /// Also trusts the certificates in `pem` (an https upstream with a private CA). Without
+    /// this, only the system's roots are trusted.
+    pub fn trust_pem(mut self, pem: &[u8]) -> Result<Proxy, GatewayError> {
+        let Some(authority) = self.origin.authority() else {
+            return Ok(self);
+        };
+        if self.tls.is_some() {
+            self.tls = Some(TlsClient::new(authority.host(), pem)?);
+        }
+        Ok(self)
+    }
+
+    /// [`Proxy::trust_pem`] with the PEM file named by [`PROXY_CA_FILE_VAR`], when that is set
+    /// (Berth's environment, passed in by the caller).
+    pub fn trust_configured(self, ca_file: Option<&str>) -> Result<Proxy, GatewayError> {
+        use std::io::Read;
+        let Some(path) = ca_file.filter(|p| !p.is_empty()) else {
+            return Ok(self);
+        };
+        let mut pem = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(1 << 20).read_to_end(&mut pem))
+            .map_err(|e| GatewayError::Proxy(format!("{PROXY_CA_FILE_VAR} `{path}`: {e}")))?;
+        self.trust_pem(&pem)
+    }
+
+    pub(crate) fn credential(&self) -> Option<&str> {
+        self.credential.as_deref()
     }
 
     async fn send(
@@ -109,16 +164,21 @@ impl Proxy {
         let mut sender = match self.idle_sender() {
             Some(sender) => sender,
             None => {
-                let stream = tokio::net::TcpStream::connect(authority.as_str())
+                let stream = tokio::net::TcpStream::connect(self.address.as_str())
                     .await
                     .map_err(|e| format!("cannot reach the upstream {authority}: {e}"))?;
                 let _ = stream.set_nodelay(true);
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                        .await
-                        .map_err(|e| format!("upstream handshake: {e}"))?;
-                tokio::spawn(connection);
-                sender
+                match &self.tls {
+                    None => handshake(stream).await?,
+                    Some(tls) => {
+                        let stream = tls
+                            .connector
+                            .connect(tls.server_name.clone(), stream)
+                            .await
+                            .map_err(|e| format!("TLS with the upstream {authority}: {e}"))?;
+                        handshake(stream).await?
+                    }
+                }
             }
         };
         let mut request = Request::builder()
@@ -130,11 +190,22 @@ impl Proxy {
                 request = request.header(name, value);
             }
         }
-        request = match dialect {
-            Dialect::Anthropic => request.header("x-api-key", &self.credential),
-            Dialect::Chat | Dialect::Responses => {
-                request.header("authorization", format!("Bearer {}", self.credential))
+        request = match (&self.credential, dialect) {
+            (Some(credential), Dialect::Anthropic) => request.header("x-api-key", credential),
+            (Some(credential), Dialect::Chat | Dialect::Responses) => {
+                request.header("authorization", format!("Bearer {credential}"))
             }
+            // The login's own key header, only when the request authenticated to the gateway
+            // with its token header (never the token itself).
+            (None, _) if parts.headers.contains_key(crate::server::TOKEN_HEADER) => {
+                for name in ["authorization", "x-api-key"] {
+                    if let Some(value) = parts.headers.get(name) {
+                        request = request.header(name, value);
+                    }
+                }
+                request
+            }
+            (None, _) => request,
         };
         let request = request
             .body(Full::new(body))
@@ -290,5 +361,63 @@ impl Tee {
 impl Drop for Tee {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+async fn handshake<S>(stream: S) -> Result<Sender, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("upstream handshake: {e}"))?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+/// A TLS client for one upstream host: rustls (ring), HTTP/1.1 by ALPN, the system's roots
+/// (`/etc/ssl/certs` and the like) plus any extra PEM certificates.
+struct TlsClient {
+    connector: tokio_rustls::TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+impl TlsClient {
+    fn new(host: &str, extra_pem: &[u8]) -> Result<TlsClient, GatewayError> {
+        use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for cert in native.certs {
+            let _ = roots.add(cert);
+        }
+        if !extra_pem.is_empty() {
+            for cert in CertificateDer::pem_slice_iter(extra_pem) {
+                let cert =
+                    cert.map_err(|e| GatewayError::Proxy(format!("trusted certificates: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| GatewayError::Proxy(format!("trusted certificates: {e}")))?;
+            }
+        }
+        if roots.is_empty() {
+            return Err(GatewayError::Proxy(
+                "no trusted certificates for an https upstream (install ca-certificates)".into(),
+            ));
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| GatewayError::Proxy(format!("TLS: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let server_name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+            .map_err(|e| GatewayError::Proxy(format!("`{host}` as a TLS server name: {e}")))?
+            .to_owned();
+        Ok(TlsClient {
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+            server_name,
+        })
     }
 }

@@ -16,6 +16,9 @@ use crate::journal::{bounded, redacted_headers, Entry, JOURNAL_SCHEMA};
 use crate::script::{Action, Usage};
 use crate::{Attempt, Gateway, Upstream};
 
+/// The header a CLI that authenticates with its own login presents the attempt token in.
+pub const TOKEN_HEADER: &str = "x-berth-token";
+
 /// The largest request body accepted (agent prompts with long histories are large).
 pub(crate) const MAX_REQUEST_BYTES: usize = 32 << 20;
 
@@ -26,6 +29,26 @@ pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 pub struct RunningGateway {
     addr: SocketAddr,
     accept: tokio::task::JoinHandle<()>,
+    handed: tokio::sync::mpsc::UnboundedSender<tokio::net::UnixStream>,
+}
+
+/// Hands the gateway connections that arrived some other way than its port (a sandbox's
+/// loopback forward). Served like any other, and closed when the gateway stops.
+#[derive(Debug, Clone)]
+pub struct Connections(tokio::sync::mpsc::UnboundedSender<tokio::net::UnixStream>);
+
+impl Connections {
+    /// Serves `stream` (HTTP/1.1, as on the port). `Err` when the gateway has stopped.
+    pub fn serve(&self, stream: std::os::unix::net::UnixStream) -> std::io::Result<()> {
+        stream.set_nonblocking(true)?;
+        let stream = tokio::net::UnixStream::from_std(stream)?;
+        self.0.send(stream).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the model gateway has stopped",
+            )
+        })
+    }
 }
 
 impl RunningGateway {
@@ -37,6 +60,11 @@ impl RunningGateway {
     /// `http://127.0.0.1:PORT`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Where connections from elsewhere (a sandbox's loopback forward) are handed in.
+    pub fn connections(&self) -> Connections {
+        Connections(self.handed.clone())
     }
 
     /// Stops: no new connection is accepted, and open ones are closed.
@@ -53,28 +81,46 @@ pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Runn
     let addr = listener
         .local_addr()
         .expect("a bound listener has an address");
+    let (handed, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
     let accept = tokio::spawn(async move {
         // Owned here, so stopping the gateway also ends every connection it is serving.
         let mut connections = tokio::task::JoinSet::new();
         loop {
             while connections.try_join_next().is_some() {}
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let gateway = gateway.clone();
-            connections.spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let gateway = gateway.clone();
-                    async move { Ok::<_, Infallible>(handle(&gateway, req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                    .await;
-            });
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else {
+                        // Out of descriptors or similar: back off instead of spinning.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    connections.spawn(serve_http(gateway.clone(), stream));
+                }
+                Some(stream) = arrivals.recv() => {
+                    connections.spawn(serve_http(gateway.clone(), stream));
+                }
+            }
         }
     });
-    RunningGateway { addr, accept }
+    RunningGateway {
+        addr,
+        accept,
+        handed,
+    }
+}
+
+async fn serve_http<S>(gateway: Gateway, stream: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let gateway = gateway.clone();
+        async move { Ok::<_, Infallible>(handle(&gateway, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .await;
 }
 
 pub(crate) fn full(body: impl Into<Bytes>) -> Body {
@@ -95,9 +141,13 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     respond(status, "application/json", value.to_string())
 }
 
-/// The attempt token a request presents: `Authorization: Bearer …` or `x-api-key: …`.
+/// The attempt token a request presents: `x-berth-token: …` (when the CLI's key header carries
+/// its own subscription login), else `Authorization: Bearer …` or `x-api-key: …`.
 fn presented_token(req: &Request<Incoming>) -> Option<String> {
     let headers = req.headers();
+    if let Some(token) = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
+        return Some(token.trim().to_owned());
+    }
     if let Some(bearer) = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())

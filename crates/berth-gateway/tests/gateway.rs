@@ -410,11 +410,8 @@ async fn the_proxy_adds_the_credential_which_reaches_the_upstream_and_nowhere_el
 #[test]
 fn proxy_origins_are_checked() {
     for (origin, why) in [
-        (
-            "https://api.example.com",
-            "https upstreams are not supported",
-        ),
-        ("ftp://x", "scheme must be http"),
+        ("ftp://x", "scheme must be http or https"),
+        ("https://[::1", "not a URL"),
         ("http://host:1/v1", "origin only"),
         ("not a url", "not a URL"),
     ] {
@@ -427,4 +424,208 @@ fn proxy_origins_are_checked() {
         Proxy::new("http://127.0.0.1:9", "sk-canary".into()).unwrap()
     );
     assert!(!debug.contains("sk-canary"), "{debug}");
+}
+
+/// A connection handed in from elsewhere (how a sandbox's loopback forward arrives) is served
+/// like one on the port, token checks included; after the gateway stops, none is taken.
+#[tokio::test]
+async fn handed_in_connections_are_served_and_refused_after_stop() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = scripted(None);
+    let token = gateway.admit("m1:t1:a1", dir.path().join("journal.jsonl"));
+    let running = gateway.listen(0).await.unwrap();
+    let connections = running.connections();
+    let exchange = |auth: String| {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        connections.serve(theirs).unwrap();
+        tokio::task::spawn_blocking(move || {
+            let body = chat_request(0, false).to_string();
+            let mut ours = ours;
+            // A refused request is answered before its body is read, and the connection
+            // closed: the write may then fail, the answer is still there to read.
+            let _ = write!(
+                ours,
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: {auth}\r\n\
+                 content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let mut answer = String::new();
+            let _ = ours.read_to_string(&mut answer);
+            answer
+        })
+    };
+    let answer = exchange(format!("Bearer {}", token.expose()))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("printf hi > hello.txt"), "{answer}");
+    let refused = exchange("Bearer berth-gw-not-a-token".into())
+        .await
+        .unwrap();
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+
+    running.stop();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    assert!(connections.serve(theirs).is_err());
+}
+
+/// A TLS-terminating forwarder (Python's `ssl`, a real TLS server) in front of `upstream_port`,
+/// with a certificate for IP 127.0.0.1 from a CA made here by `openssl`. Returns its port, the
+/// CA's PEM, and the child to kill.
+fn tls_front(dir: &std::path::Path, upstream_port: u16) -> (u16, Vec<u8>, std::process::Child) {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=berth-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "srv.key",
+        "-out",
+        "srv.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "srv.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "srv.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    std::fs::write(
+        dir.join("front.py"),
+        r#"import socket, ssl, sys, threading
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(16)
+print(ls.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d: break
+            b.sendall(d)
+    except Exception: pass
+    for s in (a, b):
+        try: s.close()
+        except Exception: pass
+def serve(c):
+    try: t = ctx.wrap_socket(c, server_side=True)
+    except Exception:
+        c.close(); return
+    u = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    threading.Thread(target=pipe, args=(t, u), daemon=True).start()
+    pipe(u, t)
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#,
+    )
+    .unwrap();
+    let mut child = Command::new("python3")
+        .arg(dir.join("front.py"))
+        .arg(upstream_port.to_string())
+        .arg(dir.join("srv.pem"))
+        .arg(dir.join("srv.key"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
+    (port, std::fs::read(dir.join("ca.pem")).unwrap(), child)
+}
+
+/// An https upstream: reached over TLS when its certificate chains to a trusted root (here a
+/// private CA given with `trust_pem`), refused — 502, nothing sent — when it does not.
+#[tokio::test]
+async fn https_upstreams_are_verified_against_trusted_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = scripted(None);
+    let credential = upstream.admit("upstream", dir.path().join("upstream.jsonl"));
+    let upstream_running = upstream.listen(0).await.unwrap();
+    let (port, ca, mut front) = tls_front(dir.path(), upstream_running.addr().port());
+    let origin = format!("https://127.0.0.1:{port}");
+
+    let trusted = Proxy::new(&origin, credential.expose().to_owned())
+        .unwrap()
+        .trust_pem(&ca)
+        .unwrap();
+    let untrusted = Proxy::new(&origin, credential.expose().to_owned()).unwrap();
+    let mut answers = Vec::new();
+    for proxy in [trusted, untrusted] {
+        let gateway = Gateway::new(GatewayConfig {
+            upstream: Upstream::Proxy(Arc::new(proxy)),
+            prices: None,
+        });
+        let token = gateway.admit("m1:t1:a1", dir.path().join("proxy.jsonl"));
+        let running = gateway.listen(0).await.unwrap();
+        let auth = format!("Bearer {}", token.expose());
+        let url = format!("{}/v1/chat/completions", running.base_url());
+        answers.push(post(&url, &[("authorization", &auth)], &chat_request(0, false)).await);
+    }
+    let _ = front.kill();
+    let _ = front.wait();
+    let (status, body) = &answers[0];
+    assert_eq!(*status, 200, "{body}");
+    assert!(body.contains("printf hi > hello.txt"), "{body}");
+    let (status, body) = &answers[1];
+    assert_eq!(*status, 502, "{body}");
+    assert!(body.contains("TLS"), "{body}");
+    assert!(Proxy::new(&origin, "k".into())
+        .unwrap()
+        .trust_pem(b"-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n")
+        .is_err());
 }

@@ -64,6 +64,27 @@ impl Harness {
         }
     }
 
+    /// Where, under its home, the CLI keeps its own session record (transcripts, session
+    /// database, log) — what is kept with the attempt's logs. Not its configuration or any
+    /// login file.
+    pub fn session_paths(self) -> &'static [&'static str] {
+        match self {
+            Harness::Opencode => &[".local/share/opencode"],
+            Harness::Codex => &[".codex/sessions"],
+            Harness::ClaudeCode => &[".claude/projects"],
+        }
+    }
+
+    /// Where, under its home, the CLI keeps a subscription login (`None`: logins are not
+    /// supported for it).
+    pub fn login_file(self) -> Option<&'static str> {
+        match self {
+            Harness::Opencode => None,
+            Harness::Codex => Some(".codex/auth.json"),
+            Harness::ClaudeCode => Some(".claude/.credentials.json"),
+        }
+    }
+
     /// The wire dialect it speaks to the gateway.
     pub fn dialect(self) -> &'static str {
         match self {
@@ -86,7 +107,18 @@ pub mod vars {
     pub const MODEL: &str = "BERTH_MODEL";
     /// The task's instructions (the prompt).
     pub const INSTRUCTIONS: &str = "BERTH_INSTRUCTIONS";
+    /// Set (to `1`) when a subscription login was staged at [`super::LOGIN_STAGED_FROM_REPO`]:
+    /// the CLI authenticates with it, and presents the gateway token in the `x-berth-token`
+    /// header instead of as its key.
+    pub const LOGIN: &str = "BERTH_LOGIN";
 }
+
+/// Where the orchestrator stages a subscription login before the run, relative to the
+/// repository; the launch line moves it into the CLI's home.
+pub const LOGIN_STAGED_FROM_REPO: &str = "../.berth-login/login.json";
+
+/// The header carrying the gateway token when the CLI's own key header carries its login.
+pub const TOKEN_HEADER: &str = "x-berth-token";
 
 /// The per-attempt home, relative to the repository (outside it, so the capture never takes
 /// it).
@@ -117,23 +149,70 @@ pub fn launch(harness: Harness) -> String {
         .to_owned(),
         Harness::Codex => concat!(
             "mkdir -p \"$home/.codex\"\nexport CODEX_HOME=\"$home/.codex\"\n",
+            // With a login, codex sends it as its key and the gateway token in a header.
+            "auth='env_key=\"BERTH_GATEWAY_TOKEN\"'\n",
+            "if [ -n \"${BERTH_LOGIN:-}\" ]; then\n",
+            "  mv ../.berth-login/login.json \"$CODEX_HOME/auth.json\" && chmod 600 \"$CODEX_HOME/auth.json\"\n",
+            "  auth='requires_openai_auth=true,env_http_headers={\"x-berth-token\"=\"BERTH_GATEWAY_TOKEN\"}'\n",
+            "fi\n",
             "exec \"$BERTH_AGENT_BIN/codex\" exec --json --skip-git-repo-check ",
             "--dangerously-bypass-approvals-and-sandbox -m \"$BERTH_MODEL\" -c model_provider=berth ",
+            "-c 'cli_auth_credentials_store=\"file\"' ",
             "-c \"model_providers.berth={name=\\\"Berth gateway\\\",base_url=\\\"$BERTH_GATEWAY_URL/v1\\\",",
-            "env_key=\\\"BERTH_GATEWAY_TOKEN\\\",wire_api=\\\"responses\\\",request_max_retries=0,",
+            "$auth,wire_api=\\\"responses\\\",request_max_retries=0,",
             "stream_max_retries=0}\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
         )
         .to_owned(),
         Harness::ClaudeCode => concat!(
             "export CLAUDE_CONFIG_DIR=\"$home/.claude\" IS_SANDBOX=1 ",
-            "ANTHROPIC_BASE_URL=\"$BERTH_GATEWAY_URL\" ANTHROPIC_API_KEY=\"$BERTH_GATEWAY_TOKEN\" ",
+            "ANTHROPIC_BASE_URL=\"$BERTH_GATEWAY_URL\" ",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 CLAUDE_CODE_MAX_RETRIES=1\n",
+            // A key would override the login (in -p mode), so with a login the token travels
+            // in a header.
+            "if [ -n \"${BERTH_LOGIN:-}\" ]; then\n",
+            "  mkdir -p \"$CLAUDE_CONFIG_DIR\"\n",
+            "  mv ../.berth-login/login.json \"$CLAUDE_CONFIG_DIR/.credentials.json\" && chmod 600 \"$CLAUDE_CONFIG_DIR/.credentials.json\"\n",
+            "  export ANTHROPIC_CUSTOM_HEADERS=\"x-berth-token: $BERTH_GATEWAY_TOKEN\"\n",
+            "else\n",
+            "  export ANTHROPIC_API_KEY=\"$BERTH_GATEWAY_TOKEN\"\n",
+            "fi\n",
             "exec \"$BERTH_AGENT_BIN/claude\" -p \"$BERTH_INSTRUCTIONS\" --model \"$BERTH_MODEL\" ",
             "--output-format stream-json --verbose --dangerously-skip-permissions < /dev/null\n",
         )
         .to_owned(),
     };
     prologue + &run
+}
+
+/// The shell line, run in the repository after the agent stopped, that writes the CLI's
+/// session record ([`Harness::session_paths`]) to stdout as a tar archive and then removes the
+/// whole per-attempt home, so nothing of the run (tokens in configs, caches) stays for the
+/// capture, validators or snapshots. Fixed text: nothing is spliced in.
+pub fn collect_session(harness: Harness) -> String {
+    let mut line = format!(
+        "home=\"$(cd .. && pwd)/{home}\"\nif cd \"$home\" 2>/dev/null; then\n  set --\n",
+        home = HOME_FROM_REPO.trim_start_matches("../")
+    );
+    for path in harness.session_paths() {
+        line.push_str(&format!("  [ -e '{path}' ] && set -- \"$@\" '{path}'\n"));
+    }
+    line.push_str(
+        "  [ $# -eq 0 ] || tar -cf - -- \"$@\" 2>/dev/null\n  cd /\n  rm -rf \"$home\"\nfi\n\
+         rm -rf \"$(dirname \"$home\")/.berth-login\"\n\
+         [ ! -e \"$home\" ] || { echo \"the agent's home could not be removed\" >&2; exit 1; }\n",
+    );
+    line
+}
+
+/// The shell line, run in the repository after the agent stopped (before
+/// [`collect_session`]), that prints the CLI's login file as the run left it (refreshed tokens
+/// included), at most 64 KiB + 1 byte; exit 3 when there is no regular file there. Fixed text.
+pub fn collect_login(harness: Harness) -> Option<String> {
+    let file = harness.login_file()?;
+    Some(format!(
+        "f=\"$(cd .. && pwd)/{home}/{file}\"\n[ -f \"$f\" ] && [ ! -L \"$f\" ] || exit 3\nexec head -c 65537 -- \"$f\"\n",
+        home = HOME_FROM_REPO.trim_start_matches("../")
+    ))
 }
 
 /// What an attempt's agent run amounted to, from its events.
@@ -228,8 +307,32 @@ mod tests {
             assert_eq!(Harness::parse(harness.as_str()), Some(harness));
         }
         assert!(launch(Harness::ClaudeCode).contains("ANTHROPIC_API_KEY=\"$BERTH_GATEWAY_TOKEN\""));
-        assert!(launch(Harness::Codex).contains("env_key=\\\"BERTH_GATEWAY_TOKEN\\\""));
+        assert!(launch(Harness::Codex).contains("auth='env_key=\"BERTH_GATEWAY_TOKEN\"'"));
+        // With a login staged, the key header carries the login and the token its own header.
+        for harness in [Harness::Codex, Harness::ClaudeCode] {
+            let line = launch(harness);
+            assert!(line.contains("if [ -n \"${BERTH_LOGIN:-}\" ]"), "{line}");
+            assert!(line.contains(LOGIN_STAGED_FROM_REPO), "{line}");
+            assert!(line.contains(TOKEN_HEADER), "{line}");
+            assert!(collect_login(harness)
+                .unwrap()
+                .contains(harness.login_file().unwrap()));
+        }
+        assert!(collect_login(Harness::Opencode).is_none());
         assert!(launch(Harness::Opencode).contains("{env:BERTH_GATEWAY_TOKEN}"));
         assert_eq!(Harness::parse("script"), None);
+    }
+
+    #[test]
+    fn session_collection_archives_only_session_paths_and_removes_the_home() {
+        for harness in Harness::ALL {
+            let line = collect_session(harness);
+            for path in harness.session_paths() {
+                assert!(line.contains(&format!("'{path}'")), "{line}");
+                assert!(!path.contains('\'') && !path.starts_with('/'));
+            }
+            assert!(line.contains("rm -rf \"$home\""), "{line}");
+            assert!(!line.contains('$') || !line.contains("BERTH_"), "{line}");
+        }
     }
 }

@@ -154,6 +154,11 @@ pub struct Harness {
     /// `2m` (default [`DEFAULT_IDLE_TIMEOUT`]); the task's `agent_timeout` still bounds the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<String>,
+    /// `codex` and `claude-code`: the NAME of a subscription login in Berth's configuration
+    /// (`$BERTH_HOME/logins.toml`; never a path or a value here). Leased to one attempt at a
+    /// time and staged as the CLI's login file for the agent run only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login: Option<String>,
 }
 
 /// The idle watchdog's default for agent CLIs.
@@ -170,7 +175,8 @@ pub struct GatewaySpec {
     /// once when the mission is registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
-    /// A real endpoint's origin (`http://host:port`); the gateway adds the credential.
+    /// A real endpoint's origin (`https://api.anthropic.com`, `http://127.0.0.1:8080`); the
+    /// gateway adds the credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<String>,
     /// The name of the variable in Berth's own environment that holds the proxy's credential
@@ -601,11 +607,15 @@ fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
         {
             return Some(("command", "is required for the `script` harness".into()));
         }
-        if harness.gateway.is_some() || harness.model.is_some() || harness.idle_timeout.is_some() {
+        if harness.gateway.is_some()
+            || harness.model.is_some()
+            || harness.idle_timeout.is_some()
+            || harness.login.is_some()
+        {
             return Some((
                 "kind",
-                "is `script`, which takes only `command` (`model`, `gateway` and `idle_timeout` \
-                 are for agent CLIs)"
+                "is `script`, which takes only `command` (`model`, `gateway`, `idle_timeout` \
+                 and `login` are for agent CLIs)"
                     .into(),
             ));
         }
@@ -648,6 +658,22 @@ fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
             ));
         }
     }
+    if let Some(login) = &harness.login {
+        if kind == "opencode" {
+            return Some((
+                "login",
+                "is for `codex` and `claude-code` (OpenCode's logins are not supported)".into(),
+            ));
+        }
+        if !is_login_name(login) {
+            return Some((
+                "login",
+                "is not a login name (letters, digits, `_`, `-`, `.`; at most 64): name a login \
+                 of $BERTH_HOME/logins.toml, never a path or a value"
+                    .into(),
+            ));
+        }
+    }
     let Some(gateway) = &harness.gateway else {
         return Some((
             "kind",
@@ -671,12 +697,24 @@ fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
             None
         }
         (None, Some(proxy)) => {
-            if !proxy.starts_with("http://") || proxy.len() > 512 {
+            if !(proxy.starts_with("http://") || proxy.starts_with("https://")) || proxy.len() > 512
+            {
                 return Some((
                     "gateway",
-                    "`proxy` must be an http:// origin (https upstreams are not supported yet)"
-                        .into(),
+                    "`proxy` must be an http:// or https:// origin".into(),
                 ));
+            }
+            if harness.login.is_some() {
+                // The CLI authenticates with its own login; the proxy passes that through.
+                if gateway.credential_env.is_some() {
+                    return Some((
+                        "gateway",
+                        "with `login`, the proxy forwards the CLI's own login: drop \
+                         `credential_env`"
+                            .into(),
+                    ));
+                }
+                return None;
             }
             let named = gateway.credential_env.as_deref().is_some_and(|v| {
                 !v.is_empty()
@@ -699,6 +737,16 @@ fn harness_problem(harness: &Harness) -> Option<(&'static str, String)> {
             "needs exactly one of `script` (a scripted model) or `proxy`".into(),
         )),
     }
+}
+
+/// Whether `name` can name a login (`harness.login`, `$BERTH_HOME/logins.toml`).
+pub fn is_login_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        && !name.starts_with('.')
 }
 
 /// The JSON Schema of mission files.

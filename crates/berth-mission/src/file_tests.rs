@@ -235,8 +235,8 @@ fn agent_harnesses_need_a_gateway_and_take_no_command() {
             "the NAME of the variable",
         ),
         (
-            "[harness]\nkind = \"codex\"\n[harness.gateway]\nproxy = \"https://api.example.com\"\ncredential_env = \"K\"\n",
-            "https upstreams",
+            "[harness]\nkind = \"codex\"\n[harness.gateway]\nproxy = \"ftp://api.example.com\"\ncredential_env = \"K\"\n",
+            "http:// or https:// origin",
         ),
         (
             "[harness]\nkind = \"codex\"\n[harness.gateway]\nscript = \"/etc/passwd\"\n",
@@ -256,6 +256,22 @@ fn agent_harnesses_need_a_gateway_and_take_no_command() {
         ),
         (
             "[harness]\nkind = \"script\"\ncommand = \"x\"\n[harness.gateway]\nscript = \"m.toml\"\n",
+            "takes only `command`",
+        ),
+        (
+            "[harness]\nkind = \"codex\"\nlogin = \"/root/.codex/auth.json\"\n[harness.gateway]\nscript = \"m.toml\"\n",
+            "never a path or a value",
+        ),
+        (
+            "[harness]\nkind = \"opencode\"\nlogin = \"mine\"\n[harness.gateway]\nscript = \"m.toml\"\n",
+            "`codex` and `claude-code`",
+        ),
+        (
+            "[harness]\nkind = \"claude-code\"\nlogin = \"mine\"\n[harness.gateway]\nproxy = \"http://x:1\"\ncredential_env = \"K\"\n",
+            "drop `credential_env`",
+        ),
+        (
+            "[harness]\nkind = \"script\"\ncommand = \"x\"\nlogin = \"mine\"\n",
             "takes only `command`",
         ),
     ] {

@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use berth_contract::{ExecRequest, OutputSink, Stream};
 use berth_gateway::{Gateway, GatewayConfig, Proxy, RunningGateway, Script, Upstream};
-use berth_harness::{judge, launch, vars, Harness, Normalizer};
+use berth_harness::{
+    collect_login, collect_session, judge, launch, vars, Harness, Normalizer,
+    LOGIN_STAGED_FROM_REPO,
+};
 use berth_mission::file::{parse_duration, MissionFile, DEFAULT_IDLE_TIMEOUT};
 use serde_json::json;
 use std::time::Duration;
@@ -29,10 +32,100 @@ pub const AGENT_BIN_DIR_VAR: &str = "BERTH_AGENT_BIN_DIR";
 /// Most agent output kept per attempt (the raw log).
 const MAX_AGENT_OUTPUT: usize = 64 << 20;
 
-/// The providers an agent CLI can run on in this build: the gateway listens on the host's
-/// loopback, which a host-provider sandbox shares. Docker and bwrap sandboxes (network `none`)
-/// need the supervisor's loopback forward, which is not built yet.
-const AGENT_PROVIDERS: &[&str] = &["host"];
+/// The loopback port inside an isolated sandbox where the agent finds the model gateway
+/// (forwarded to the host through the provider's loopback forward).
+pub const SANDBOX_GATEWAY_PORT: u16 = 47_800;
+
+/// Where the reference image variant with the agent CLIs keeps them
+/// (`scripts/build-agent-clis-image.sh`, `berth/agent-clis:bookworm`).
+pub const IMAGE_AGENT_BIN_DIR: &str = "/opt/berth/agents/bin";
+
+/// How an agent in a provider's sandbox reaches the model gateway on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayReach {
+    /// The sandbox shares the host's network (isolation `none`): the gateway's own port.
+    SharedLoopback,
+    /// The sandbox has its own network namespace: a loopback port inside it, forwarded to the
+    /// gateway (the provider's `loopback_forward`); nothing else is reachable.
+    Forwarded,
+}
+
+impl GatewayReach {
+    /// How `manifest`'s sandboxes reach the gateway, or why they cannot.
+    pub fn of(manifest: &berth_manifest::ProviderManifest) -> Result<GatewayReach, String> {
+        use berth_contract::{Capability, Support};
+        use berth_manifest::IsolationClass;
+        if manifest.isolation.class == IsolationClass::None {
+            return Ok(GatewayReach::SharedLoopback);
+        }
+        match manifest.capabilities.get(&Capability::LoopbackForward) {
+            Some(Support::Supported) => Ok(GatewayReach::Forwarded),
+            _ => Err(format!(
+                "agent CLIs cannot run on provider `{}`: its sandboxes have their own network and \
+                 it does not forward a loopback port to the host (loopback_forward), so the model \
+                 gateway is out of reach",
+                manifest.id
+            )),
+        }
+    }
+}
+
+/// A sandbox's way to the gateway for one agent run; a forward stops when this is dropped.
+#[derive(Debug)]
+pub struct GatewayLink {
+    /// The gateway's base URL as seen from inside the sandbox.
+    pub url: String,
+    forward: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for GatewayLink {
+    fn drop(&mut self) {
+        if let Some(task) = self.forward.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Opens sandbox `id`'s way to `running` (see [`GatewayReach`]).
+pub async fn link_gateway(
+    provider: &dyn berth_contract::Provider,
+    id: &berth_contract::NativeId,
+    reach: GatewayReach,
+    running: &RunningGateway,
+) -> berth_contract::Result<GatewayLink> {
+    use berth_contract::{ErrorKind, ProviderExt};
+    if reach == GatewayReach::SharedLoopback {
+        return Ok(GatewayLink {
+            url: running.base_url(),
+            forward: None,
+        });
+    }
+    let forward = provider.require_loopback_forward()?;
+    // An earlier run's forward on the same port may still be closing inside the sandbox.
+    let mut tries = 0;
+    let mut port = loop {
+        match forward.forward_loopback(id, SANDBOX_GATEWAY_PORT).await {
+            Err(e) if e.kind() == ErrorKind::Conflict && tries < 40 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => break other?,
+        }
+    };
+    let connections = running.connections();
+    let task = tokio::spawn(async move {
+        // Ends when the sandbox or the gateway goes away, or when the link is dropped.
+        while let Ok(stream) = port.accept().await {
+            if connections.serve(stream).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(GatewayLink {
+        url: format!("http://127.0.0.1:{SANDBOX_GATEWAY_PORT}"),
+        forward: Some(task),
+    })
+}
 
 /// The mission's agent CLI, if its harness is one.
 pub(crate) fn harness_of(file: &MissionFile) -> Option<Harness> {
@@ -44,20 +137,24 @@ pub(crate) fn harness_of(file: &MissionFile) -> Option<Harness> {
 /// mission answers from the same script even if the file changed).
 pub(crate) fn register_check(
     file: &MissionFile,
+    registry: &berth_factory::Registry,
+    home: &Path,
     read_script: impl FnOnce(&str) -> Result<String, OrchestratorError>,
 ) -> Result<Option<String>, OrchestratorError> {
     let Some(harness) = harness_of(file) else {
         return Ok(None);
     };
     for provider in std::iter::once(&file.sandbox.provider).chain(&file.sandbox.fallback) {
-        if !AGENT_PROVIDERS.contains(&provider.as_str()) {
-            return Err(OrchestratorError::Unsupported(format!(
-                "the `{}` harness on provider `{provider}`: agent CLIs run on the host provider \
-                 in this build (sandboxes without network need the supervisor's loopback \
-                 forward to reach the model gateway, which is not built yet)",
-                harness.as_str()
-            )));
-        }
+        let manifest = registry
+            .manifest(provider)
+            .map_err(|_| OrchestratorError::UnknownProvider(provider.clone()))?;
+        GatewayReach::of(manifest).map_err(|why| {
+            OrchestratorError::Unsupported(format!("the `{}` harness: {why}", harness.as_str()))
+        })?;
+    }
+    if let Some(name) = &file.harness.login {
+        crate::logins::find(home, name, harness)
+            .map_err(|why| OrchestratorError::Unsupported(format!("harness.login: {why}")))?;
     }
     let gateway = file.harness.gateway.as_ref().expect("validated");
     match &gateway.script {
@@ -109,9 +206,16 @@ async fn gateway_for(
         return Ok(found.clone());
     }
     let gateway = spec.file.harness.gateway.as_ref().expect("validated");
+    let ca_file = orch.config.env.get(berth_gateway::PROXY_CA_FILE_VAR);
     let upstream = match (&spec.model_script, &gateway.proxy) {
         (Some(text), _) => Upstream::Scripted(Arc::new(
             Script::parse(text).map_err(|e| OrchestratorError::Corrupt(e.to_string()))?,
+        )),
+        // Signed in with its own login: the proxy passes the CLI's key header through.
+        (None, Some(origin)) if spec.file.harness.login.is_some() => Upstream::Proxy(Arc::new(
+            Proxy::passthrough(origin)
+                .and_then(|p| p.trust_configured(ca_file))
+                .map_err(|e| OrchestratorError::Unsupported(e.to_string()))?,
         )),
         (None, Some(origin)) => {
             let variable = gateway.credential_env.as_deref().expect("validated");
@@ -124,6 +228,7 @@ async fn gateway_for(
             }
             Upstream::Proxy(Arc::new(
                 Proxy::new(origin, credential.to_owned())
+                    .and_then(|p| p.trust_configured(ca_file))
                     .map_err(|e| OrchestratorError::Unsupported(e.to_string()))?,
             ))
         }
@@ -146,17 +251,17 @@ async fn gateway_for(
     Ok(entry)
 }
 
-/// Where `harness`'s CLI is, as a host-provider sandbox sees it: in [`AGENT_BIN_DIR_VAR`] or on
-/// `PATH` (from Berth's environment). Other providers have no agent CLIs in this build.
+/// Where `harness`'s CLI is, as the sandbox sees it. A sandbox on the host's network runs the
+/// host's CLIs: [`AGENT_BIN_DIR_VAR`] or `PATH` (from Berth's environment). An isolated sandbox
+/// runs its image's, at [`IMAGE_AGENT_BIN_DIR`] (the launch line fails plainly when the image
+/// has none there).
 pub fn agent_bin_dir(
     env: &berth_factory::Environment,
-    provider: &str,
+    reach: GatewayReach,
     harness: Harness,
 ) -> Result<String, String> {
-    if provider != "host" {
-        return Err(format!(
-            "agent CLIs run on the host provider in this build, not on `{provider}`"
-        ));
+    if reach == GatewayReach::Forwarded {
+        return Ok(IMAGE_AGENT_BIN_DIR.to_owned());
     }
     let mut search: Vec<PathBuf> = env
         .get(AGENT_BIN_DIR_VAR)
@@ -328,23 +433,67 @@ impl Attempt<'_, '_> {
             Ok(id) => id,
             Err(reason) => return self.reject(reason).await,
         };
-        let bin = match agent_bin_dir(&self.orch.config.env, &provider_id, harness) {
+        let reach = match self
+            .orch
+            .registry
+            .manifest(&provider_id)
+            .map_err(|e| e.to_string())
+            .and_then(GatewayReach::of)
+        {
+            Ok(reach) => reach,
+            Err(reason) => return self.reject(reason).await,
+        };
+        let bin = match agent_bin_dir(&self.orch.config.env, reach, harness) {
             Ok(bin) => bin,
             Err(reason) => return self.reject(reason).await,
         };
         let logs = log_dir(self.orch, mission, &self.task.id, self.attempt.ordinal)
             .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
         let gateway = gateway_for(self.orch, mission, self.spec).await?;
+        let link = match link_gateway(self.provider.as_ref(), &id, reach, &gateway.running).await {
+            Ok(link) => link,
+            Err(e) => {
+                return self
+                    .reject(format!("the sandbox cannot reach the model gateway: {e}"))
+                    .await
+            }
+        };
+        let timeout = parse_duration(&self.task.agent_timeout).expect("validated");
+        // A subscription login: leased (one attempt at a time), staged for this run only.
+        let lease = match &self.spec.file.harness.login {
+            Some(name) => {
+                let taken = match crate::logins::find(self.orch.home, name, harness) {
+                    Ok(login) => crate::logins::Lease::take(self.orch.home, login, timeout).await,
+                    Err(why) => Err(why),
+                };
+                match taken {
+                    Ok(lease) => Some(lease),
+                    Err(why) => return self.reject(format!("harness.login: {why}")).await,
+                }
+            }
+            None => None,
+        };
+        if let Some(lease) = &lease {
+            let staged = match berth_contract::ProviderExt::require_files(self.provider.as_ref()) {
+                Ok(files) => files.write(&id, staging_path(), lease.staged()).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = staged {
+                let _ = self.keep_session(harness, &id, &logs).await;
+                return self
+                    .reject(format!("harness.login: cannot stage the login: {e}"))
+                    .await;
+            }
+        }
         let journal = logs.join("gateway.jsonl");
         let token = gateway
             .gateway
             .admit_nth(&self.key.0, self.attempt.ordinal, journal.clone());
-        let timeout = parse_duration(&self.task.agent_timeout).expect("validated");
         let mut req = ExecRequest::shell(launch(harness))
             .with_cwd("repo")
             .with_timeout(timeout)
             .with_env(vars::BIN, bin)
-            .with_env(vars::GATEWAY_URL, gateway.running.base_url())
+            .with_env(vars::GATEWAY_URL, link.url.clone())
             .with_env(vars::GATEWAY_TOKEN, token.expose().to_owned())
             .with_env(
                 vars::MODEL,
@@ -358,6 +507,9 @@ impl Attempt<'_, '_> {
             .with_env(vars::INSTRUCTIONS, self.task.instructions.clone())
             .with_env("BERTH_TASK", self.task.id.clone())
             .with_env("BERTH_ATTEMPT", self.attempt.ordinal.to_string());
+        if lease.is_some() {
+            req = req.with_env(vars::LOGIN, "1");
+        }
         req.max_output_bytes = MAX_AGENT_OUTPUT;
         let mut sink = AgentLogs::open(&logs, harness, &self.key.0)
             .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
@@ -404,8 +556,17 @@ impl Attempt<'_, '_> {
                 () = watchdog => None,
             }
         };
-        // The token dies with the run: whatever the agent left behind cannot reach the model.
+        // The token dies with the run: whatever the agent left behind cannot reach the model
+        // (and, forwarded, cannot reach the gateway at all).
         gateway.gateway.revoke(&token);
+        drop(link);
+        let login = match &lease {
+            Some(lease) => Some(self.return_login(harness, &id, lease).await),
+            None => None,
+        };
+        let session = self.keep_session(harness, &id, &logs).await;
+        // The home (login included) is gone from the sandbox: the lease can go.
+        drop(lease);
         let Some(ran) = ran else {
             let _ = sink.finish();
             return self
@@ -445,6 +606,13 @@ impl Attempt<'_, '_> {
         facts["unparsed_lines"] = json!(judged.unparsed);
         facts["events"] = json!(normalized.len());
         facts["raw_truncated"] = json!(truncated);
+        if let Some(login) = login {
+            facts["login"] = login;
+        }
+        facts["session_archive"] = match &session {
+            Ok(kept) => json!(kept),
+            Err(why) => json!({ "unknown": why }),
+        };
         facts["logs"] = json!(logs);
         self.reached(
             berth_mission::authority::Phase::AgentStopped,
@@ -458,6 +626,99 @@ impl Attempt<'_, '_> {
             facts,
         )
         .await
+    }
+}
+
+/// Where the login is staged, relative to the workspace (the launch line moves it).
+fn staging_path() -> &'static str {
+    LOGIN_STAGED_FROM_REPO.trim_start_matches("../")
+}
+
+/// Most of a CLI's session record kept per attempt.
+const MAX_SESSION_ARCHIVE: usize = 64 << 20;
+
+impl Attempt<'_, '_> {
+    /// Reads the login file back as the run left it and writes a refreshed one back to the
+    /// operator's file; what happened, for the attempt's facts (never the content).
+    async fn return_login(
+        &self,
+        harness: Harness,
+        id: &berth_contract::NativeId,
+        lease: &crate::logins::Lease,
+    ) -> serde_json::Value {
+        use crate::logins::WriteBack;
+        let line = collect_login(harness).expect("a leased login has a file");
+        let mut req = ExecRequest::shell(line)
+            .with_cwd("repo")
+            .with_timeout(Duration::from_secs(30));
+        req.max_output_bytes = crate::logins::MAX_LOGIN_BYTES + 1;
+        let outcome = match self.provider.exec(id, &req).await {
+            Ok(out) if out.status.success() => lease.write_back(&out.stdout),
+            Ok(out) => WriteBack::Refused(format!(
+                "no login file was left to read back ({})",
+                out.status
+            )),
+            Err(e) => WriteBack::Refused(format!("the login could not be read back: {e}")),
+        };
+        match outcome {
+            WriteBack::Unchanged => {
+                json!({"name": lease.name(), "written_back": false, "changed": false})
+            }
+            WriteBack::Written => {
+                json!({"name": lease.name(), "written_back": true, "changed": true})
+            }
+            WriteBack::KeptBeside(path, why) => json!({
+                "name": lease.name(), "written_back": false, "changed": true,
+                "kept_beside": path, "reason": why,
+            }),
+            WriteBack::Refused(why) => {
+                json!({"name": lease.name(), "written_back": false, "reason": why})
+            }
+        }
+    }
+
+    /// Takes the CLI's session record out of the sandbox into `session.tar` beside the other
+    /// logs (kept as the sandbox made it, never extracted) and removes the agent's home from
+    /// the sandbox. `Ok(None)`: the CLI wrote no session record.
+    async fn keep_session(
+        &self,
+        harness: Harness,
+        id: &berth_contract::NativeId,
+        logs: &Path,
+    ) -> Result<Option<serde_json::Value>, String> {
+        let mut req = ExecRequest::shell(collect_session(harness))
+            .with_cwd("repo")
+            .with_timeout(Duration::from_secs(60));
+        req.max_output_bytes = MAX_SESSION_ARCHIVE;
+        let out = self
+            .provider
+            .exec(id, &req)
+            .await
+            .map_err(|e| format!("the agent's session record could not be collected: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "collecting the agent's session record ended {}: {}",
+                out.status,
+                String::from_utf8_lossy(out.stderr.as_deref().unwrap_or_default())
+                    .chars()
+                    .take(300)
+                    .collect::<String>()
+            ));
+        }
+        if out.stdout.is_empty() {
+            return Ok(None);
+        }
+        let path = logs.join("session.tar");
+        let written = create_private(&path).and_then(|mut file| {
+            use std::io::Write;
+            file.write_all(&out.stdout)
+        });
+        written.map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
+        Ok(Some(json!({
+            "path": path,
+            "bytes": out.stdout.len(),
+            "truncated": out.stdout_total > out.stdout.len() as u64,
+        })))
     }
 }
 

@@ -19,6 +19,7 @@ mod agents;
 mod capture;
 pub mod follow;
 mod hostgit;
+pub mod logins;
 mod pipeline;
 mod steps;
 
@@ -34,7 +35,10 @@ use berth_mission::file::MissionFile;
 use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
 
-pub use agents::{agent_bin_dir, AgentLogs, AttemptLogs, Gateways, AGENT_BIN_DIR_VAR};
+pub use agents::{
+    agent_bin_dir, link_gateway, AgentLogs, AttemptLogs, GatewayLink, GatewayReach, Gateways,
+    AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN_DIR, SANDBOX_GATEWAY_PORT,
+};
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
 pub use pipeline::Step;
 pub use pipeline::STAGE_SCRIPT;
@@ -297,7 +301,7 @@ impl Orchestrator<'_> {
                 return Err(OrchestratorError::UnknownProvider(provider.clone()));
             }
         }
-        let model_script = agents::register_check(&file, |path| {
+        let model_script = agents::register_check(&file, self.registry, self.home, |path| {
             let path = confined(file_path, path, allow_outside, "harness.gateway.script")?;
             read_mission_file(&path)
         })?;

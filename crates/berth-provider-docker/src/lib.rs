@@ -27,6 +27,7 @@ mod container;
 mod detached;
 pub mod engine;
 mod files;
+mod forward;
 mod images;
 mod supervise;
 
@@ -440,6 +441,9 @@ impl Provider for DockerProvider {
         Some(self)
     }
     fn listing(&self) -> Option<&dyn Listing> {
+        Some(self)
+    }
+    fn loopback_forward(&self) -> Option<&dyn berth_contract::LoopbackForward> {
         Some(self)
     }
 }

@@ -223,3 +223,99 @@ pub(crate) async fn bare_exec(socket: &Path, request: &Request) -> io::Result<Ou
 pub(crate) async fn call(socket: &Path, expect: &Expect, request: &Request) -> io::Result<Outcome> {
     exec(socket, expect, request, |_, _| {}).await
 }
+
+/// Sends `request` and waits for it to be accepted: the stream, or the supervisor's refusal.
+async fn accepted(
+    socket: &Path,
+    expect: &Expect,
+    request: &Request,
+) -> io::Result<Result<UnixStream, Exit>> {
+    let mut stream = send(socket, expect, request).await?;
+    match tokio::time::timeout(ACCEPT_DEADLINE, read_frame(&mut stream)).await {
+        Ok(Ok(Some((TAG_ACCEPTED, _)))) => Ok(Ok(stream)),
+        Ok(Ok(Some((TAG_EXIT, payload)))) => match serde_json::from_slice(&payload) {
+            Ok(exit) => Ok(Err(exit)),
+            Err(err) => Err(io::Error::other(format!("unreadable exit frame: {err}"))),
+        },
+        Ok(Ok(Some((tag, _)))) => Err(io::Error::other(format!(
+            "the supervisor answered with frame {tag} before accepting the request"
+        ))),
+        Ok(Ok(None)) => Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the supervisor closed the connection before accepting the request",
+        )),
+        Ok(Err(err)) => Err(err),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the supervisor did not accept the request within {ACCEPT_DEADLINE:?}"),
+        )),
+    }
+}
+
+/// Starts listening on the sandbox's loopback `port`; the control stream announces
+/// connections (see [`next_connection`]) for as long as it stays open.
+pub(crate) async fn listen(
+    socket: &Path,
+    expect: &Expect,
+    port: u16,
+) -> io::Result<Result<UnixStream, Exit>> {
+    let request = Request::Listen {
+        v: PROTOCOL_VERSION,
+        port,
+    };
+    let mut control = match accepted(socket, expect, &request).await? {
+        Ok(control) => control,
+        Err(exit) => return Ok(Err(exit)),
+    };
+    // The port is open once an empty announcement arrives; a refusal comes as an exit frame.
+    match tokio::time::timeout(ACCEPT_DEADLINE, read_frame(&mut control)).await {
+        Ok(Ok(Some((berth_supervisor::TAG_CONNECTION, payload)))) if payload.is_empty() => {
+            Ok(Ok(control))
+        }
+        Ok(Ok(Some((TAG_EXIT, payload)))) => serde_json::from_slice(&payload)
+            .map(Err)
+            .map_err(|e| io::Error::other(format!("unreadable exit frame: {e}"))),
+        Ok(Ok(Some((tag, _)))) => Err(io::Error::other(format!(
+            "the supervisor answered a listen with frame {tag}"
+        ))),
+        Ok(Ok(None)) => Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the supervisor closed the connection before listening",
+        )),
+        Ok(Err(err)) => Err(err),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the supervisor did not open the port within {ACCEPT_DEADLINE:?}"),
+        )),
+    }
+}
+
+/// The next connection announced on a `listen` control stream; `None` when it ended.
+pub(crate) async fn next_connection(control: &mut UnixStream) -> io::Result<Option<u64>> {
+    loop {
+        match read_frame(control).await? {
+            Some((berth_supervisor::TAG_CONNECTION, payload)) => {
+                let id = std::str::from_utf8(&payload)
+                    .ok()
+                    .and_then(|t| t.parse().ok())
+                    .ok_or_else(|| io::Error::other("unreadable connection frame"))?;
+                return Ok(Some(id));
+            }
+            Some((TAG_EXIT, _)) | None => return Ok(None),
+            Some(_) => {}
+        }
+    }
+}
+
+/// Claims announced connection `id`: after this, the stream carries its bytes both ways.
+pub(crate) async fn attach(
+    socket: &Path,
+    expect: &Expect,
+    id: u64,
+) -> io::Result<Result<UnixStream, Exit>> {
+    let request = Request::Attach {
+        v: PROTOCOL_VERSION,
+        connection: id,
+    };
+    accepted(socket, expect, &request).await
+}

@@ -454,3 +454,83 @@ async fn detached_processes_run_on_and_are_killed_by_group() {
     assert_eq!(forgotten.kind(), ErrorKind::NotFound, "{forgotten}");
     f.docker.destroy(&id).await.unwrap();
 }
+
+/// The loopback forward: a busy port is a conflict, two connections made at once each reach
+/// the host separately, and a dropped forward stops listening inside the sandbox.
+#[tokio::test]
+async fn loopback_forward_conflicts_concurrency_and_stop() {
+    let Some(f) = fixture("forward").await else {
+        return;
+    };
+    let id = f.create("bx-dk-forward").await;
+    let forward = f.docker.require_loopback_forward().unwrap();
+    let mut port = forward.forward_loopback(&id, 47_811).await.unwrap();
+    let busy = forward.forward_loopback(&id, 47_811).await.err().unwrap();
+    assert_eq!(busy.kind(), ErrorKind::Conflict, "{busy}");
+    let zero = forward.forward_loopback(&id, 0).await.err().unwrap();
+    assert_eq!(zero.kind(), ErrorKind::InvalidRequest, "{zero}");
+
+    // Two clients at once; the host answers each with what it read, upper-cased.
+    let host = tokio::spawn(async move {
+        let mut served = Vec::new();
+        for _ in 0..2 {
+            let stream = port.accept().await.unwrap();
+            served.push(tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut stream = stream;
+                let mut got = [0u8; 3];
+                stream.read_exact(&mut got).unwrap();
+                stream.write_all(&got.to_ascii_uppercase()).unwrap();
+                got
+            }));
+        }
+        let mut got = Vec::new();
+        for s in served {
+            got.push(s.await.unwrap());
+        }
+        got.sort();
+        (port, got)
+    });
+    let bash = |script: &str| ExecRequest::argv(["bash", "-c", script]);
+    let out = f
+        .docker
+        .exec(
+            &id,
+            &bash(
+                "for w in abc xyz; do (exec 3<>/dev/tcp/127.0.0.1/47811; printf $w >&3; \
+                 head -c 3 <&3 > /tmp/$w) & done; wait; cat /tmp/abc /tmp/xyz",
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text(&out.stdout), "ABCXYZ", "{out:?}");
+    let (port, got) = tokio::time::timeout(Duration::from_secs(20), host)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, vec![*b"abc", *b"xyz"]);
+
+    // Dropped: the port closes inside the sandbox (within a moment) and can be opened again.
+    drop(port);
+    let mut closed = false;
+    for _ in 0..50 {
+        let probe = f
+            .docker
+            .exec(&id, &bash("exec 3<>/dev/tcp/127.0.0.1/47811"))
+            .await
+            .unwrap();
+        if !probe.status.success() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        closed,
+        "the port still accepts after its forward was dropped"
+    );
+    let again = forward.forward_loopback(&id, 47_811).await;
+    assert!(again.is_ok(), "{:?}", again.err());
+    drop(again);
+    f.docker.destroy(&id).await.unwrap();
+}

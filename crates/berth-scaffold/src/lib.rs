@@ -213,6 +213,7 @@ fn manifest_toml(name: &str) -> String {
         "listing",
         "access",
         "ttl",
+        "loopback_forward",
     ]
     .iter()
     .map(|c| format!("{c} = \"unsupported\""))

@@ -29,6 +29,7 @@ pub fn helper_mode(args: &[std::ffi::OsString]) -> Option<i32> {
         _ => None,
     }
 }
+mod forward;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -49,6 +50,11 @@ pub const TAG_EXIT: u8 = 3;
 /// and only while the client is still connected. A client that gets no such frame in time (a
 /// paused sandbox) hangs up, and the request then never runs.
 pub const TAG_ACCEPTED: u8 = 4;
+/// Frame tag (forwarding): a connection was made to the forwarded port; the payload is its id
+/// (decimal ASCII), which an `attach` request claims. The first such frame on a `listen`
+/// connection has an empty payload: the port is open.
+pub const TAG_CONNECTION: u8 = 5;
+
 /// Largest frame payload accepted.
 pub const MAX_FRAME: u32 = 1 << 20;
 
@@ -96,6 +102,22 @@ pub enum Request {
         v: u32,
         /// The handle from `Spawn`.
         process: String,
+    },
+    /// Listen on `127.0.0.1:port` in the sandbox's network namespace while this connection
+    /// stays open; each connection made to it is announced with a [`TAG_CONNECTION`] frame.
+    Listen {
+        /// Protocol version.
+        v: u32,
+        /// The port.
+        port: u16,
+    },
+    /// Claim an announced connection: after the [`TAG_ACCEPTED`] frame, this connection carries
+    /// its bytes unchanged, both ways, until either side closes.
+    Attach {
+        /// Protocol version.
+        v: u32,
+        /// The id from the [`TAG_CONNECTION`] frame.
+        connection: u64,
     },
     /// Signal a detached process's whole group.
     Kill {

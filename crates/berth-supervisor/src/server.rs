@@ -84,6 +84,8 @@ fn handle(stream: UnixStream) -> io::Result<()> {
         | Request::Spawn { v, .. }
         | Request::Status { v, .. }
         | Request::Kill { v, .. }
+        | Request::Listen { v, .. }
+        | Request::Attach { v, .. }
             if v != PROTOCOL_VERSION =>
         {
             send_exit(
@@ -114,6 +116,19 @@ fn handle(stream: UnixStream) -> io::Result<()> {
             ..
         } => send_exit(&out, &detached::spawn(&argv, &cwd, &env, &log_dir)),
         Request::Status { process, .. } => send_exit(&out, &detached::status(&process)),
+        Request::Listen { port, .. } => match crate::forward::listen(&stream, &out, port) {
+            Ok(()) => Ok(()),
+            Err(exit) => send_exit(&out, &exit),
+        },
+        Request::Attach { connection, .. } => match crate::forward::take(connection) {
+            Some(tcp) => crate::forward::splice(&stream, tcp),
+            None => send_exit(
+                &out,
+                &Exit::UnknownProcess {
+                    process: format!("connection {connection}"),
+                },
+            ),
+        },
         Request::Kill {
             process, signal, ..
         } => send_exit(&out, &detached::kill(&process, signal)),

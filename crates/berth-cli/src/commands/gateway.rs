@@ -48,7 +48,10 @@ pub fn upstream(
                 )
                 .into());
             }
-            Upstream::Proxy(Proxy::new(origin, credential).map_err(invalid)?.into())
+            let proxy = Proxy::new(origin, credential)
+                .and_then(|p| p.trust_configured(config.env.get(berth_gateway::PROXY_CA_FILE_VAR)))
+                .map_err(invalid)?;
+            Upstream::Proxy(proxy.into())
         }
         (None, None) => {
             return Err(CliError::invalid(

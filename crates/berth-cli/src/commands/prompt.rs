@@ -2,7 +2,9 @@
 //! model traffic through a gateway of this process, its normalized events streamed as they
 //! arrive.
 //!
-//! The sandbox gets the gateway's address and a token for this one run (revoked when the agent
+//! A sandbox on the host's network reaches the gateway's port; an isolated one (docker) a
+//! loopback port inside it that its provider forwards here, and runs its image's CLIs
+//! (`berth/agent-clis:bookworm`). The sandbox gets the gateway's address and a token for this one run (revoked when the agent
 //! stops), never a model credential. The raw log, the events and the gateway's journal are kept
 //! under `$BERTH_HOME/state/prompts/<sandbox>-<time>/`. Exit 0 when the agent finished its turn
 //! without error and did something; 12 otherwise (the judgement is printed).
@@ -69,22 +71,18 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     let harness = Harness::parse(&args.harness).expect("clap checked the name");
     let timeout = crate::duration::parse(&args.timeout)?;
     let (_, provider, native) = app.sandbox(&args.id).await?;
-    if provider.id() != "host" {
-        return Err(CliError {
+    let reach = berth_orchestrator::GatewayReach::of(app.registry.manifest(provider.id())?)
+        .map_err(|why| CliError {
             kind: "unsupported",
             exit_code: code::UNSUPPORTED,
-            message: format!(
-                "agent CLIs run in host sandboxes in this build; `{}` is a {} sandbox without \
-                 a network path to the model gateway (the supervisor's loopback forward is not \
-                 built yet)",
-                args.id,
-                provider.id()
+            message: why,
+            hint: Some(
+                "use a host sandbox, or a docker one from berth/agent-clis:bookworm \
+                 (scripts/build-agent-clis-image.sh)"
+                    .into(),
             ),
-            hint: Some("create a host sandbox: `berth create -p host`".into()),
-        }
-        .into());
-    }
-    let bin = berth_orchestrator::agent_bin_dir(&app.config.env, provider.id(), harness)
+        })?;
+    let bin = berth_orchestrator::agent_bin_dir(&app.config.env, reach, harness)
         .map_err(|why| CliError::not_found(why, "scripts/install-agent-clis"))?;
     let upstream = super::gateway::upstream(
         &app.config,
@@ -115,11 +113,13 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     let key = format!("prompt-{}-{stamp}", args.id);
     let token = gateway.admit(&key, dir.join("gateway.jsonl"));
     let running = gateway.listen(0).await?;
+    let link =
+        berth_orchestrator::link_gateway(provider.as_ref(), &native, reach, &running).await?;
     let mut req = ExecRequest::shell(launch(harness))
         .with_cwd(args.cwd.clone())
         .with_timeout(timeout)
         .with_env(vars::BIN, bin)
-        .with_env(vars::GATEWAY_URL, running.base_url())
+        .with_env(vars::GATEWAY_URL, link.url.clone())
         .with_env(vars::GATEWAY_TOKEN, token.expose().to_owned())
         .with_env(vars::MODEL, args.model.clone())
         .with_env(vars::INSTRUCTIONS, args.instructions.clone());
@@ -145,6 +145,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         }
     };
     gateway.revoke(&token);
+    drop(link);
     let last = live.normalizer.finish();
     live.show(last);
     let judged = judge(harness, &live.events);
@@ -169,7 +170,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     } else {
         match &verdict {
             None => println!(
-                "berth: {} finished its turn ({} tool calls; exit {status}); logs in {}",
+                "berth: {} finished its turn ({} tool calls; {status}); logs in {}",
                 harness.as_str(),
                 judged.tool_calls,
                 dir.display()

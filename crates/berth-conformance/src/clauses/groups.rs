@@ -1,5 +1,5 @@
 //! Clauses of the optional capability groups: streaming, detached, files, stop/start,
-//! suspend/resume, snapshots, fork, listing, and `unsupported` answers.
+//! suspend/resume, snapshots, fork, listing, loopback forwarding, and `unsupported` answers.
 
 use super::*;
 
@@ -381,6 +381,82 @@ pub(super) async fn listing_foreign(s: &Subject) -> Outcome {
     verdict(step)
 }
 
+/// The sandbox's loopback port reaches the caller and nothing else: bytes round-trip through a
+/// connection made inside the sandbox, and an address outside still cannot be reached.
+pub(super) async fn loopback_forward(s: &Subject) -> Outcome {
+    const PORT: u16 = 47_700;
+    on_sandbox(s, |id| async move {
+        let forward = s
+            .provider
+            .require_loopback_forward()
+            .map_err(|e| fail("loopback_forward", e))?;
+        let mut port = forward
+            .forward_loopback(&id, PORT)
+            .await
+            .map_err(|e| fail("forward_loopback", e))?;
+        let host = tokio::spawn(async move {
+            let stream = port.accept().await.map_err(|e| fail("accept", e))?;
+            tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut stream = stream;
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(10)))
+                    .map_err(|e| e.to_string())?;
+                let mut got = [0u8; 4];
+                stream.read_exact(&mut got).map_err(|e| e.to_string())?;
+                stream.write_all(b"pong").map_err(|e| e.to_string())?;
+                Ok::<_, String>(got)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+        });
+        let client = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{PORT} && printf ping >&3 && head -c 4 <&3"
+        );
+        let out = s
+            .provider
+            .exec(
+                &id,
+                &ExecRequest::argv(["bash", "-c", client.as_str()])
+                    .with_timeout(Duration::from_secs(20)),
+            )
+            .await
+            .map_err(|e| fail("exec the client", e))?;
+        let got = match tokio::time::timeout(Duration::from_secs(20), host).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(join)) => return Err(format!("the host side panicked: {join}")),
+            Err(_) => return Err("no connection reached the host within 20 s".into()),
+        };
+        check!(&got == b"ping", "the host read {:?}, not \"ping\"", got);
+        check!(
+            out.stdout == b"pong",
+            "the sandbox read {:?} (exit {}; stderr {:?})",
+            String::from_utf8_lossy(&out.stdout),
+            out.status,
+            String::from_utf8_lossy(out.stderr.as_deref().unwrap_or_default())
+        );
+        // A forward is not a network: an outside address stays unreachable.
+        let outside = s
+            .provider
+            .exec(
+                &id,
+                &ExecRequest::argv(["bash", "-c", "exec 3<>/dev/tcp/192.0.2.1/80"])
+                    .with_timeout(Duration::from_secs(10)),
+            )
+            .await
+            .map_err(|e| fail("exec the outside probe", e))?;
+        check!(
+            !outside.status.success(),
+            "a connection to 192.0.2.1:80 succeeded from a sandbox with a forward"
+        );
+        Ok(vec![format!(
+            "127.0.0.1:{PORT} in the sandbox reached the host (ping/pong); 192.0.2.1:80 did not ({})",
+            outside.status
+        )])
+    })
+    .await
+}
+
 pub(super) async fn unsupported_paths(s: &Subject) -> Outcome {
     let p = s.provider.as_ref();
     let mut notes = Vec::new();
@@ -408,6 +484,10 @@ pub(super) async fn unsupported_paths(s: &Subject) -> Outcome {
                 .then(|| ProviderError::unsupported(capability, p.id())),
             Capability::Ttl => p
                 .ttl()
+                .is_none()
+                .then(|| ProviderError::unsupported(capability, p.id())),
+            Capability::LoopbackForward => p
+                .loopback_forward()
                 .is_none()
                 .then(|| ProviderError::unsupported(capability, p.id())),
             _ => None,

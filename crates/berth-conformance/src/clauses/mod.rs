@@ -64,6 +64,11 @@ pub static CLAUSES: &[Clause] = &[
         streaming_chunks
     ),
     clause!(
+        "loopback_forward.round_trip_only",
+        Some(Capability::LoopbackForward),
+        loopback_forward
+    ),
+    clause!(
         "exec_detached.spawn_status_kill",
         Some(Capability::ExecDetached),
         detached
