@@ -8,14 +8,13 @@
 //! directory (`<mission>/attempts/<task>-<ordinal>/`).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use berth_contract::{ExecRequest, OutputSink, Stream};
 use berth_gateway::{Gateway, GatewayConfig, Proxy, RunningGateway, Script, Upstream};
 use berth_harness::{
-    collect_login, collect_session, judge, launch, vars, Harness, Normalizer,
-    LOGIN_STAGED_FROM_REPO,
+    collect_login, collect_session, judge, launch, vars, Harness, LOGIN_STAGED_FROM_REPO,
 };
 use berth_mission::file::{parse_duration, MissionFile, DEFAULT_IDLE_TIMEOUT};
 use serde_json::json;
@@ -25,107 +24,19 @@ use crate::pipeline::{existing, Step};
 use crate::steps::Attempt;
 use crate::{MissionSpec, Orchestrator, OrchestratorError};
 
-/// The variable naming the host directory that holds the CLIs (host provider), when they are
-/// not on `PATH`.
-pub const AGENT_BIN_DIR_VAR: &str = "BERTH_AGENT_BIN_DIR";
+mod logs;
+mod reach;
+
+use logs::create_private;
+use logs::log_dir;
+pub use logs::{AgentLogs, AttemptLogs};
+pub use reach::{
+    agent_bin_dir, link_gateway, GatewayLink, GatewayReach, AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN_DIR,
+    SANDBOX_GATEWAY_PORT,
+};
 
 /// Most agent output kept per attempt (the raw log).
 const MAX_AGENT_OUTPUT: usize = 64 << 20;
-
-/// The loopback port inside an isolated sandbox where the agent finds the model gateway
-/// (forwarded to the host through the provider's loopback forward).
-pub const SANDBOX_GATEWAY_PORT: u16 = 47_800;
-
-/// Where the reference image variant with the agent CLIs keeps them
-/// (`scripts/build-agent-clis-image.sh`, `berth/agent-clis:bookworm`).
-pub const IMAGE_AGENT_BIN_DIR: &str = "/opt/berth/agents/bin";
-
-/// How an agent in a provider's sandbox reaches the model gateway on the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatewayReach {
-    /// The sandbox shares the host's network (isolation `none`): the gateway's own port.
-    SharedLoopback,
-    /// The sandbox has its own network namespace: a loopback port inside it, forwarded to the
-    /// gateway (the provider's `loopback_forward`); nothing else is reachable.
-    Forwarded,
-}
-
-impl GatewayReach {
-    /// How `manifest`'s sandboxes reach the gateway, or why they cannot.
-    pub fn of(manifest: &berth_manifest::ProviderManifest) -> Result<GatewayReach, String> {
-        use berth_contract::{Capability, Support};
-        use berth_manifest::IsolationClass;
-        if manifest.isolation.class == IsolationClass::None {
-            return Ok(GatewayReach::SharedLoopback);
-        }
-        match manifest.capabilities.get(&Capability::LoopbackForward) {
-            Some(Support::Supported) => Ok(GatewayReach::Forwarded),
-            _ => Err(format!(
-                "agent CLIs cannot run on provider `{}`: its sandboxes have their own network and \
-                 it does not forward a loopback port to the host (loopback_forward), so the model \
-                 gateway is out of reach",
-                manifest.id
-            )),
-        }
-    }
-}
-
-/// A sandbox's way to the gateway for one agent run; a forward stops when this is dropped.
-#[derive(Debug)]
-pub struct GatewayLink {
-    /// The gateway's base URL as seen from inside the sandbox.
-    pub url: String,
-    forward: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for GatewayLink {
-    fn drop(&mut self) {
-        if let Some(task) = self.forward.take() {
-            task.abort();
-        }
-    }
-}
-
-/// Opens sandbox `id`'s way to `running` (see [`GatewayReach`]).
-pub async fn link_gateway(
-    provider: &dyn berth_contract::Provider,
-    id: &berth_contract::NativeId,
-    reach: GatewayReach,
-    running: &RunningGateway,
-) -> berth_contract::Result<GatewayLink> {
-    use berth_contract::{ErrorKind, ProviderExt};
-    if reach == GatewayReach::SharedLoopback {
-        return Ok(GatewayLink {
-            url: running.base_url(),
-            forward: None,
-        });
-    }
-    let forward = provider.require_loopback_forward()?;
-    // An earlier run's forward on the same port may still be closing inside the sandbox.
-    let mut tries = 0;
-    let mut port = loop {
-        match forward.forward_loopback(id, SANDBOX_GATEWAY_PORT).await {
-            Err(e) if e.kind() == ErrorKind::Conflict && tries < 40 => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => break other?,
-        }
-    };
-    let connections = running.connections();
-    let task = tokio::spawn(async move {
-        // Ends when the sandbox or the gateway goes away, or when the link is dropped.
-        while let Ok(stream) = port.accept().await {
-            if connections.serve(stream).is_err() {
-                break;
-            }
-        }
-    });
-    Ok(GatewayLink {
-        url: format!("http://127.0.0.1:{SANDBOX_GATEWAY_PORT}"),
-        forward: Some(task),
-    })
-}
 
 /// The mission's agent CLI, if its harness is one.
 pub(crate) fn harness_of(file: &MissionFile) -> Option<Harness> {
@@ -249,178 +160,6 @@ async fn gateway_for(
         .unwrap_or_else(|p| p.into_inner())
         .insert(mission.to_owned(), entry.clone());
     Ok(entry)
-}
-
-/// Where `harness`'s CLI is, as the sandbox sees it. A sandbox on the host's network runs the
-/// host's CLIs: [`AGENT_BIN_DIR_VAR`] or `PATH` (from Berth's environment). An isolated sandbox
-/// runs its image's, at [`IMAGE_AGENT_BIN_DIR`] (the launch line fails plainly when the image
-/// has none there).
-pub fn agent_bin_dir(
-    env: &berth_factory::Environment,
-    reach: GatewayReach,
-    harness: Harness,
-) -> Result<String, String> {
-    if reach == GatewayReach::Forwarded {
-        return Ok(IMAGE_AGENT_BIN_DIR.to_owned());
-    }
-    let mut search: Vec<PathBuf> = env
-        .get(AGENT_BIN_DIR_VAR)
-        .filter(|d| !d.is_empty())
-        .map(|d| vec![PathBuf::from(d)])
-        .unwrap_or_default();
-    search.extend(
-        env.get("PATH")
-            .unwrap_or_default()
-            .split(':')
-            .filter(|p| p.starts_with('/'))
-            .map(PathBuf::from),
-    );
-    search
-        .into_iter()
-        .find(|dir| dir.join(harness.program()).is_file())
-        .map(|dir| dir.display().to_string())
-        .ok_or_else(|| {
-            format!(
-                "`{}` was found neither in {AGENT_BIN_DIR_VAR} nor on PATH (install the pinned \
-                 CLIs with scripts/install-agent-clis and set {AGENT_BIN_DIR_VAR} to \
-                 agents/node_modules/.bin)",
-                harness.program()
-            )
-        })
-}
-
-/// The attempt's log directory (created, private).
-fn log_dir(
-    orch: &Orchestrator<'_>,
-    mission: &str,
-    task: &str,
-    ordinal: u32,
-) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let dir = orch
-        .mission_dir(mission)
-        .join("attempts")
-        .join(format!("{task}-{ordinal}"));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)?;
-    Ok(dir)
-}
-
-/// Where a streaming agent run's output goes while it runs: the raw log and the normalized
-/// events, appended as lines complete (so a watcher follows them live), and stderr.
-pub struct AgentLogs {
-    /// When output last arrived (milliseconds since `started`), for the idle watchdog.
-    last_output: Arc<std::sync::atomic::AtomicU64>,
-    started: std::time::Instant,
-    raw: std::fs::File,
-    events_file: std::fs::File,
-    stderr: std::fs::File,
-    normalizer: Normalizer,
-    events: Vec<berth_harness::Event>,
-    raw_kept: usize,
-    stderr_kept: usize,
-    truncated: bool,
-    failed: Option<std::io::Error>,
-}
-
-/// Most stderr kept per attempt.
-const MAX_AGENT_STDERR: usize = 8 << 20;
-
-fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    // A rerun (after a crash) starts the files anew: a new file, so watchers see a new
-    // identity and replay from the start.
-    let _ = std::fs::remove_file(path);
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-}
-
-impl std::fmt::Debug for AgentLogs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentLogs")
-            .field("events", &self.events.len())
-            .field("raw_kept", &self.raw_kept)
-            .finish()
-    }
-}
-
-impl AgentLogs {
-    /// Starts `agent.jsonl`, `events.jsonl` and `agent.stderr` anew in `dir`.
-    pub fn open(dir: &Path, harness: Harness, key: &str) -> std::io::Result<AgentLogs> {
-        Ok(AgentLogs {
-            last_output: Arc::default(),
-            started: std::time::Instant::now(),
-            raw: create_private(&dir.join("agent.jsonl"))?,
-            events_file: create_private(&dir.join("events.jsonl"))?,
-            stderr: create_private(&dir.join("agent.stderr"))?,
-            normalizer: Normalizer::new(harness, key, "agent.jsonl"),
-            events: Vec::new(),
-            raw_kept: 0,
-            stderr_kept: 0,
-            truncated: false,
-            failed: None,
-        })
-    }
-
-    fn record(&mut self, events: Vec<berth_harness::Event>) {
-        use std::io::Write;
-        let mut lines = String::new();
-        for event in &events {
-            lines.push_str(&serde_json::to_string(event).expect("events serialize"));
-            lines.push('\n');
-        }
-        if let Err(e) = self.events_file.write_all(lines.as_bytes()) {
-            self.failed.get_or_insert(e);
-        }
-        self.events.extend(events);
-    }
-
-    /// Normalizes a last line without a newline; every event, and whether the raw log was cut
-    /// at its limit.
-    pub fn finish(mut self) -> std::io::Result<(Vec<berth_harness::Event>, bool)> {
-        let last = self.normalizer.finish();
-        self.record(last);
-        match self.failed {
-            Some(e) => Err(e),
-            None => Ok((self.events, self.truncated)),
-        }
-    }
-}
-
-impl OutputSink for AgentLogs {
-    fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
-        use std::io::Write;
-        self.last_output.store(
-            self.started.elapsed().as_millis() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        match stream {
-            Stream::Stdout => {
-                let room = MAX_AGENT_OUTPUT.saturating_sub(self.raw_kept);
-                let kept = &bytes[..bytes.len().min(room)];
-                self.truncated |= kept.len() < bytes.len();
-                self.raw_kept += kept.len();
-                if let Err(e) = self.raw.write_all(kept) {
-                    self.failed.get_or_insert(e);
-                }
-                let events = self.normalizer.push(kept);
-                self.record(events);
-            }
-            Stream::Stderr => {
-                let room = MAX_AGENT_STDERR.saturating_sub(self.stderr_kept);
-                let kept = &bytes[..bytes.len().min(room)];
-                self.stderr_kept += kept.len();
-                if let Err(e) = self.stderr.write_all(kept) {
-                    self.failed.get_or_insert(e);
-                }
-            }
-        }
-    }
 }
 
 impl Attempt<'_, '_> {
@@ -719,80 +458,5 @@ impl Attempt<'_, '_> {
             "bytes": out.stdout.len(),
             "truncated": out.stdout_total > out.stdout.len() as u64,
         })))
-    }
-}
-
-/// Where one attempt's agent logs are, found by its key among the owner's missions.
-#[derive(Debug, Clone)]
-pub struct AttemptLogs {
-    /// The attempt's status when it was looked up.
-    pub status: berth_mission::authority::AttemptStatus,
-    /// The mission.
-    pub mission: String,
-    /// The mission's spec (harness, model, tasks).
-    pub spec: MissionSpec,
-    /// The task's id.
-    pub task: String,
-    /// The attempt's ordinal.
-    pub ordinal: u32,
-    /// The directory (`agent.jsonl`, `events.jsonl`, `gateway.jsonl`, `agent.stderr`).
-    pub dir: PathBuf,
-}
-
-impl AttemptLogs {
-    /// The task's instructions.
-    pub fn instructions(&self) -> &str {
-        self.spec
-            .file
-            .tasks
-            .iter()
-            .find(|t| t.id == self.task)
-            .map(|t| t.instructions.as_str())
-            .unwrap_or_default()
-    }
-
-    /// The agent CLI that ran, if the harness is one.
-    pub fn harness(&self) -> Option<Harness> {
-        harness_of(&self.spec.file)
-    }
-
-    /// Whether the agent's run is over (it stopped, or the attempt ended): nothing more will
-    /// be appended to its logs.
-    pub fn agent_done(&self) -> bool {
-        use berth_mission::authority::{AttemptStatus, Phase};
-        !matches!(
-            self.status,
-            AttemptStatus::InProgress {
-                phase: Phase::Claimed | Phase::SandboxReady | Phase::Staged
-            }
-        )
-    }
-}
-
-impl Orchestrator<'_> {
-    /// Finds attempt `key` among this owner's missions.
-    pub async fn attempt_logs(&self, key: &str) -> Result<Option<AttemptLogs>, OrchestratorError> {
-        for row in self.store.mission_list(self.ledger.owner()).await? {
-            let record: berth_mission::authority::MissionRecord =
-                serde_json::from_str(&row.record_json)
-                    .map_err(|e| OrchestratorError::Corrupt(e.to_string()))?;
-            for task in &record.tasks {
-                if let Some(attempt) = task.attempts.iter().find(|a| a.key.0 == key) {
-                    let (spec, _, _) = self.load(&row.id).await?;
-                    return Ok(Some(AttemptLogs {
-                        status: attempt.status.clone(),
-                        dir: self
-                            .mission_dir(&row.id)
-                            .join("attempts")
-                            .join(format!("{}-{}", task.id, attempt.ordinal)),
-                        mission: row.id.clone(),
-                        spec,
-                        task: task.id.clone(),
-                        ordinal: attempt.ordinal,
-                    }));
-                }
-            }
-        }
-        Ok(None)
     }
 }
