@@ -177,7 +177,7 @@ pub enum Command {
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
-        #[arg(value_parser = ["manifest", "evidence", "mission"])]
+        #[arg(value_parser = ["manifest", "evidence", "mission", "events"])]
         which: String,
     },
 }

@@ -8,6 +8,7 @@
 //! `error`, `heartbeat`, `stalled`, `unparsed`). A line that is not JSON, or JSON of a shape this
 //! build does not know, is kept as `unparsed` — never dropped.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -20,7 +21,7 @@ pub const EVENTS_SCHEMA: &str = "berth.events/v1";
 const MAX_TEXT: usize = 4096;
 
 /// What an event is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// The CLI's session began (its native session id).
@@ -52,7 +53,7 @@ pub enum EventKind {
 }
 
 /// Where an event came from in the raw log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RawPointer {
     /// The raw log's file name (in the attempt's log directory).
     pub file: String,
@@ -62,8 +63,8 @@ pub struct RawPointer {
     pub len: u64,
 }
 
-/// One normalized event.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One normalized event (`berth.events/v1`; published as `schemas/events.schema.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Event {
     /// [`EVENTS_SCHEMA`].
     pub schema: String,
@@ -77,8 +78,20 @@ pub struct Event {
     pub session_id: Option<String>,
     /// Where in the raw log.
     pub raw: RawPointer,
-    /// Kind-specific fields.
+    /// Kind-specific fields (a CLI may add its own): `session_started` {} (Claude Code:
+    /// `model`, `cwd`, `version`), `turn_completed` {`is_error`, `result`},
+    /// `agent_message_chunk` / `agent_thought_chunk` {`text`}, `tool_call` {`id`, `name`,
+    /// `input`}, `tool_call_update` {`id`, `is_error`, `content`}, `file_change` {`paths`},
+    /// `usage` {`input`, `output`, `cached`}, `error` {`kind`, `retryable`, `message`},
+    /// `unparsed` {`text`, `reason`}; text fields are cut at 4 KiB (the raw log has them whole).
     pub data: Value,
+}
+
+/// The JSON Schema of one line of `events.jsonl` (`berth schema events`).
+pub fn json_schema() -> String {
+    let mut text = serde_json::to_string_pretty(&schemars::schema_for!(Event)).expect("schema");
+    text.push('\n');
+    text
 }
 
 fn bounded(text: &str) -> String {

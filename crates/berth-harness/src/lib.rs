@@ -14,7 +14,7 @@ pub mod events;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::events::{normalize, Event, EventKind, Normalizer, EVENTS_SCHEMA};
+pub use crate::events::{json_schema, normalize, Event, EventKind, Normalizer, EVENTS_SCHEMA};
 
 /// The agent CLIs Berth drives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -321,6 +321,21 @@ mod tests {
         assert!(collect_login(Harness::Opencode).is_none());
         assert!(launch(Harness::Opencode).contains("{env:BERTH_GATEWAY_TOKEN}"));
         assert_eq!(Harness::parse("script"), None);
+    }
+
+    #[test]
+    fn published_events_schema_is_in_sync() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../schemas/events.schema.json");
+        let generated = json_schema();
+        if std::env::var_os("BERTH_BLESS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        assert!(
+            std::fs::read_to_string(&path).unwrap_or_default() == generated,
+            "schemas/events.schema.json is out of date; run BERTH_BLESS=1 cargo test -p berth-harness"
+        );
+        assert!(generated.contains("tool_call_update") && generated.contains("event_id"));
     }
 
     #[test]

@@ -143,6 +143,7 @@ pub fn schema(_json: bool, which: &str) -> i32 {
     match which {
         "evidence" => print!("{}", berth_evidence::json_schema()),
         "mission" => print!("{}", berth_mission::file::json_schema()),
+        "events" => print!("{}", berth_harness::json_schema()),
         _ => print!("{}", berth_manifest::json_schema()),
     }
     code::OK
