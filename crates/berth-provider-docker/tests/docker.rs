@@ -534,3 +534,34 @@ async fn loopback_forward_conflicts_concurrency_and_stop() {
     drop(again);
     f.docker.destroy(&id).await.unwrap();
 }
+
+/// A sandbox that opens connection after connection gets at most 64 through at once: the rest
+/// are closed inside the sandbox, so it cannot pile up host sockets or supervisor threads.
+#[tokio::test]
+async fn loopback_forward_caps_open_connections() {
+    let Some(f) = fixture("forward-cap").await else {
+        return;
+    };
+    let id = f.create("bx-dk-forward-cap").await;
+    let forward = f.docker.require_loopback_forward().unwrap();
+    let mut port = forward.forward_loopback(&id, 47_812).await.unwrap();
+    let request = ExecRequest::argv([
+        "bash",
+        "-c",
+        "for i in $(seq 80); do (exec 3<>/dev/tcp/127.0.0.1/47812 && sleep 6) & done; wait",
+    ])
+    .with_timeout(Duration::from_secs(30));
+    let host = async {
+        let mut held = Vec::new();
+        while let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(3), port.accept()).await
+        {
+            held.push(stream);
+        }
+        held.len()
+    };
+    let (client, reached) = tokio::join!(f.docker.exec(&id, &request), host);
+    client.unwrap();
+    assert_eq!(reached, 64, "connections that reached the host");
+    drop(port);
+    f.docker.destroy(&id).await.unwrap();
+}

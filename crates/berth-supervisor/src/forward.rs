@@ -11,17 +11,40 @@ use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::{write_frame, Exit, TAG_CONNECTION};
 
-fn pending() -> &'static Mutex<HashMap<u64, TcpStream>> {
-    static PENDING: OnceLock<Mutex<HashMap<u64, TcpStream>>> = OnceLock::new();
+fn pending() -> &'static Mutex<HashMap<u64, Pending>> {
+    static PENDING: OnceLock<Mutex<HashMap<u64, Pending>>> = OnceLock::new();
     PENDING.get_or_init(Default::default)
 }
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Forwarded connections open at once (announced or spliced), across every forward. A
+/// connection beyond [`MAX_LIVE`] is closed at once: a process in the sandbox cannot pile up
+/// host sockets or the supervisor's threads.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// The most forwarded connections open at once.
+pub(crate) const MAX_LIVE: usize = 64;
+
+/// Gives back one [`LIVE`] slot when dropped.
+struct Slot;
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A connection waiting to be claimed, holding its slot.
+struct Pending {
+    tcp: TcpStream,
+    _slot: Slot,
+}
 
 /// Serves a `listen` request until its client goes away. `Err`: the port could not be opened
 /// (sent as the reply's exit frame).
@@ -55,12 +78,18 @@ pub(crate) fn listen(
                     break;
                 }
                 let Ok(tcp) = tcp else { continue };
+                if LIVE.fetch_add(1, Ordering::SeqCst) >= MAX_LIVE {
+                    LIVE.fetch_sub(1, Ordering::SeqCst);
+                    let _ = tcp.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let slot = Slot;
                 let _ = tcp.set_nodelay(true);
                 let id = NEXT.fetch_add(1, Ordering::SeqCst);
                 pending()
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, tcp);
+                    .insert(id, Pending { tcp, _slot: slot });
                 announced.lock().unwrap_or_else(|p| p.into_inner()).push(id);
                 let mut writer = out.lock().unwrap_or_else(|p| p.into_inner());
                 if write_frame(&mut *writer, TAG_CONNECTION, id.to_string().as_bytes()).is_err() {
@@ -83,23 +112,28 @@ pub(crate) fn listen(
         .unwrap_or_else(|p| p.into_inner())
         .drain(..)
     {
-        if let Some(tcp) = table.remove(&id) {
-            let _ = tcp.shutdown(Shutdown::Both);
+        if let Some(waiting) = table.remove(&id) {
+            let _ = waiting.tcp.shutdown(Shutdown::Both);
         }
     }
     Ok(())
 }
 
-/// Takes an announced connection.
-pub(crate) fn take(id: u64) -> Option<TcpStream> {
+/// Takes an announced connection (its slot stays held until the splice ends).
+pub(crate) fn take(id: u64) -> Option<Claimed> {
     pending()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&id)
+        .map(Claimed)
 }
 
+/// A claimed connection.
+pub(crate) struct Claimed(Pending);
+
 /// Copies bytes both ways until each side has closed its half.
-pub(crate) fn splice(host: &UnixStream, tcp: TcpStream) -> io::Result<()> {
+pub(crate) fn splice(host: &UnixStream, claimed: Claimed) -> io::Result<()> {
+    let Pending { tcp, _slot } = claimed.0;
     let (mut host_in, mut tcp_out) = (host.try_clone()?, tcp.try_clone()?);
     let inbound = std::thread::spawn(move || {
         let _ = io::copy(&mut host_in, &mut tcp_out);
