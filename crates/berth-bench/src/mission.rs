@@ -5,7 +5,9 @@
 //! directly — create, write the repository bundle, stage, run `true`, the capture archive, a
 //! commit and its bundle (in the sandbox, where a hand-rolled script makes them; the pipeline
 //! makes them on the host), a second sandbox for the validator staged with that bundle, the
-//! validator and its evidence, a snapshot, destroy both — measured in the same run on the host
+//! validator and its evidence, a snapshot, the attempt's files copied into a directory with
+//! their checksums (the pipeline publishes its artifact bundle), destroy both — measured in
+//! the same run on the host
 //! provider. Throughput is accepted attempts per second with N missions running
 //! at once, every step committed (intents at SQLite `synchronous=FULL`, steps at `NORMAL`; see
 //! `berth-store`).
@@ -93,6 +95,7 @@ async fn raw_attempt(
     provider: &Arc<dyn Provider>,
     bundle: &[u8],
     base: &str,
+    evidence: &Path,
     n: usize,
 ) -> Result<Duration> {
     let started = Instant::now();
@@ -120,6 +123,7 @@ async fn raw_attempt(
     if !out.status.success() {
         bail!("capture: {}", out.status);
     }
+    let captured = out.stdout;
     // The commit and its bundle, done where a hand-rolled script does them (in the sandbox);
     // the pipeline does the same work on the host.
     let mut commit = ExecRequest::shell(
@@ -149,8 +153,23 @@ async fn raw_attempt(
         Some("repo"),
     )
     .await?;
-    files.read(&frozen, "repo/.berth-out").await?;
+    let verdict = files.read(&frozen, "repo/.berth-out").await?;
     provider.require_snapshots()?.snapshot(&id).await?;
+    // The attempt's evidence kept the way a script would: the files copied into a directory
+    // with their checksums (the pipeline publishes a bundle: redacted, hashed, indexed).
+    let kept = evidence.join(format!("attempt-{n}"));
+    std::fs::create_dir_all(&kept)?;
+    let mut sums = String::new();
+    for (name, bytes) in [
+        ("capture.tar", captured.as_slice()),
+        ("repo.bundle", committed.as_slice()),
+        ("verdict", verdict.as_slice()),
+    ] {
+        std::fs::write(kept.join(name), bytes)?;
+        use sha2::Digest;
+        let _ = writeln!(sums, "{}  {name}", hex::encode(sha2::Sha256::digest(bytes)));
+    }
+    std::fs::write(kept.join("SHA256SUMS"), sums)?;
     provider.destroy(&frozen).await?;
     provider.destroy(&id).await?;
     Ok(started.elapsed())
@@ -182,6 +201,7 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
     let (spec, _, _) = crate::orchestrator(&ctx).load(&probe).await?;
     let bundle = std::fs::read(&spec.base_bundle).context("read the bench bundle")?;
     let base = spec.base_commit.clone();
+    let evidence = scratch.path().join("raw-evidence");
 
     let (mut raw, mut through) = (Vec::new(), Vec::new());
     for n in 0..attempts {
@@ -190,11 +210,17 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
         // Which of the pair goes first alternates, so neither always follows the other.
         let raw_first = n % 2 == 0;
         if raw_first {
-            raw.push(ms(raw_attempt(&ctx, &provider, &bundle, &base, n).await?));
+            raw.push(ms(raw_attempt(
+                &ctx, &provider, &bundle, &base, &evidence, n,
+            )
+            .await?));
         }
         through.push(ms(mission_attempt(&ctx, &file).await?));
         if !raw_first {
-            raw.push(ms(raw_attempt(&ctx, &provider, &bundle, &base, n).await?));
+            raw.push(ms(raw_attempt(
+                &ctx, &provider, &bundle, &base, &evidence, n,
+            )
+            .await?));
         }
     }
     // The overhead is the median of each pair's difference

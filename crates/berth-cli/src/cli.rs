@@ -166,6 +166,10 @@ pub enum Command {
     /// One attempt of a mission: its agent trajectory.
     #[command(subcommand)]
     Attempt(AttemptCommand),
+    /// The attempts' published artifact bundles: query the index, show a manifest, get a
+    /// file (hash-verified), reconcile interrupted publications.
+    #[command(subcommand)]
+    Artifacts(ArtifactsCommand),
     /// Run the model gateway on its own: a scripted model (`--script FILE`) or a proxy to a
     /// real endpoint (`--proxy URL --credential-env VAR`), on 127.0.0.1, until interrupted.
     Gateway(GatewayArgs),
@@ -177,7 +181,7 @@ pub enum Command {
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
-        #[arg(value_parser = ["manifest", "evidence", "mission", "events"])]
+        #[arg(value_parser = ["manifest", "evidence", "mission", "events", "bundle"])]
         which: String,
     },
 }
@@ -525,6 +529,60 @@ pub enum AttemptCommand {
         key: String,
         #[command(flatten)]
         watch: WatchArgs,
+    },
+}
+
+/// `berth artifacts …`.
+#[derive(Debug, Subcommand)]
+pub enum ArtifactsCommand {
+    /// Index rows by any coordinate (every option given must match).
+    Query {
+        /// Mission id.
+        #[arg(long)]
+        mission: Option<String>,
+        /// Task id.
+        #[arg(long)]
+        task: Option<String>,
+        /// Attempt key.
+        #[arg(long)]
+        attempt: Option<String>,
+        /// Bundle id.
+        #[arg(long)]
+        bundle: Option<String>,
+        /// Accepted attempts only.
+        #[arg(long, conflicts_with = "rejected")]
+        accepted: bool,
+        /// Rejected attempts only.
+        #[arg(long)]
+        rejected: bool,
+        /// MIME type (`text/x-diff`, `application/x-ndjson`, …).
+        #[arg(long)]
+        mime: Option<String>,
+        /// Path in the bundle (`patch.diff`, `logs/events.jsonl`, …).
+        #[arg(long)]
+        path: Option<String>,
+    },
+    /// A bundle's manifest and publication state.
+    Show {
+        /// Bundle id (`bd-…`).
+        bundle: String,
+    },
+    /// One file of an indexed bundle, its hash verified first (stdout, or `--out FILE`).
+    Get {
+        /// Bundle id.
+        bundle: String,
+        /// Path in the bundle.
+        path: String,
+        /// Write it to this new file (mode 0600) instead of stdout.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Finish interrupted publications whose objects are all present, expire those older
+    /// than the retry window, and report objects no publication names.
+    Reconcile {
+        /// How long a publication missing objects waits for its mission to resume it.
+        #[arg(long, default_value = "24h")]
+        retry_window: String,
     },
 }
 

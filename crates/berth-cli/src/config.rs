@@ -4,7 +4,7 @@
 //!   `~/.local/share/berth`). Holds `berth.db` (SQLite) and `state/<provider>/`.
 //! - `BERTH_OWNER` — owner label on everything Berth creates (default `$USER@<hostname>`).
 //! - `BERTH_FAULT` — test hook: `panic-after-create`, `error-after-create`,
-//!   `kill-before-event:N` or `kill-after-event:N` (missions).
+//!   `kill-before-event:N`, `kill-after-event:N` or `kill-in-publication:N` (missions).
 //!
 //! Everything else in the environment is passed to the factory as an opaque snapshot, from
 //! which adapters read only the credential variables their manifest names, and the gateway
@@ -73,7 +73,13 @@ impl Config {
         let fault = match get("BERTH_FAULT").as_deref() {
             None => None,
             // Mission boundaries are read by the mission command itself.
-            Some(f) if f.starts_with("kill-before-event:") || f.starts_with("kill-after-event:") => None,
+            Some(f)
+                if f.starts_with("kill-before-event:")
+                    || f.starts_with("kill-after-event:")
+                    || f.starts_with("kill-in-publication:") =>
+            {
+                None
+            }
             Some("panic-after-create") => Some(Fault::PanicAfterCreate),
             Some("error-after-create") => Some(Fault::ErrorAfterCreate),
             Some(other) => bail!(

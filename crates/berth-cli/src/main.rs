@@ -230,6 +230,10 @@ impl Command {
             Command::Attempt(cli::AttemptCommand::Trajectory { .. }) => "attempt trajectory",
             Command::Attempt(cli::AttemptCommand::Watch { .. }) => "attempt watch",
             Command::Mission(cli::MissionCommand::Watch { .. }) => "mission watch",
+            Command::Artifacts(cli::ArtifactsCommand::Query { .. }) => "artifacts query",
+            Command::Artifacts(cli::ArtifactsCommand::Show { .. }) => "artifacts show",
+            Command::Artifacts(cli::ArtifactsCommand::Get { .. }) => "artifacts get",
+            Command::Artifacts(cli::ArtifactsCommand::Reconcile { .. }) => "artifacts reconcile",
         }
     }
 }

@@ -89,6 +89,9 @@ pub enum AttemptStatus {
         commit: Option<String>,
         /// Restorable checkpoint reference.
         checkpoint: Option<String>,
+        /// The attempt's artifact bundle, once indexed (finalization waits for it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bundle: Option<String>,
         /// Finalization completed.
         finalized: bool,
     },
@@ -213,6 +216,13 @@ pub enum Event {
         key: AttemptKey,
         /// Checkpoint reference.
         checkpoint: String,
+    },
+    /// The attempt's artifact bundle is published and indexed.
+    Published {
+        /// Attempt.
+        key: AttemptKey,
+        /// Bundle id.
+        bundle: String,
     },
     /// Finalization completed.
     Finalized {
@@ -404,6 +414,7 @@ pub fn apply(mission: &MissionRecord, event: &Event) -> Result<MissionRecord, Au
         | Event::Rejected { key, .. }
         | Event::Committed { key, .. }
         | Event::Checkpointed { key, .. }
+        | Event::Published { key, .. }
         | Event::Finalized { key } => key,
         Event::Start { .. } => unreachable!("handled above"),
     };
@@ -437,6 +448,7 @@ pub fn apply(mission: &MissionRecord, event: &Event) -> Result<MissionRecord, Au
                     evidence: evidence.clone(),
                     commit: None,
                     checkpoint: None,
+                    bundle: None,
                     finalized: false,
                 }
             } else {
@@ -486,8 +498,28 @@ pub fn apply(mission: &MissionRecord, event: &Event) -> Result<MissionRecord, Au
         }
         (
             AttemptStatus::Accepted {
+                checkpoint,
+                bundle,
+                finalized: false,
+                ..
+            },
+            Event::Published { bundle: b, .. },
+        ) => {
+            if checkpoint.is_none() {
+                return Err(refused(key, "publication before the checkpoint"));
+            }
+            match bundle {
+                Some(existing) if existing != b => {
+                    return Err(refused(key, format!("already published as {existing}")))
+                }
+                _ => *bundle = Some(b.clone()),
+            }
+        }
+        (
+            AttemptStatus::Accepted {
                 commit,
                 checkpoint,
+                bundle,
                 finalized,
                 ..
             },
@@ -497,6 +529,12 @@ pub fn apply(mission: &MissionRecord, event: &Event) -> Result<MissionRecord, Au
                 return Err(refused(
                     key,
                     "finalization needs a commit and a restorable checkpoint",
+                ));
+            }
+            if bundle.is_none() {
+                return Err(refused(
+                    key,
+                    "finalization needs the attempt's artifact bundle indexed",
                 ));
             }
             *finalized = true;

@@ -82,6 +82,29 @@ fn accept(m: MissionRecord, key: &AttemptKey, evidence: &[&str]) -> MissionRecor
         },
     )
     .unwrap();
+    assert!(
+        apply(&m, &Event::Finalized { key: key.clone() }).is_err(),
+        "finalize before the bundle is indexed"
+    );
+    let m = apply(
+        &m,
+        &Event::Published {
+            key: key.clone(),
+            bundle: "bd-1".into(),
+        },
+    )
+    .unwrap();
+    assert!(
+        apply(
+            &m,
+            &Event::Published {
+                key: key.clone(),
+                bundle: "bd-other".into(),
+            },
+        )
+        .is_err(),
+        "a second, different bundle"
+    );
     apply(&m, &Event::Finalized { key: key.clone() }).unwrap()
 }
 
@@ -346,6 +369,10 @@ fn arbitrary_event(keys: Vec<AttemptKey>) -> impl Strategy<Value = Event> {
             key,
             checkpoint: "cp".into()
         }),
+        key.clone().prop_map(|key| Event::Published {
+            key,
+            bundle: "bd".into()
+        }),
         key.prop_map(|key| Event::Finalized { key }),
     ]
 }
@@ -394,6 +421,7 @@ fn check_invariants(m: &MissionRecord) {
                     evidence,
                     commit: Some(_),
                     checkpoint: Some(_),
+                    bundle: Some(_),
                     finalized: true,
                 } => {
                     for required in &task.required_evidence {

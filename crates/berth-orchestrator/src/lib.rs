@@ -21,6 +21,7 @@ pub mod follow;
 mod hostgit;
 pub mod logins;
 mod pipeline;
+pub mod publication;
 mod steps;
 
 use hostgit::{copy_tree, git, git_over, scheme_of, Transport};
@@ -206,6 +207,9 @@ pub enum Boundary {
     BeforeEvent(i64),
     /// Event number `n` is durable; the next side effect has not started.
     AfterEvent(i64),
+    /// The `n`th durable step of artifact publication in this process (1-based: a claim, an
+    /// object written, `uploaded`, `indexed`) has just completed.
+    Publication(u64),
 }
 
 /// The repository directory a mission file names, resolved (symlinks followed) and — unless
@@ -509,6 +513,7 @@ impl Orchestrator<'_> {
                 | Event::Rejected { key, .. }
                 | Event::Committed { key, .. }
                 | Event::Checkpointed { key, .. }
+                | Event::Published { key, .. }
                 | Event::Finalized { key },
             ) => key.0.clone(),
         };
@@ -600,8 +605,14 @@ impl Orchestrator<'_> {
                 }
             }
         };
+        let work = async {
+            // Evidence a crash left unpublished (a rejected attempt's bundle) goes first.
+            let (spec, record, _) = self.load(id).await?;
+            publication::republish_rejected(self, &spec, &record).await;
+            self.run_ticks(id, progress).await
+        };
         let outcome = tokio::select! {
-            done = self.run_ticks(id, progress) => done,
+            done = work => done,
             lost = keep => lost,
         };
         self.lease.0.store(0, std::sync::atomic::Ordering::SeqCst);

@@ -623,17 +623,19 @@ pub(crate) async fn reject(
     key: &AttemptKey,
     reason: String,
 ) -> Result<Step, OrchestratorError> {
-    orch.commit_event(
-        &record.id,
-        record,
-        seq,
-        &Event::Rejected {
-            key: key.clone(),
-            reason: reason.clone(),
-        },
-        &[("rejected", json!({ "reason": reason }))],
-    )
-    .await?;
+    let (after, _) = orch
+        .commit_event(
+            &record.id,
+            record,
+            seq,
+            &Event::Rejected {
+                key: key.clone(),
+                reason: reason.clone(),
+            },
+            &[("rejected", json!({ "reason": reason }))],
+        )
+        .await?;
+    crate::publication::publish_rejected(orch, spec, &after, key, &reason).await;
     teardown(orch, spec, key, false).await;
     Ok(Step::Rejected {
         key: key.clone(),

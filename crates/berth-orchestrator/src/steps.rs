@@ -418,6 +418,7 @@ impl Attempt<'_, '_> {
             .status;
         match status {
             AttemptStatus::Rejected { reason } => {
+                crate::publication::publish_rejected(orch, spec, &next, key, reason).await;
                 teardown(orch, spec, key, false).await;
                 Ok(Step::Rejected {
                     key: key.clone(),
@@ -509,6 +510,27 @@ impl Attempt<'_, '_> {
             .mission_dir(mission)
             .join(format!("{}.bundle", task.id));
         let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
+        // The finalization gate: the attempt's artifact bundle is indexed first.
+        let commit = match &attempt.status {
+            AttemptStatus::Accepted {
+                commit: Some(commit),
+                ..
+            } => commit.clone(),
+            other => {
+                return Err(OrchestratorError::Corrupt(format!(
+                    "checkpoint of an attempt that is {other:?}"
+                )))
+            }
+        };
+        let (bundle, published) = crate::publication::publish_attempt(
+            orch,
+            spec,
+            mission,
+            task,
+            attempt,
+            crate::publication::accepted(spec, &commit, &checkpoint),
+        )
+        .await?;
         orch.commit_events(
             mission,
             record,
@@ -518,10 +540,15 @@ impl Attempt<'_, '_> {
                     key: key.clone(),
                     checkpoint: checkpoint.clone(),
                 },
+                Event::Published {
+                    key: key.clone(),
+                    bundle: bundle.clone(),
+                },
                 Event::Finalized { key: key.clone() },
             ],
             &[
                 ("checkpoint", detail),
+                ("artifacts", published),
                 ("finalize", json!({ "bundle": path, "bytes": bytes })),
             ],
         )
@@ -550,14 +577,40 @@ impl Attempt<'_, '_> {
             .mission_dir(mission)
             .join(format!("{}.bundle", task.id));
         let bytes = final_bundle(orch, spec, mission, task, attempt.ordinal, key, &path)?;
-        orch.commit_event(
-            mission,
-            record,
-            seq,
-            &Event::Finalized { key: key.clone() },
-            &[("finalize", json!({ "bundle": path, "bytes": bytes }))],
-        )
-        .await?;
+        let AttemptStatus::Accepted {
+            commit: Some(commit),
+            checkpoint: Some(checkpoint),
+            bundle,
+            ..
+        } = &attempt.status
+        else {
+            return Err(OrchestratorError::Corrupt(format!(
+                "finalizing an attempt that is {:?}",
+                attempt.status
+            )));
+        };
+        let mut events = Vec::new();
+        let mut facts = Vec::new();
+        if bundle.is_none() {
+            let (bundle, published) = crate::publication::publish_attempt(
+                orch,
+                spec,
+                mission,
+                task,
+                attempt,
+                crate::publication::accepted(spec, commit, checkpoint),
+            )
+            .await?;
+            events.push(Event::Published {
+                key: key.clone(),
+                bundle,
+            });
+            facts.push(("artifacts", published));
+        }
+        events.push(Event::Finalized { key: key.clone() });
+        facts.push(("finalize", json!({ "bundle": path, "bytes": bytes })));
+        orch.commit_events(mission, record, seq, &events, &facts)
+            .await?;
         teardown(orch, spec, key, spec.file.sandbox.keep).await;
         Ok(Step::Advanced {
             key: key.clone(),

@@ -17,7 +17,9 @@
 //!   [`LedgerStore`] contract and its test suite ([`ledger::contract`]); SQLite implements it
 //!   in `sqlite/`.
 //! - [`missions`] — mission records, their event log and attempt facts ([`MissionRow`]).
+//! - [`artifacts`] — artifact publication claims and the artifact index ([`ArtifactStore`]).
 
+pub mod artifacts;
 pub mod ledger;
 pub mod missions;
 mod sqlite;
@@ -29,6 +31,9 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
+pub use artifacts::{
+    ArtifactQuery, ArtifactRow, ArtifactStore, NewPublication, PublicationRow, PublicationState,
+};
 pub use ledger::{LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind};
 pub use missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
 

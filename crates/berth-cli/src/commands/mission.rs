@@ -11,8 +11,8 @@ use crate::cli::MissionCommand;
 use crate::errors::code;
 use crate::output::emit;
 
-/// `BERTH_FAULT=kill-before-event:N|kill-after-event:N`: SIGKILL this process at that durable
-/// boundary (crash-recovery tests).
+/// `BERTH_FAULT=kill-before-event:N|kill-after-event:N|kill-in-publication:N`: SIGKILL this
+/// process at that durable boundary (crash-recovery tests).
 fn crash_at(boundary: Boundary) {
     let Ok(fault) = std::env::var("BERTH_FAULT") else {
         return;
@@ -20,6 +20,7 @@ fn crash_at(boundary: Boundary) {
     let hit = match (fault.split_once(':'), boundary) {
         (Some(("kill-before-event", n)), Boundary::BeforeEvent(at))
         | (Some(("kill-after-event", n)), Boundary::AfterEvent(at)) => n.parse() == Ok(at),
+        (Some(("kill-in-publication", n)), Boundary::Publication(at)) => n.parse() == Ok(at),
         _ => false,
     };
     if hit {

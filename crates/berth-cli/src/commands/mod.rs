@@ -1,5 +1,6 @@
 //! One module per verb family. Each command returns its exit code.
 
+mod artifacts;
 pub mod catalog;
 mod demo;
 mod exec;
@@ -117,6 +118,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             watch::attempt(&app, &key, &watch).await
         }
         Command::Attempt(command) => mission::attempt(&app, command).await,
+        Command::Artifacts(command) => artifacts::run(&app, command).await,
         Command::Providers
         | Command::Schema { .. }
         | Command::Completions { .. }
@@ -144,6 +146,7 @@ pub fn schema(_json: bool, which: &str) -> i32 {
         "evidence" => print!("{}", berth_evidence::json_schema()),
         "mission" => print!("{}", berth_mission::file::json_schema()),
         "events" => print!("{}", berth_harness::json_schema()),
+        "bundle" => print!("{}", berth_artifacts::bundle::json_schema()),
         _ => print!("{}", berth_manifest::json_schema()),
     }
     code::OK

@@ -1,0 +1,124 @@
+//! The object store: immutable objects, written create-if-absent and verified on read.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use object_store::{
+    path::Path as ObjectPath, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
+
+use crate::ArtifactError;
+
+/// Where bundles' objects live.
+#[derive(Debug, Clone)]
+pub struct Objects {
+    store: Arc<dyn ObjectStore>,
+    /// What it is, for messages (`file:///…`).
+    pub location: String,
+}
+
+fn path(key: &str) -> Result<ObjectPath, ArtifactError> {
+    ObjectPath::parse(key).map_err(|e| ArtifactError::Invalid(format!("object key `{key}`: {e}")))
+}
+
+fn storage(what: &str, e: object_store::Error) -> ArtifactError {
+    ArtifactError::Storage(format!("{what}: {e}"))
+}
+
+impl Objects {
+    /// A local directory (created 0700 when missing).
+    pub fn local(root: &Path) -> Result<Objects, ArtifactError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .map_err(|e| ArtifactError::Storage(format!("{}: {e}", root.display())))?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(root)
+            .map_err(|e| storage("open the local object store", e))?;
+        Ok(Objects {
+            store: Arc::new(store),
+            location: format!("file://{}", root.display()),
+        })
+    }
+
+    /// Any `object_store` backend (S3-compatible, in memory for tests).
+    pub fn from_store(store: Arc<dyn ObjectStore>, location: String) -> Objects {
+        Objects { store, location }
+    }
+
+    /// Writes `bytes` under `key` unless an object is there already; an object already there
+    /// must hash to `blake3_hex` (a replay), or this is an error and nothing is overwritten.
+    pub async fn put_if_absent(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        blake3_hex: &str,
+    ) -> Result<(), ArtifactError> {
+        let at = path(key)?;
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&at, PutPayload::from(bytes.to_vec()), options)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                self.get_verified(key, blake3_hex).await.map(|_| ())
+            }
+            Err(e) => Err(storage(&format!("write {key}"), e)),
+        }
+    }
+
+    /// Reads `key` and checks it hashes to `blake3_hex`.
+    pub async fn get_verified(
+        &self,
+        key: &str,
+        blake3_hex: &str,
+    ) -> Result<Vec<u8>, ArtifactError> {
+        let bytes = self.get(key).await?;
+        let found = blake3::hash(&bytes).to_hex().to_string();
+        if found != blake3_hex {
+            return Err(ArtifactError::Corrupt(format!(
+                "object {key} in {} hashes to {found}, not {blake3_hex}",
+                self.location
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// Reads `key` as it is (`NotFound` when absent).
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>, ArtifactError> {
+        match self.store.get(&path(key)?).await {
+            Ok(found) => found
+                .bytes()
+                .await
+                .map(|b| b.to_vec())
+                .map_err(|e| storage(&format!("read {key}"), e)),
+            Err(object_store::Error::NotFound { .. }) => Err(ArtifactError::NotFound(format!(
+                "object {key} in {}",
+                self.location
+            ))),
+            Err(e) => Err(storage(&format!("read {key}"), e)),
+        }
+    }
+
+    /// Every key under `prefix`.
+    pub async fn keys(&self, prefix: &str) -> Result<Vec<String>, ArtifactError> {
+        use futures::StreamExt;
+        let mut listed = self.store.list(Some(&path(prefix)?));
+        let mut keys = Vec::new();
+        while let Some(meta) = listed.next().await {
+            keys.push(
+                meta.map_err(|e| storage("list objects", e))?
+                    .location
+                    .to_string(),
+            );
+        }
+        keys.sort();
+        Ok(keys)
+    }
+}

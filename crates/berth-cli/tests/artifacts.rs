@@ -1,0 +1,209 @@
+//! Artifact bundles through the `berth` binary: the bundled example leaves one bundle per
+//! attempt (rejected and accepted), indexed and queryable; files come back hash-verified; a
+//! tampered object is refused; a SIGKILL at every publication step, then `mission resume` and
+//! `artifacts reconcile`, leaves every claim indexed, the index complete and one copy of each
+//! object.
+
+use std::path::Path;
+
+use serde_json::Value;
+mod missions_support;
+
+use missions_support::*;
+
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// Every claim indexed; the index names every object once; nothing else in the store.
+fn assert_published(home: &Path, bundles: usize) {
+    let (code, doc) = json(home, &["artifacts", "query"]);
+    assert_eq!(code, 0, "{doc}");
+    let rows = doc["artifacts"].as_array().unwrap();
+    let mut ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["bundle_id"].as_str().unwrap())
+        .collect();
+    ids.dedup();
+    assert_eq!(ids.len(), bundles, "{doc:#}");
+    for id in &ids {
+        let (code, shown) = json(home, &["artifacts", "show", id]);
+        assert_eq!(code, 0);
+        assert_eq!(shown["state"], "indexed", "{shown:#}");
+        let files = shown["manifest"]["files"].as_array().unwrap().len();
+        let indexed = rows.iter().filter(|r| r["bundle_id"] == *id).count();
+        assert_eq!(
+            indexed,
+            files + 1,
+            "every file and the manifest are indexed"
+        );
+    }
+    let mut keys: Vec<&str> = rows
+        .iter()
+        .map(|r| r["object_key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let stored = files_under(&home.join("artifacts"));
+    assert_eq!(
+        stored.len(),
+        keys.len(),
+        "one copy of each object: {stored:?}"
+    );
+    let (code, reconciled) = json(home, &["artifacts", "reconcile"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        reconciled["reconciled"]["orphans"],
+        Value::Array(vec![]),
+        "{reconciled}"
+    );
+    assert_eq!(
+        reconciled["reconciled"]["waiting"],
+        Value::Array(vec![]),
+        "{reconciled}"
+    );
+}
+
+#[test]
+fn each_attempt_leaves_an_indexed_bundle_read_back_verified() {
+    let home = home();
+    let out = run(
+        home.path(),
+        &["mission", "run", example().to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_published(home.path(), 2);
+    let id = only_mission(home.path());
+    let (_, accepted) = json(
+        home.path(),
+        &[
+            "artifacts",
+            "query",
+            "--mission",
+            &id,
+            "--accepted",
+            "--mime",
+            "text/x-diff",
+        ],
+    );
+    let rows = accepted["artifacts"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{accepted:#}");
+    let bundle = rows[0]["bundle_id"].as_str().unwrap().to_owned();
+    let (_, rejected) = json(home.path(), &["artifacts", "query", "--rejected"]);
+    assert!(rejected["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["accepted"] == false && r["bundle_id"] != bundle.as_str()));
+
+    // The patch, verified, on stdout; with --json only through --out.
+    let patch = run(home.path(), &["artifacts", "get", &bundle, "patch.diff"]);
+    assert!(patch.status.success());
+    let text = String::from_utf8_lossy(&patch.stdout);
+    assert!(text.contains("+    return a + b"), "{text}");
+    let (code, refused) = json(home.path(), &["artifacts", "get", &bundle, "patch.diff"]);
+    assert_eq!(code, 5, "{refused}");
+    let out_file = home.path().join("patch-copy.diff");
+    let (code, got) = json(
+        home.path(),
+        &[
+            "artifacts",
+            "get",
+            &bundle,
+            "patch.diff",
+            "--out",
+            out_file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{got}");
+    assert_eq!(std::fs::read(&out_file).unwrap(), patch.stdout);
+    // The manifest says what the attempt was.
+    let (_, shown) = json(home.path(), &["artifacts", "show", &bundle]);
+    let manifest = &shown["manifest"];
+    assert_eq!(manifest["schema"], "berth.bundle/v1");
+    assert_eq!(manifest["accepted"], true);
+    assert!(manifest["lifecycle"]["checkpoint"].is_string());
+    assert_eq!(manifest["mission"], id.as_str());
+
+    // Tampering with a stored object is detected; nothing is written out.
+    let object = rows[0]["object_key"].as_str().unwrap();
+    std::fs::write(home.path().join("artifacts").join(object), b"tampered").unwrap();
+    let tampered = run(home.path(), &["artifacts", "get", &bundle, "patch.diff"]);
+    assert_eq!(tampered.status.code(), Some(13));
+    assert!(tampered.stdout.is_empty());
+    // Unknown bundles and paths are clear not-founds.
+    assert_eq!(
+        run(home.path(), &["artifacts", "get", "bd-nope", "x"])
+            .status
+            .code(),
+        Some(3)
+    );
+    assert_eq!(
+        run(
+            home.path(),
+            &["artifacts", "get", &bundle, "../../etc/passwd"]
+        )
+        .status
+        .code(),
+        Some(3)
+    );
+    // Another owner sees none of it.
+    let other = berth(home.path(), &["--json", "artifacts", "query"])
+        .env("BERTH_OWNER", "someone-else")
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&other.stdout).unwrap();
+    assert_eq!(doc["artifacts"], Value::Array(vec![]));
+}
+
+#[test]
+fn a_kill_at_every_publication_step_is_finished_by_resume_and_reconcile() {
+    // Until a run is no longer killed: then every step has been a kill point.
+    let mut n = 1;
+    loop {
+        let home = home();
+        let fault = format!("kill-in-publication:{n}");
+        let out = berth(
+            home.path(),
+            &["mission", "run", example().to_str().unwrap()],
+        )
+        .env("BERTH_FAULT", &fault)
+        .output()
+        .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        if out.status.signal() != Some(9) {
+            assert!(
+                out.status.success(),
+                "{fault}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(n > 10, "only {n} publication steps in the example");
+            break;
+        }
+        let id = only_mission(home.path());
+        let resumed = run(home.path(), &["mission", "resume", &id]);
+        assert!(
+            resumed.status.success(),
+            "{fault}: {}{}",
+            String::from_utf8_lossy(&resumed.stdout),
+            String::from_utf8_lossy(&resumed.stderr)
+        );
+        assert_example_succeeded(home.path(), &id);
+        assert_published(home.path(), 2);
+        n += 1;
+        assert!(n < 100, "publication never ended");
+    }
+}

@@ -1,0 +1,351 @@
+//! Each attempt's artifact bundle: gathered from what the mission keeps on the host (the
+//! attempt's logs, its patch and git bundle, its trajectory, its facts), redacted and
+//! published through `berth-artifacts`. An accepted attempt finalizes only once its bundle is
+//! indexed; a rejected one publishes on a best-effort basis (an interrupted claim is left for
+//! `berth artifacts reconcile`).
+
+use std::path::Path;
+
+use berth_artifacts::{build, publish, BundleFile, BundleInput, Lifecycle, Objects, Redactor};
+use berth_harness::Harness;
+use berth_mission::authority::{AttemptKey, AttemptRecord};
+use berth_mission::file::Task;
+
+use crate::hostgit::git;
+use crate::pipeline::{attempt_bundle, attempt_ref};
+use crate::{MissionSpec, Orchestrator, OrchestratorError};
+
+/// Where bundles' objects live: `$BERTH_HOME/artifacts`.
+pub fn objects(home: &Path) -> Result<Objects, OrchestratorError> {
+    Objects::local(&home.join("artifacts"))
+        .map_err(|e| OrchestratorError::Repository(format!("artifact store: {e}")))
+}
+
+/// Publication steps taken by this process (for [`crate::Boundary::Publication`]).
+static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Most of one log file a bundle takes.
+const MAX_LOG_BYTES: u64 = 64 << 20;
+
+fn mime_of(name: &str) -> &'static str {
+    match name.rsplit('.').next() {
+        Some("jsonl") => "application/x-ndjson",
+        Some("json") => "application/json",
+        Some("tar") => "application/x-tar",
+        Some("bundle") => "application/x-git-bundle",
+        Some("diff") => "text/x-diff",
+        _ => "text/plain",
+    }
+}
+
+/// The known secret values of this mission (masked wherever they appear): the proxy's
+/// credential and the strings of a subscription login.
+fn secrets(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Some(variable) = spec
+        .file
+        .harness
+        .gateway
+        .as_ref()
+        .and_then(|g| g.credential_env.as_deref())
+    {
+        if let Some(value) = orch.config.env.get(variable) {
+            found.push(value.to_owned());
+        }
+    }
+    if let (Some(name), Some(harness)) = (
+        &spec.file.harness.login,
+        Harness::parse(&spec.file.harness.kind),
+    ) {
+        if let Ok(login) = crate::logins::find(orch.home, name, harness) {
+            if let Ok(text) = std::fs::read_to_string(&login.file) {
+                if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) {
+                    collect_strings(&value, &mut found);
+                }
+            }
+        }
+    }
+    found
+}
+
+fn collect_strings(value: &serde_json::Value, into: &mut Vec<String>) {
+    match value {
+        serde_json::Value::String(s) if s.len() >= 16 => into.push(s.clone()),
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_strings(v, into)),
+        serde_json::Value::Object(map) => map.values().for_each(|v| collect_strings(v, into)),
+        _ => {}
+    }
+}
+
+/// A regular file Berth wrote under the mission directory (never a link), bounded.
+fn read_bounded(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    if !std::fs::symlink_metadata(path).ok()?.file_type().is_file() {
+        return None;
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    file.take(MAX_LOG_BYTES).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// Token usage summed from the gateway's journal (`None`: no journal or no usage reported).
+fn usage(journal: &Path) -> Option<serde_json::Value> {
+    let entries = berth_gateway::Journal::read(journal).ok()?;
+    let (mut input, mut output, mut cached, mut seen) = (0u64, 0u64, 0u64, false);
+    for usage in entries.iter().filter_map(|e| e.usage.as_ref()) {
+        seen = true;
+        input += usage.input;
+        output += usage.output;
+        cached += usage.cached;
+    }
+    seen.then(|| {
+        serde_json::json!({
+            "input_tokens": input, "output_tokens": output, "cached_input_tokens": cached,
+            "requests": entries.len(),
+        })
+    })
+}
+
+/// Everything the bundle of `attempt` holds.
+#[allow(clippy::too_many_arguments)] // the attempt's coordinates travel together
+async fn gather(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    mission: &str,
+    task: &Task,
+    attempt: &AttemptRecord,
+    lifecycle: Lifecycle,
+) -> Result<BundleInput, OrchestratorError> {
+    let mut files = Vec::new();
+    let dir = orch.mission_dir(mission);
+    // The patch and the git bundle of the captured commit, when there is one.
+    if lifecycle.commit.is_some() {
+        let repo = crate::capture::work_repo(&dir, &spec.base_bundle)?;
+        let diff = git(
+            &repo,
+            &[
+                "diff",
+                "--no-color",
+                "--no-ext-diff",
+                "--binary",
+                &spec.base_commit,
+                &attempt_ref(&attempt.key),
+                "--",
+            ],
+        )?;
+        files.push(BundleFile {
+            path: "patch.diff".into(),
+            mime: "text/x-diff".into(),
+            bytes: if diff.is_empty() {
+                diff.into_bytes()
+            } else {
+                format!("{diff}\n").into_bytes()
+            },
+            opaque: false,
+        });
+        let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
+        if let Some(bytes) = read_bounded(&bundle) {
+            files.push(BundleFile {
+                path: "repo.bundle".into(),
+                mime: "application/x-git-bundle".into(),
+                bytes,
+                opaque: true,
+            });
+        }
+    }
+    // The agent's logs (agent CLIs).
+    let logs = dir
+        .join("attempts")
+        .join(format!("{}-{}", task.id, attempt.ordinal));
+    let mut names: Vec<String> = std::fs::read_dir(&logs)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    for name in &names {
+        if let Some(bytes) = read_bounded(&logs.join(name)) {
+            files.push(BundleFile {
+                path: format!("logs/{name}"),
+                mime: mime_of(name).into(),
+                bytes,
+                opaque: false,
+            });
+        }
+    }
+    // The trajectory, when the agent did something.
+    if let (Some(harness), Some(bytes)) = (
+        Harness::parse(&spec.file.harness.kind),
+        read_bounded(&logs.join("events.jsonl")),
+    ) {
+        let events: Vec<berth_harness::Event> = String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let model = spec.file.harness.model.as_deref().unwrap_or("scripted");
+        if let Ok(trajectory) =
+            berth_harness::atif::trajectory(harness, &task.instructions, Some(model), &events)
+        {
+            files.push(BundleFile {
+                path: "trajectory.json".into(),
+                mime: "application/json".into(),
+                bytes: serde_json::to_vec_pretty(&trajectory).expect("trajectory serializes"),
+                opaque: false,
+            });
+        }
+    }
+    // The attempt's durable facts (agent, validator, capture, …), as the store holds them.
+    let facts: Vec<serde_json::Value> = orch
+        .store
+        .attempt_facts(mission)
+        .await?
+        .into_iter()
+        .filter(|f| f.attempt_key == attempt.key.0)
+        .map(|f| {
+            serde_json::json!({
+                "kind": f.kind,
+                "detail": serde_json::from_str::<serde_json::Value>(&f.detail_json)
+                    .unwrap_or(serde_json::Value::String(f.detail_json)),
+            })
+        })
+        .collect();
+    files.push(BundleFile {
+        path: "facts.json".into(),
+        mime: "application/json".into(),
+        bytes: serde_json::to_vec_pretty(&facts).expect("facts serialize"),
+        opaque: false,
+    });
+    Ok(BundleInput {
+        mission: mission.to_owned(),
+        task: task.id.clone(),
+        attempt_key: attempt.key.0.clone(),
+        ordinal: attempt.ordinal,
+        lifecycle,
+        retention: "forever".into(),
+        usage: usage(&logs.join("gateway.jsonl")),
+        files,
+    })
+}
+
+/// Builds and publishes `attempt`'s bundle; its id once indexed.
+pub(crate) async fn publish_attempt(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    mission: &str,
+    task: &Task,
+    attempt: &AttemptRecord,
+    lifecycle: Lifecycle,
+) -> Result<(String, serde_json::Value), OrchestratorError> {
+    let input = gather(orch, spec, mission, task, attempt, lifecycle).await?;
+    let bundle = build(input, &Redactor::new(secrets(orch, spec)))
+        .map_err(|e| OrchestratorError::Repository(format!("artifact bundle: {e}")))?;
+    let objects = objects(orch.home)?;
+    let hook = orch.boundary;
+    let claim = publish(orch.ledger.store(), &objects, &bundle, &mut |_| {
+        if let Some(hook) = hook {
+            let n = STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            hook(crate::Boundary::Publication(n));
+        }
+    })
+    .await
+    .map_err(|e| {
+        OrchestratorError::Repository(format!(
+            "publishing bundle {} failed (the attempt does not finalize until it is \
+                 indexed; resume, or `berth artifacts reconcile`): {e}",
+            bundle.manifest.bundle_id
+        ))
+    })?;
+    let detail = serde_json::json!({
+        "bundle": claim.bundle_id,
+        "files": bundle.manifest.files.len() + 1,
+        "withheld": bundle.manifest.withheld,
+        "redactions": bundle.manifest.redactions,
+        "objects": objects.location,
+    });
+    Ok((claim.bundle_id, detail))
+}
+
+/// Publishes a just-rejected attempt's bundle on a best-effort basis: a rejection does not
+/// wait on the object store (an interrupted claim is left for `berth artifacts reconcile`).
+pub(crate) async fn publish_rejected(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    record: &berth_mission::authority::MissionRecord,
+    key: &AttemptKey,
+    reason: &str,
+) {
+    let found = record.tasks.iter().find_map(|t| {
+        let attempt = t.attempts.iter().find(|a| &a.key == key)?;
+        let task = spec.file.tasks.iter().find(|f| f.id == t.id)?;
+        Some((task, attempt))
+    });
+    if let Some((task, attempt)) = found {
+        let lifecycle = rejected(orch, spec, &record.id, key, reason);
+        let _ = publish_attempt(orch, spec, &record.id, task, attempt, lifecycle).await;
+    }
+}
+
+/// Publishes the bundle of every rejected attempt of `record` that has none indexed (a crash
+/// interrupted it). Best effort, like the first try.
+pub(crate) async fn republish_rejected(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    record: &berth_mission::authority::MissionRecord,
+) {
+    use berth_mission::authority::AttemptStatus;
+    use berth_store::{ArtifactQuery, ArtifactStore};
+    for task in &record.tasks {
+        for attempt in &task.attempts {
+            let AttemptStatus::Rejected { reason } = &attempt.status else {
+                continue;
+            };
+            let indexed = orch
+                .ledger
+                .store()
+                .artifacts(&ArtifactQuery {
+                    attempt_key: Some(attempt.key.0.clone()),
+                    ..Default::default()
+                })
+                .await
+                .is_ok_and(|rows| !rows.is_empty());
+            if !indexed {
+                publish_rejected(orch, spec, record, &attempt.key, reason).await;
+            }
+        }
+    }
+}
+
+/// The lifecycle a rejected attempt's bundle records (its commit, when it was captured).
+pub(crate) fn rejected(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    mission: &str,
+    key: &AttemptKey,
+    reason: &str,
+) -> Lifecycle {
+    let commit = crate::capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)
+        .ok()
+        .and_then(|repo| crate::capture::resolve(&repo, &attempt_ref(key)).ok());
+    Lifecycle {
+        outcome: "rejected".into(),
+        reason: Some(reason.to_owned()),
+        commit,
+        base_commit: Some(spec.base_commit.clone()),
+        checkpoint: None,
+    }
+}
+
+/// The lifecycle an accepted attempt's bundle records.
+pub(crate) fn accepted(spec: &MissionSpec, commit: &str, checkpoint: &str) -> Lifecycle {
+    Lifecycle {
+        outcome: "accepted".into(),
+        reason: None,
+        commit: Some(commit.to_owned()),
+        base_commit: Some(spec.base_commit.clone()),
+        checkpoint: Some(checkpoint.to_owned()),
+    }
+}

@@ -1,0 +1,321 @@
+//! The SQLite artifact store: [`ArtifactStore`] for [`Store`].
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use sqlx::Row;
+
+use crate::artifacts::{
+    ArtifactQuery, ArtifactRow, ArtifactStore, NewPublication, PublicationRow, PublicationState,
+};
+use crate::{Store, StoreError};
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn ts(text: &str) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|_| StoreError::Corrupt(format!("timestamp `{text}`")))
+}
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+fn corrupt(field: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
+    move |e| StoreError::Corrupt(format!("{field}: {e}"))
+}
+
+fn publication(r: sqlx::sqlite::SqliteRow) -> Result<PublicationRow, StoreError> {
+    let text = |n: &str| r.try_get::<String, _>(n).map_err(corrupt(n));
+    let state = text("state")?;
+    Ok(PublicationRow {
+        bundle_id: text("bundle_id")?,
+        schema_version: r
+            .try_get::<i64, _>("schema_version")
+            .map_err(corrupt("schema_version"))? as u32,
+        mission_id: text("mission_id")?,
+        task_id: text("task_id")?,
+        attempt_key: text("attempt_key")?,
+        accepted: r
+            .try_get::<i64, _>("accepted")
+            .map_err(corrupt("accepted"))?
+            != 0,
+        state: PublicationState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("publication state `{state}`")))?,
+        manifest_json: text("manifest_json")?,
+        last_error: r
+            .try_get::<Option<String>, _>("last_error")
+            .map_err(corrupt("last_error"))?,
+        created_at: ts(&text("created_at")?)?,
+        updated_at: ts(&text("updated_at")?)?,
+    })
+}
+
+fn artifact(r: sqlx::sqlite::SqliteRow) -> Result<ArtifactRow, StoreError> {
+    let text = |n: &str| r.try_get::<String, _>(n).map_err(corrupt(n));
+    Ok(ArtifactRow {
+        bundle_id: text("bundle_id")?,
+        path: text("path")?,
+        mission_id: text("mission_id")?,
+        task_id: text("task_id")?,
+        attempt_key: text("attempt_key")?,
+        accepted: r
+            .try_get::<i64, _>("accepted")
+            .map_err(corrupt("accepted"))?
+            != 0,
+        mime: text("mime")?,
+        size: r.try_get::<i64, _>("size").map_err(corrupt("size"))? as u64,
+        blake3: text("blake3")?,
+        sha256: text("sha256")?,
+        object_key: text("object_key")?,
+    })
+}
+
+#[async_trait::async_trait]
+impl ArtifactStore for Store {
+    async fn publication_claim(&self, new: &NewPublication) -> Result<PublicationRow, StoreError> {
+        let at = now();
+        sqlx::query(
+            "INSERT INTO publications (bundle_id, schema_version, mission_id, task_id, \
+             attempt_key, accepted, state, manifest_json, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT (bundle_id) DO NOTHING",
+        )
+        .bind(&new.bundle_id)
+        .bind(i64::from(new.schema_version))
+        .bind(&new.mission_id)
+        .bind(&new.task_id)
+        .bind(&new.attempt_key)
+        .bind(i64::from(new.accepted))
+        .bind(&new.manifest_json)
+        .bind(&at)
+        .bind(&at)
+        .execute(self.pool())
+        .await
+        .map_err(q("claim publication"))?;
+        self.publication_get(&new.bundle_id).await
+    }
+
+    async fn publication_advance(
+        &self,
+        bundle_id: &str,
+        from: PublicationState,
+        to: PublicationState,
+        error: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE publications SET state = ?, last_error = ?, updated_at = ? \
+             WHERE bundle_id = ? AND state = ?",
+        )
+        .bind(to.as_str())
+        .bind(error)
+        .bind(now())
+        .bind(bundle_id)
+        .bind(from.as_str())
+        .execute(self.pool())
+        .await
+        .map_err(q("advance publication"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn publication_index(
+        &self,
+        bundle_id: &str,
+        rows: &[ArtifactRow],
+    ) -> Result<bool, StoreError> {
+        let at = now();
+        let mut tx = self.pool().begin().await.map_err(q("begin index"))?;
+        let moved = sqlx::query(
+            "UPDATE publications SET state = 'indexed', last_error = NULL, updated_at = ? \
+             WHERE bundle_id = ? AND state = 'uploaded'",
+        )
+        .bind(&at)
+        .bind(bundle_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("mark publication indexed"))?;
+        if moved.rows_affected() != 1 {
+            tx.rollback().await.map_err(q("roll back index"))?;
+            return Ok(false);
+        }
+        for row in rows {
+            if row.bundle_id != bundle_id {
+                return Err(StoreError::Invalid(format!(
+                    "index row for bundle `{}` under `{bundle_id}`",
+                    row.bundle_id
+                )));
+            }
+            sqlx::query(
+                "INSERT INTO artifacts (bundle_id, path, mission_id, task_id, attempt_key, \
+                 accepted, mime, size, blake3, sha256, object_key, indexed_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+                 ON CONFLICT (bundle_id, path) DO NOTHING",
+            )
+            .bind(&row.bundle_id)
+            .bind(&row.path)
+            .bind(&row.mission_id)
+            .bind(&row.task_id)
+            .bind(&row.attempt_key)
+            .bind(i64::from(row.accepted))
+            .bind(&row.mime)
+            .bind(row.size as i64)
+            .bind(&row.blake3)
+            .bind(&row.sha256)
+            .bind(&row.object_key)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("write index row"))?;
+        }
+        tx.commit().await.map_err(q("commit index"))?;
+        Ok(true)
+    }
+
+    async fn publication_get(&self, bundle_id: &str) -> Result<PublicationRow, StoreError> {
+        let row = sqlx::query("SELECT * FROM publications WHERE bundle_id = ?")
+            .bind(bundle_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read publication"))?
+            .ok_or_else(|| StoreError::NotFound(bundle_id.to_owned()))?;
+        publication(row)
+    }
+
+    async fn publications(
+        &self,
+        state: Option<PublicationState>,
+    ) -> Result<Vec<PublicationRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM publications WHERE (?1 IS NULL OR state = ?1) \
+             ORDER BY created_at, bundle_id",
+        )
+        .bind(state.map(PublicationState::as_str))
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("list publications"))?;
+        rows.into_iter().map(publication).collect()
+    }
+
+    async fn artifacts(&self, query: &ArtifactQuery) -> Result<Vec<ArtifactRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM artifacts WHERE (?1 IS NULL OR mission_id = ?1) \
+             AND (?2 IS NULL OR task_id = ?2) AND (?3 IS NULL OR attempt_key = ?3) \
+             AND (?4 IS NULL OR bundle_id = ?4) AND (?5 IS NULL OR accepted = ?5) \
+             AND (?6 IS NULL OR mime = ?6) AND (?7 IS NULL OR path = ?7) \
+             ORDER BY mission_id, task_id, attempt_key, path",
+        )
+        .bind(&query.mission_id)
+        .bind(&query.task_id)
+        .bind(&query.attempt_key)
+        .bind(&query.bundle_id)
+        .bind(query.accepted.map(i64::from))
+        .bind(&query.mime)
+        .bind(&query.path)
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("query artifacts"))?;
+        rows.into_iter().map(artifact).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
+        (dir, store)
+    }
+
+    fn claim(id: &str) -> NewPublication {
+        NewPublication {
+            bundle_id: id.into(),
+            schema_version: 1,
+            mission_id: "m".into(),
+            task_id: "t".into(),
+            attempt_key: "at-1".into(),
+            accepted: true,
+            manifest_json: "{}".into(),
+        }
+    }
+
+    fn row(id: &str, path: &str, mime: &str) -> ArtifactRow {
+        ArtifactRow {
+            bundle_id: id.into(),
+            path: path.into(),
+            mission_id: "m".into(),
+            task_id: "t".into(),
+            attempt_key: "at-1".into(),
+            accepted: true,
+            mime: mime.into(),
+            size: 3,
+            blake3: "b".into(),
+            sha256: "s".into(),
+            object_key: format!("cas/{path}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn claims_are_idempotent_and_move_only_forward_from_the_named_state() {
+        let (_dir, store) = store().await;
+        let first = store.publication_claim(&claim("b1")).await.unwrap();
+        assert_eq!(first.state, PublicationState::Pending);
+        let mut again = claim("b1");
+        again.manifest_json = "{\"changed\":true}".into();
+        let second = store.publication_claim(&again).await.unwrap();
+        assert_eq!(
+            second.manifest_json, "{}",
+            "an existing claim is returned unchanged"
+        );
+        // Indexing before upload changes nothing.
+        assert!(!store
+            .publication_index("b1", &[row("b1", "patch.diff", "text/x-diff")])
+            .await
+            .unwrap());
+        assert!(store
+            .artifacts(&ArtifactQuery::default())
+            .await
+            .unwrap()
+            .is_empty());
+        use PublicationState::*;
+        assert!(!store
+            .publication_advance("b1", Uploaded, Indexed, None)
+            .await
+            .unwrap());
+        assert!(store
+            .publication_advance("b1", Pending, Uploaded, None)
+            .await
+            .unwrap());
+        let rows = [
+            row("b1", "patch.diff", "text/x-diff"),
+            row("b1", "manifest.json", "application/json"),
+        ];
+        assert!(store.publication_index("b1", &rows).await.unwrap());
+        assert!(!store.publication_index("b1", &rows).await.unwrap());
+        assert_eq!(
+            store.publication_get("b1").await.unwrap().state,
+            PublicationState::Indexed
+        );
+        let diffs = store
+            .artifacts(&ArtifactQuery {
+                mission_id: Some("m".into()),
+                accepted: Some(true),
+                mime: Some("text/x-diff".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(diffs, vec![rows[0].clone()]);
+        assert!(store
+            .artifacts(&ArtifactQuery {
+                accepted: Some(false),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.publications(Some(Indexed)).await.unwrap().len(), 1);
+        assert!(store.publications(Some(Pending)).await.unwrap().is_empty());
+    }
+}
