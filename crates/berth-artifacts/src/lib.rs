@@ -6,7 +6,7 @@
 //! - [`redact`] — the scanner every published byte goes through.
 //! - [`objects`] — the object store (`object_store`; a local directory by default): immutable
 //!   objects, written create-if-absent, verified on read.
-//! - [`publish`] — the claim protocol over the store's [`berth_store::ArtifactStore`] contract,
+//! - [`publish`](mod@publish) — the claim protocol over the store's [`berth_store::ArtifactStore`] contract,
 //!   and [`publish::reconcile`].
 //!
 //! Layout in the object store: `cas/blake3/XX/HASH` (content), `bundles/ID/manifest.json`.
