@@ -17,7 +17,7 @@ pub mod publish;
 pub mod redact;
 
 pub use bundle::{build, Bundle, BundleFile, BundleInput, Lifecycle, Manifest};
-pub use objects::Objects;
+pub use objects::{Objects, S3Config};
 pub use publish::{publish, reconcile, PublishStep, Reconciled};
 pub use redact::Redactor;
 

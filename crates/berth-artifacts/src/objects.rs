@@ -9,6 +9,33 @@ use object_store::{
 
 use crate::ArtifactError;
 
+/// An S3-compatible object store.
+#[derive(Clone)]
+pub struct S3Config {
+    /// `s3://BUCKET[/PREFIX]`.
+    pub url: String,
+    /// An endpoint other than AWS's (`http://127.0.0.1:8333`).
+    pub endpoint: Option<String>,
+    /// Region (`us-east-1` for most S3-compatible servers).
+    pub region: String,
+    /// Access key id.
+    pub access_key_id: String,
+    /// Secret access key.
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("url", &self.url)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &"[redacted]")
+            .field("secret_access_key", &"[redacted]")
+            .finish()
+    }
+}
+
 /// Where bundles' objects live.
 #[derive(Debug, Clone)]
 pub struct Objects {
@@ -40,6 +67,51 @@ impl Objects {
             store: Arc::new(store),
             location: format!("file://{}", root.display()),
         })
+    }
+
+    /// An S3-compatible bucket (`s3://BUCKET[/PREFIX]`), with create-if-absent puts
+    /// (`If-None-Match: *`). Credentials are values the caller read from the variables the
+    /// configuration names; they are never printed or stored.
+    pub fn s3(config: &S3Config) -> Result<Objects, ArtifactError> {
+        use object_store::aws::AmazonS3Builder;
+        let rest = config.url.strip_prefix("s3://").ok_or_else(|| {
+            ArtifactError::Invalid(format!("`{}` is not an s3:// URL", config.url))
+        })?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(ArtifactError::Invalid(format!(
+                "`{}` names no bucket",
+                config.url
+            )));
+        }
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_region(&config.region)
+            .with_access_key_id(&config.access_key_id)
+            .with_secret_access_key(&config.secret_access_key);
+        if let Some(endpoint) = &config.endpoint {
+            builder = builder
+                .with_endpoint(endpoint)
+                .with_allow_http(endpoint.starts_with("http://"))
+                .with_virtual_hosted_style_request(false);
+        }
+        let store = builder
+            .build()
+            .map_err(|e| storage("configure the S3 object store", e))?;
+        let location = match &config.endpoint {
+            Some(endpoint) => format!("{} at {endpoint}", config.url),
+            None => config.url.clone(),
+        };
+        let prefix = prefix.trim_matches('/');
+        let store: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            Arc::new(store)
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(
+                store,
+                prefix.to_owned(),
+            ))
+        };
+        Ok(Objects { store, location })
     }
 
     /// Any `object_store` backend (S3-compatible, in memory for tests).

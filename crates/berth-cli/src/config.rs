@@ -10,7 +10,8 @@
 //! which adapters read only the credential variables their manifest names, and the gateway
 //! only the variables a command or mission names (`--credential-env`, `credential_env`) and
 //! `BERTH_PROXY_CA_FILE`; missions on the host provider look for agent CLIs in
-//! `BERTH_AGENT_BIN_DIR` and `PATH`.
+//! `BERTH_AGENT_BIN_DIR` and `PATH`; artifact publication reads `BERTH_ARTIFACTS_*` and the
+//! credential variables those name.
 
 use std::path::PathBuf;
 

@@ -207,3 +207,77 @@ fn a_kill_at_every_publication_step_is_finished_by_resume_and_reconcile() {
         assert!(n < 100, "publication never ended");
     }
 }
+
+/// With `BERTH_ARTIFACTS_URL` naming an S3 bucket (a real SeaweedFS server), missions publish
+/// there; the credentials are named by variable and masked if they ever appear in a bundle.
+#[test]
+fn bundles_go_to_an_s3_bucket_when_configured() {
+    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
+        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
+            return;
+        }
+        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
+    };
+    let home = home();
+    let prefix = format!(
+        "cli-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let with_s3 = |args: &[&str]| {
+        berth(home.path(), args)
+            .env("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}"))
+            .env("BERTH_ARTIFACTS_ENDPOINT", &endpoint)
+            .env("BERTH_ARTIFACTS_KEY_ID_VAR", "S3_KEY")
+            .env("BERTH_ARTIFACTS_SECRET_VAR", "S3_SECRET")
+            .env("S3_KEY", "test")
+            .env("S3_SECRET", "testsecret")
+            .output()
+            .unwrap()
+    };
+    let out = with_s3(&["mission", "run", example().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !home.path().join("artifacts").exists(),
+        "nothing went to the local store"
+    );
+    let query = with_s3(&[
+        "--json",
+        "artifacts",
+        "query",
+        "--accepted",
+        "--path",
+        "patch.diff",
+    ]);
+    let doc: Value = serde_json::from_slice(&query.stdout).unwrap();
+    let bundle = doc["artifacts"][0]["bundle_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let patch = with_s3(&["artifacts", "get", &bundle, "patch.diff"]);
+    assert!(
+        patch.status.success(),
+        "{}",
+        String::from_utf8_lossy(&patch.stderr)
+    );
+    assert!(String::from_utf8_lossy(&patch.stdout).contains("+    return a + b"));
+    let reconciled = with_s3(&["--json", "artifacts", "reconcile"]);
+    let doc: Value = serde_json::from_slice(&reconciled.stdout).unwrap();
+    assert_eq!(doc["reconciled"]["orphans"], Value::Array(vec![]), "{doc}");
+    // A missing credential is a clear error, not a silent local fallback.
+    let missing = berth(home.path(), &["artifacts", "reconcile"])
+        .env("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}"))
+        .env("BERTH_ARTIFACTS_ENDPOINT", &endpoint)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("AWS_ACCESS_KEY_ID"));
+}

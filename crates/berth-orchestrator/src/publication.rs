@@ -15,10 +15,56 @@ use crate::hostgit::git;
 use crate::pipeline::{attempt_bundle, attempt_ref};
 use crate::{MissionSpec, Orchestrator, OrchestratorError};
 
-/// Where bundles' objects live: `$BERTH_HOME/artifacts`.
-pub fn objects(home: &Path) -> Result<Objects, OrchestratorError> {
-    Objects::local(&home.join("artifacts"))
-        .map_err(|e| OrchestratorError::Repository(format!("artifact store: {e}")))
+/// The variable naming an S3-compatible bucket for bundles (`s3://BUCKET[/PREFIX]`); unset,
+/// bundles go to `$BERTH_HOME/artifacts`.
+pub const ARTIFACTS_URL_VAR: &str = "BERTH_ARTIFACTS_URL";
+/// Its endpoint, when not AWS (`http://127.0.0.1:8333`).
+pub const ARTIFACTS_ENDPOINT_VAR: &str = "BERTH_ARTIFACTS_ENDPOINT";
+/// Its region (default `us-east-1`).
+pub const ARTIFACTS_REGION_VAR: &str = "BERTH_ARTIFACTS_REGION";
+/// The NAME of the variable holding the access key id (default `AWS_ACCESS_KEY_ID`).
+pub const ARTIFACTS_KEY_ID_NAME_VAR: &str = "BERTH_ARTIFACTS_KEY_ID_VAR";
+/// The NAME of the variable holding the secret key (default `AWS_SECRET_ACCESS_KEY`).
+pub const ARTIFACTS_SECRET_NAME_VAR: &str = "BERTH_ARTIFACTS_SECRET_VAR";
+
+/// Where bundles' objects live: the S3-compatible bucket [`ARTIFACTS_URL_VAR`] names, else
+/// `$BERTH_HOME/artifacts`.
+pub fn objects(
+    home: &Path,
+    env: &berth_factory::Environment,
+) -> Result<Objects, OrchestratorError> {
+    let failed = |e: berth_artifacts::ArtifactError| {
+        OrchestratorError::Repository(format!("artifact store: {e}"))
+    };
+    let Some(url) = env.get(ARTIFACTS_URL_VAR).filter(|u| !u.is_empty()) else {
+        return Objects::local(&home.join("artifacts")).map_err(failed);
+    };
+    let named = |var: &str, default: &str| -> Result<String, OrchestratorError> {
+        let name = env.get(var).filter(|n| !n.is_empty()).unwrap_or(default);
+        env.get(name)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                OrchestratorError::Unsupported(format!(
+                    "{ARTIFACTS_URL_VAR} is set but `{name}` (the S3 credential it needs) is not"
+                ))
+            })
+    };
+    Objects::s3(&berth_artifacts::S3Config {
+        url: url.to_owned(),
+        endpoint: env
+            .get(ARTIFACTS_ENDPOINT_VAR)
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned),
+        region: env
+            .get(ARTIFACTS_REGION_VAR)
+            .filter(|r| !r.is_empty())
+            .unwrap_or("us-east-1")
+            .to_owned(),
+        access_key_id: named(ARTIFACTS_KEY_ID_NAME_VAR, "AWS_ACCESS_KEY_ID")?,
+        secret_access_key: named(ARTIFACTS_SECRET_NAME_VAR, "AWS_SECRET_ACCESS_KEY")?,
+    })
+    .map_err(failed)
 }
 
 /// Publication steps taken by this process (for [`crate::Boundary::Publication`]).
@@ -39,9 +85,20 @@ fn mime_of(name: &str) -> &'static str {
 }
 
 /// The known secret values of this mission (masked wherever they appear): the proxy's
-/// credential and the strings of a subscription login.
+/// credential, the strings of a subscription login, the artifact store's S3 credentials.
 fn secrets(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Vec<String> {
     let mut found = Vec::new();
+    // The artifact store's own credentials, when it is S3.
+    let env = &orch.config.env;
+    for (var, default) in [
+        (ARTIFACTS_KEY_ID_NAME_VAR, "AWS_ACCESS_KEY_ID"),
+        (ARTIFACTS_SECRET_NAME_VAR, "AWS_SECRET_ACCESS_KEY"),
+    ] {
+        let name = env.get(var).filter(|n| !n.is_empty()).unwrap_or(default);
+        if let Some(value) = env.get(name) {
+            found.push(value.to_owned());
+        }
+    }
     if let Some(variable) = spec
         .file
         .harness
@@ -243,7 +300,7 @@ pub(crate) async fn publish_attempt(
     let input = gather(orch, spec, mission, task, attempt, lifecycle).await?;
     let bundle = build(input, &Redactor::new(secrets(orch, spec)))
         .map_err(|e| OrchestratorError::Repository(format!("artifact bundle: {e}")))?;
-    let objects = objects(orch.home)?;
+    let objects = objects(orch.home, &orch.config.env)?;
     let hook = orch.boundary;
     let claim = publish(orch.ledger.store(), &objects, &bundle, &mut |_| {
         if let Some(hook) = hook {

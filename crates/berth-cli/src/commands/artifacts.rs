@@ -49,7 +49,10 @@ async fn owned(app: &App) -> Result<BTreeSet<String>> {
 }
 
 fn objects(app: &App) -> Result<berth_artifacts::Objects> {
-    Ok(berth_orchestrator::publication::objects(&app.config.home)?)
+    Ok(berth_orchestrator::publication::objects(
+        &app.config.home,
+        &app.config.env,
+    )?)
 }
 
 /// `berth artifacts …`.
