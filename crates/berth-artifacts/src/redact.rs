@@ -83,10 +83,22 @@ fn mask(bytes: &mut [u8]) {
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || haystack.len() < needle.len() {
+    if needle.is_empty() {
         return None;
     }
-    haystack.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(haystack, needle)
+}
+
+/// Whether some token shape starts with this byte (a quick filter before the prefix checks).
+fn starts_a_pattern(b: u8) -> bool {
+    static FIRST: std::sync::OnceLock<[bool; 256]> = std::sync::OnceLock::new();
+    FIRST.get_or_init(|| {
+        let mut table = [false; 256];
+        for (prefix, _) in PATTERNS {
+            table[prefix.as_bytes()[0] as usize] = true;
+        }
+        table
+    })[b as usize]
 }
 
 fn mask_patterns(bytes: &mut [u8]) -> usize {
@@ -94,7 +106,7 @@ fn mask_patterns(bytes: &mut [u8]) -> usize {
     let mut i = 0;
     while i < bytes.len() {
         // A token starts at a boundary (not in the middle of a longer word).
-        if i > 0 && token_byte(bytes[i - 1]) {
+        if !starts_a_pattern(bytes[i]) || (i > 0 && token_byte(bytes[i - 1])) {
             i += 1;
             continue;
         }

@@ -8,11 +8,14 @@
 //!   CLI as a whole process (what a user pays).
 //! - [`mission`] — `berth mission bench`: the mission control plane's overhead per attempt and
 //!   throughput.
+//! - [`artifacts`] — `berth bench artifacts`: publishing a 1,000-file, 200 MB bundle against a
+//!   raw copy of the same bytes.
 //! - [`stats`] — the one percentile helper every figure goes through.
 //!
 //! Benchmarks reach adapters' bare mechanisms (the docker supervisor socket, `bwrap` run
 //! directly, the Engine API), which is why this family — and not the CLI — depends on them.
 
+pub mod artifacts;
 pub mod gateway;
 pub mod lifecycle;
 pub mod mission;

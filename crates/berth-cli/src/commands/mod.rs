@@ -60,6 +60,12 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             no_discover,
         }) => ledger::sweep(&app, run, expired, !no_discover).await,
         Command::Demo => demo::demo(&app).await,
+        Command::Bench(args) if args.providers == ["artifacts"] => report(
+            &app,
+            "bench",
+            berth_bench::artifacts::bench(&app.bench_context()?, args.iterations.unwrap_or(3))
+                .await?,
+        ),
         Command::Bench(args) if args.providers == ["gateway"] => report(
             &app,
             "bench",
