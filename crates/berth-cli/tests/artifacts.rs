@@ -281,3 +281,67 @@ fn bundles_go_to_an_s3_bucket_when_configured() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("AWS_ACCESS_KEY_ID"));
 }
+
+/// While the object store is unreachable the accepted attempt does not finalize (the mission
+/// stops, nothing is lost); once it is back, `mission resume` publishes and finalizes.
+#[test]
+fn a_mission_whose_bundle_cannot_be_published_waits_and_resumes() {
+    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
+        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
+            return;
+        }
+        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
+    };
+    let home = home();
+    let prefix = format!("down-{}", std::process::id());
+    let with = |endpoint: &str, args: &[&str]| {
+        berth(home.path(), args)
+            .env("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}"))
+            .env("BERTH_ARTIFACTS_ENDPOINT", endpoint)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "testsecret")
+            .output()
+            .unwrap()
+    };
+    // Nothing listens on port 9 here: every publication fails.
+    let down = with(
+        "http://127.0.0.1:9",
+        &["mission", "run", example().to_str().unwrap()],
+    );
+    assert!(
+        !down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stdout)
+    );
+    let id = only_mission(home.path());
+    let (_, status) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(status["mission"]["state"]["state"], "running", "{status:#}");
+    let accepted = &status["mission"]["tasks"][0]["attempts"][1]["status"];
+    assert_eq!(accepted["status"], "accepted", "{status:#}");
+    assert_eq!(accepted["finalized"], false, "{status:#}");
+    assert!(accepted["bundle"].is_null(), "{status:#}");
+    // Back: resume publishes both bundles and finalizes.
+    let up = with(&endpoint, &["mission", "resume", &id]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let (_, status) = json(home.path(), &["mission", "status", &id]);
+    let accepted = &status["mission"]["tasks"][0]["attempts"][1]["status"];
+    assert_eq!(accepted["finalized"], true, "{status:#}");
+    assert!(accepted["bundle"].as_str().unwrap().starts_with("bd-"));
+    let query = with(
+        &endpoint,
+        &["--json", "artifacts", "query", "--mission", &id],
+    );
+    let doc: Value = serde_json::from_slice(&query.stdout).unwrap();
+    let mut bundles: Vec<&str> = doc["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["bundle_id"].as_str().unwrap())
+        .collect();
+    bundles.dedup();
+    assert_eq!(bundles.len(), 2, "{doc:#}");
+}
