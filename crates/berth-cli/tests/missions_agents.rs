@@ -20,29 +20,6 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents")
 }
 
-fn agent_bin() -> Option<PathBuf> {
-    let dir = std::env::var_os("BERTH_AGENT_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../agents/node_modules/.bin")
-        });
-    if ["opencode", "codex", "claude"]
-        .iter()
-        .all(|b| dir.join(b).exists())
-    {
-        return Some(dir);
-    }
-    if std::env::var("BERTH_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
-        eprintln!("SKIPPED: agent CLIs not installed (BERTH_SKIP_AGENT_CLIS=1)");
-        return None;
-    }
-    panic!(
-        "the agent CLIs are not installed in {}: run scripts/install-agent-clis (or \
-         BERTH_SKIP_AGENT_CLIS=1 to skip explicitly)",
-        dir.display()
-    );
-}
-
 const AGENT_IMAGE: &str = "berth/agent-clis:bookworm";
 
 fn agent_image() -> bool {
@@ -173,7 +150,9 @@ impl ArgvScan {
 
 #[test]
 fn each_agent_cli_is_rejected_when_wrong_and_accepted_when_right() {
-    let Some(bin) = agent_bin() else { return };
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
     if !agent_image() {
         return;
     }
@@ -356,7 +335,9 @@ fn agent_harnesses_refuse_providers_that_cannot_reach_the_gateway_before_anythin
 
 #[test]
 fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
-    let Some(bin) = agent_bin() else { return };
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
     if !agent_image() {
         return;
     }
@@ -455,7 +436,9 @@ fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
 
 #[test]
 fn an_agent_idle_past_its_limit_is_stopped_and_the_attempt_rejected() {
-    let Some(bin) = agent_bin() else { return };
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
     let home = Home::new();
     let dir = home.path().join("m");
     std::fs::create_dir_all(dir.join("repo")).unwrap();
@@ -512,7 +495,9 @@ fn an_agent_idle_past_its_limit_is_stopped_and_the_attempt_rejected() {
 
 #[test]
 fn berth_prompt_runs_an_agent_in_an_existing_sandbox_and_streams_its_events() {
-    let Some(bin) = agent_bin() else { return };
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
     let home = Home::new();
     let id = home.create("tester");
     let script = examples().join("../gateway/hello.toml");

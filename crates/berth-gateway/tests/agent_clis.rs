@@ -24,29 +24,6 @@ shell = "printf hi > hello.txt"
 text = "Done: created hello.txt"
 "#;
 
-fn bin_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("BERTH_AGENT_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../agents/node_modules/.bin")
-        });
-    if ["opencode", "codex", "claude"]
-        .iter()
-        .all(|b| dir.join(b).exists())
-    {
-        return Some(dir);
-    }
-    if std::env::var("BERTH_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
-        eprintln!("SKIPPED: agent CLIs not installed (BERTH_SKIP_AGENT_CLIS=1)");
-        return None;
-    }
-    panic!(
-        "the agent CLIs are not installed in {}: run scripts/install-agent-clis (or set \
-         BERTH_AGENT_BIN_DIR, or BERTH_SKIP_AGENT_CLIS=1 to skip explicitly)",
-        dir.display()
-    );
-}
-
 /// Runs `command` (stdin closed, its own process group) with a hard timeout; its output.
 fn run(mut command: Command, timeout: Duration) -> (std::process::ExitStatus, String) {
     command
@@ -184,7 +161,9 @@ fn claude(bin: &Path, home: &Path, base: &str, token: &str) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_agent_cli_completes_a_scripted_task_through_the_proxy_without_the_credential() {
-    let Some(bin) = bin_dir() else { return };
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
     let scratch = tempfile::Builder::new()
         .prefix("berth-test-agent-clis-")
         .tempdir()

@@ -72,3 +72,29 @@ pub fn wait_all_gone(pids: &[i32], limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Where the pinned agent CLIs are (`BERTH_AGENT_BIN_DIR`, else `agents/node_modules/.bin`
+/// from `scripts/install-agent-clis`). `None` only when `BERTH_SKIP_AGENT_CLIS=1` says to skip
+/// explicitly; missing CLIs otherwise fail the test.
+pub fn agent_cli_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("BERTH_AGENT_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../agents/node_modules/.bin")
+        });
+    if ["opencode", "codex", "claude"]
+        .iter()
+        .all(|b| dir.join(b).exists())
+    {
+        return Some(dir);
+    }
+    if std::env::var("BERTH_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: agent CLIs not installed (BERTH_SKIP_AGENT_CLIS=1)");
+        return None;
+    }
+    panic!(
+        "the agent CLIs are not installed in {}: run scripts/install-agent-clis (or set \
+         BERTH_AGENT_BIN_DIR, or BERTH_SKIP_AGENT_CLIS=1 to skip explicitly)",
+        dir.display()
+    );
+}

@@ -198,20 +198,12 @@ impl Reply {
                         arguments: Value::Object(args),
                     });
                 }
-                if let Some(tool) = turn
-                    .tools
-                    .iter()
-                    .find(|t| t.freeform && t.name == "apply_patch")
-                {
-                    let mut patch = format!("*** Begin Patch\n*** Add File: {path}\n");
-                    for line in write.content.lines() {
-                        patch.push_str(&format!("+{line}\n"));
-                    }
-                    patch.push_str("*** End Patch");
-                    return Reply::Call(Call::Custom {
-                        name: tool.name.clone(),
-                        input: patch,
-                    });
+                let mut body = format!("*** Add File: {path}\n");
+                for line in write.content.lines() {
+                    body.push_str(&format!("+{line}\n"));
+                }
+                if let Some(reply) = apply_patch(turn, &body) {
+                    return reply;
                 }
                 let cmd = format!(
                     "printf '%s' {} > {}",
@@ -242,23 +234,15 @@ impl Reply {
                         arguments: Value::Object(args),
                     });
                 }
-                if let Some(tool) = turn
-                    .tools
-                    .iter()
-                    .find(|t| t.freeform && t.name == "apply_patch")
-                {
-                    let mut patch = format!("*** Begin Patch\n*** Update File: {path}\n@@\n");
-                    for line in edit.old.lines() {
-                        patch.push_str(&format!("-{line}\n"));
-                    }
-                    for line in edit.new.lines() {
-                        patch.push_str(&format!("+{line}\n"));
-                    }
-                    patch.push_str("*** End Patch");
-                    return Reply::Call(Call::Custom {
-                        name: tool.name.clone(),
-                        input: patch,
-                    });
+                let mut body = format!("*** Update File: {path}\n@@\n");
+                for line in edit.old.lines() {
+                    body.push_str(&format!("-{line}\n"));
+                }
+                for line in edit.new.lines() {
+                    body.push_str(&format!("+{line}\n"));
+                }
+                if let Some(reply) = apply_patch(turn, &body) {
+                    return reply;
                 }
                 Reply::Text(format!(
                     "(scripted) the harness offers no edit tool for {path}"
@@ -285,6 +269,18 @@ fn path_key(tool: &Tool) -> &'static str {
         } else {
             "filePath"
         })
+}
+
+/// The change as a call to the harness's freeform `apply_patch` tool (Codex), when it has one.
+fn apply_patch(turn: &Turn, body: &str) -> Option<Reply> {
+    let tool = turn
+        .tools
+        .iter()
+        .find(|t| t.freeform && t.name == "apply_patch")?;
+    Some(Reply::Call(Call::Custom {
+        name: tool.name.clone(),
+        input: format!("*** Begin Patch\n{body}*** End Patch"),
+    }))
 }
 
 /// A call of the harness's shell tool running `cmd`, with arguments shaped by its schema.

@@ -1,26 +1,12 @@
 //! The SQLite artifact store: [`ArtifactStore`] for [`Store`].
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::Row;
 
+use super::{now, q, ts};
 use crate::artifacts::{
     ArtifactQuery, ArtifactRow, ArtifactStore, NewPublication, PublicationRow, PublicationState,
 };
 use crate::{Store, StoreError};
-
-fn now() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-fn ts(text: &str) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|d| d.with_timezone(&Utc))
-        .map_err(|_| StoreError::Corrupt(format!("timestamp `{text}`")))
-}
-
-fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Query { what, source }
-}
 
 fn corrupt(field: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
     move |e| StoreError::Corrupt(format!("{field}: {e}"))

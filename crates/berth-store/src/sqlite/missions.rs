@@ -1,24 +1,11 @@
 //! The SQLite mission store: [`MissionStore`] for [`Store`].
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use sqlx::Row;
 
+use super::{now, q, ts};
 use crate::missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
 use crate::{Store, StoreError};
-
-fn now() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-fn ts(text: &str) -> Result<DateTime<Utc>, StoreError> {
-    DateTime::parse_from_rfc3339(text)
-        .map(|d| d.with_timezone(&Utc))
-        .map_err(|_| StoreError::Corrupt(format!("timestamp `{text}`")))
-}
-
-fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Query { what, source }
-}
 
 fn row(r: sqlx::sqlite::SqliteRow) -> Result<MissionRow, StoreError> {
     let get = |n: &str| {
