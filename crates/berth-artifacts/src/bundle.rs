@@ -149,7 +149,7 @@ pub struct Bundle {
     /// The manifest as published (canonical JSON).
     pub manifest_bytes: Vec<u8>,
     /// (object key, bytes) of every listed file.
-    pub objects: Vec<(String, Vec<u8>)>,
+    pub objects: Vec<(String, bytes::Bytes)>,
 }
 
 /// The object key of content with this BLAKE3.
@@ -181,6 +181,50 @@ fn check_path(path: &str) -> Result<(), ArtifactError> {
     Ok(())
 }
 
+/// Below this many bytes in all, threads cost more than they save.
+const PARALLEL_FROM_BYTES: usize = 8 << 20;
+
+/// `work` applied to every file, results in the files' order; spread over the available cores
+/// (each worker takes the next file not yet taken) when the bundle is large.
+fn for_each_file<R: Send>(
+    files: &mut [BundleFile],
+    work: impl Fn(&mut BundleFile) -> R + Sync,
+) -> Vec<R> {
+    let total: usize = files.iter().map(|f| f.bytes.len()).sum();
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+        .min(files.len());
+    if total < PARALLEL_FROM_BYTES || workers < 2 {
+        return files.iter_mut().map(work).collect();
+    }
+    let slots: Vec<std::sync::Mutex<(&mut BundleFile, Option<R>)>> = files
+        .iter_mut()
+        .map(|f| std::sync::Mutex::new((f, None)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(slot) = slots.get(n) else { break };
+                let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+                let result = work(slot.0);
+                slot.1 = Some(result);
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .1
+                .expect("every file was worked on")
+        })
+        .collect()
+}
+
 /// Builds a bundle: redacts every file, hashes it, lists it.
 pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, ArtifactError> {
     let mut files = input.files;
@@ -193,8 +237,7 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
             )));
         }
     }
-    let mut counted = Vec::new();
-    for mut file in files {
+    for file in &files {
         check_path(&file.path)?;
         if file.bytes.len() > MAX_FILE_BYTES {
             return Err(ArtifactError::Invalid(format!(
@@ -202,13 +245,22 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
                 file.path
             )));
         }
-        let masked = redactor.redact(&mut file.bytes) as u64;
-        counted.push((file, masked));
     }
-    let total_masked: u64 = counted.iter().map(|(_, n)| n).sum();
-    let (mut listed, mut withheld, mut objects) = (Vec::new(), Vec::new(), Vec::new());
-    for (file, masked) in counted {
+    // Masking and hashing are per file: spread over the cores.
+    let masks = for_each_file(&mut files, |file| redactor.redact(&mut file.bytes) as u64);
+    let total_masked: u64 = masks.iter().sum();
+    let hashes = for_each_file(&mut files, |file| {
         if file.opaque && total_masked > 0 {
+            return None;
+        }
+        Some((
+            blake3::hash(&file.bytes).to_hex().to_string(),
+            hex::encode(sha2::Sha256::digest(&file.bytes)),
+        ))
+    });
+    let (mut listed, mut withheld, mut objects) = (Vec::new(), Vec::new(), Vec::new());
+    for ((file, masked), hashed) in files.into_iter().zip(masks).zip(hashes) {
+        let Some((blake3_hex, sha256_hex)) = hashed else {
             withheld.push(Withheld {
                 path: file.path,
                 reason: "secrets were masked in this bundle and this file is opaque to the \
@@ -216,9 +268,7 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
                     .into(),
             });
             continue;
-        }
-        let blake3_hex = blake3::hash(&file.bytes).to_hex().to_string();
-        let sha256_hex = hex::encode(sha2::Sha256::digest(&file.bytes));
+        };
         let key = object_key(&blake3_hex);
         listed.push(ManifestFile {
             path: file.path,
@@ -229,7 +279,7 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
             redactions: masked,
             object_key: key.clone(),
         });
-        objects.push((key, file.bytes));
+        objects.push((key, bytes::Bytes::from(file.bytes)));
     }
     let mut content = blake3::Hasher::new();
     for file in &listed {

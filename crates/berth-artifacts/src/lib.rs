@@ -12,6 +12,9 @@
 //! Layout in the object store: `cas/blake3/XX/HASH` (content), `bundles/ID/manifest.json`.
 
 pub mod bundle;
+pub mod export;
+#[cfg(feature = "iceberg")]
+pub mod iceberg_index;
 pub mod objects;
 pub mod publish;
 pub mod redact;
@@ -43,6 +46,9 @@ pub enum ArtifactError {
     /// The store failed.
     #[error("store: {0}")]
     Store(String),
+    /// Writing or reading an export (Parquet, Iceberg) failed.
+    #[error("export: {0}")]
+    Export(String),
     /// The claim expired: its bundle will not be indexed.
     #[error("publication of {0} expired")]
     Expired(String),

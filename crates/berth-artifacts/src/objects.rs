@@ -40,6 +40,8 @@ impl std::fmt::Debug for S3Config {
 #[derive(Debug, Clone)]
 pub struct Objects {
     store: Arc<dyn ObjectStore>,
+    /// The directory, when the store is local (its writes stage through `KEY#N` files).
+    local_root: Option<std::path::PathBuf>,
     /// What it is, for messages (`file:///…`).
     pub location: String,
 }
@@ -65,6 +67,7 @@ impl Objects {
             .map_err(|e| storage("open the local object store", e))?;
         Ok(Objects {
             store: Arc::new(store),
+            local_root: Some(root.to_owned()),
             location: format!("file://{}", root.display()),
         })
     }
@@ -111,12 +114,20 @@ impl Objects {
                 prefix.to_owned(),
             ))
         };
-        Ok(Objects { store, location })
+        Ok(Objects {
+            store,
+            local_root: None,
+            location,
+        })
     }
 
     /// Any `object_store` backend (S3-compatible, in memory for tests).
     pub fn from_store(store: Arc<dyn ObjectStore>, location: String) -> Objects {
-        Objects { store, location }
+        Objects {
+            store,
+            local_root: None,
+            location,
+        }
     }
 
     /// Writes `bytes` under `key` unless an object is there already; an object already there
@@ -124,7 +135,7 @@ impl Objects {
     pub async fn put_if_absent(
         &self,
         key: &str,
-        bytes: &[u8],
+        bytes: bytes::Bytes,
         blake3_hex: &str,
     ) -> Result<(), ArtifactError> {
         let at = path(key)?;
@@ -134,7 +145,7 @@ impl Objects {
         };
         match self
             .store
-            .put_opts(&at, PutPayload::from(bytes.to_vec()), options)
+            .put_opts(&at, PutPayload::from(bytes), options)
             .await
         {
             Ok(_) => Ok(()),
@@ -143,6 +154,64 @@ impl Objects {
             }
             Err(e) => Err(storage(&format!("write {key}"), e)),
         }
+    }
+
+    /// Removes what a killed local write left: the staging file `KEY#N` the local store writes
+    /// before linking it to `KEY`. One is removed when `KEY` is complete beside it (that write
+    /// finished, or another did), or when it is older than `stale` (its writer is long gone);
+    /// a younger one may belong to a write in progress and stays. Symlinks are never followed.
+    /// The keys removed (S3 stages nothing: none).
+    pub fn remove_stale_staging(
+        &self,
+        stale: std::time::Duration,
+    ) -> Result<Vec<String>, ArtifactError> {
+        let Some(root) = &self.local_root else {
+            return Ok(Vec::new());
+        };
+        let mut removed = Vec::new();
+        let mut dirs = vec![root.clone()];
+        while let Some(dir) = dirs.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(ArtifactError::Storage(format!("{}: {e}", dir.display()))),
+            };
+            for entry in entries.flatten() {
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                let path = entry.path();
+                if kind.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                if !kind.is_file() {
+                    continue;
+                }
+                let name = entry.file_name();
+                let Some((base, n)) = name.to_str().and_then(|n| n.rsplit_once('#')) else {
+                    continue;
+                };
+                if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    continue;
+                }
+                let complete = std::fs::symlink_metadata(dir.join(base)).is_ok_and(|m| m.is_file());
+                let old = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().unwrap_or_default() >= stale);
+                if (complete || old) && std::fs::remove_file(&path).is_ok() {
+                    removed.push(
+                        path.strip_prefix(root)
+                            .unwrap_or(&path)
+                            .to_string_lossy()
+                            .into_owned(),
+                    );
+                }
+            }
+        }
+        removed.sort();
+        Ok(removed)
     }
 
     /// Reads `key` and checks it hashes to `blake3_hex`.

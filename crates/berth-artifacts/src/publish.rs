@@ -26,6 +26,9 @@ pub enum PublishStep {
     Indexed,
 }
 
+/// Object writes in flight at once.
+pub const WRITES_IN_FLIGHT: usize = 8;
+
 fn store_err(e: StoreError) -> ArtifactError {
     ArtifactError::Store(e.to_string())
 }
@@ -108,16 +111,30 @@ pub async fn publish(
             return Err(ArtifactError::Expired(manifest.bundle_id.clone()));
         }
         PublicationState::Pending => {
-            for (n, (key, bytes)) in bundle.objects.iter().enumerate() {
-                let hash = key.rsplit('/').next().unwrap_or_default();
-                objects.put_if_absent(key, bytes, hash).await?;
-                step(PublishStep::Wrote(n));
+            // Several writes in flight: each is a blocking write on the local backend, a
+            // request on S3.
+            use futures::StreamExt;
+            let puts: Vec<_> = bundle
+                .objects
+                .iter()
+                .map(|(key, bytes)| {
+                    let hash = key.rsplit('/').next().unwrap_or_default();
+                    objects.put_if_absent(key, bytes.clone(), hash)
+                })
+                .collect();
+            let mut writes = futures::stream::iter(puts).buffer_unordered(WRITES_IN_FLIGHT);
+            let mut written = 0;
+            while let Some(result) = writes.next().await {
+                result?;
+                step(PublishStep::Wrote(written));
+                written += 1;
             }
+            drop(writes);
             let manifest_hash = blake3::hash(&bundle.manifest_bytes).to_hex().to_string();
             objects
                 .put_if_absent(
                     &manifest_key(&manifest.bundle_id),
-                    &bundle.manifest_bytes,
+                    bytes::Bytes::from(bundle.manifest_bytes.clone()),
                     &manifest_hash,
                 )
                 .await?;
@@ -168,6 +185,8 @@ pub struct Reconciled {
     pub waiting: Vec<String>,
     /// Objects no claim names (left in place; reported).
     pub orphans: Vec<String>,
+    /// Staging files killed local writes left, removed (see [`Objects::remove_stale_staging`]).
+    pub staging_removed: Vec<String>,
 }
 
 /// Finishes or expires interrupted claims and reports orphan objects.
@@ -176,7 +195,10 @@ pub async fn reconcile(
     objects: &Objects,
     retry_window: Duration,
 ) -> Result<Reconciled, ArtifactError> {
-    let mut done = Reconciled::default();
+    let mut done = Reconciled {
+        staging_removed: objects.remove_stale_staging(retry_window)?,
+        ..Default::default()
+    };
     let claims = store.publications(None).await.map_err(store_err)?;
     let mut named = std::collections::BTreeSet::new();
     for claim in &claims {
@@ -208,7 +230,7 @@ pub async fn reconcile(
                 objects
                     .put_if_absent(
                         &manifest_key(&claim.bundle_id),
-                        manifest_bytes,
+                        bytes::Bytes::copy_from_slice(manifest_bytes),
                         &manifest_hash,
                     )
                     .await?;

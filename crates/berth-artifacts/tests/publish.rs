@@ -228,7 +228,11 @@ async fn reconcile_finishes_waits_expires_and_reports_orphans() {
     })
     .await;
     objects
-        .put_if_absent("cas/blake3/00/stray", b"x", &blake3::hash(b"x").to_hex())
+        .put_if_absent(
+            "cas/blake3/00/stray",
+            bytes::Bytes::from_static(b"x"),
+            &blake3::hash(b"x").to_hex(),
+        )
         .await
         .unwrap();
     let first = reconcile(store.as_ref(), &objects, Duration::from_secs(3600))
@@ -256,4 +260,39 @@ async fn reconcile_finishes_waits_expires_and_reports_orphans() {
     // An expired claim is not published later by accident.
     let err = publish(store.as_ref(), &objects, &other, &mut |_| {}).await;
     assert!(err.is_err());
+}
+
+#[tokio::test]
+async fn reconcile_removes_what_killed_local_writes_left_staged_and_nothing_else() {
+    let (dir, store, objects) = setup().await;
+    let bundle = build(input(true), &Redactor::new(Vec::<String>::new())).unwrap();
+    publish(store.as_ref(), &objects, &bundle, &mut |_| {})
+        .await
+        .unwrap();
+    let root = dir.path().join("artifacts");
+    let (key, _) = &bundle.objects[0];
+    // Beside a complete object: a finished write's leftover, removed at once.
+    std::fs::write(root.join(format!("{key}#1")), b"partial").unwrap();
+    // No object beside it, young: perhaps a write in progress; stays until stale.
+    let young = root.join("cas/blake3/00/00ab#2");
+    std::fs::create_dir_all(young.parent().unwrap()).unwrap();
+    std::fs::write(&young, b"partial").unwrap();
+    // Not a staging name, and a symlink with one: never touched.
+    std::fs::write(root.join("cas/blake3/00/plain#x"), b"x").unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", root.join("cas/blake3/00/link#1")).unwrap();
+    let done = reconcile(store.as_ref(), &objects, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(done.staging_removed, vec![format!("{key}#1")]);
+    assert!(young.exists() && !root.join(format!("{key}#1")).exists());
+    let done = reconcile(store.as_ref(), &objects, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        done.staging_removed,
+        vec!["cas/blake3/00/00ab#2".to_owned()]
+    );
+    assert!(root.join("cas/blake3/00/plain#x").exists());
+    assert!(std::fs::symlink_metadata(root.join("cas/blake3/00/link#1")).is_ok());
+    assert!(std::fs::read(root.join(key)).is_ok());
 }

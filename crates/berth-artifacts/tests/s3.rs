@@ -81,12 +81,22 @@ async fn create_if_absent_puts_and_verified_reads() {
     };
     let hash = berth_artifacts::content_id(b"one");
     let key = format!("cas/blake3/{}/{hash}", &hash[..2]);
-    objects.put_if_absent(&key, b"one", &hash).await.unwrap();
+    objects
+        .put_if_absent(&key, bytes::Bytes::from_static(b"one"), &hash)
+        .await
+        .unwrap();
     // A replay of the same bytes is accepted.
-    objects.put_if_absent(&key, b"one", &hash).await.unwrap();
+    objects
+        .put_if_absent(&key, bytes::Bytes::from_static(b"one"), &hash)
+        .await
+        .unwrap();
     // Different bytes under the same key: refused, and the object is not overwritten.
     let err = objects
-        .put_if_absent(&key, b"two", &berth_artifacts::content_id(b"two"))
+        .put_if_absent(
+            &key,
+            bytes::Bytes::from_static(b"two"),
+            &berth_artifacts::content_id(b"two"),
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("corrupt"), "{err}");

@@ -85,11 +85,45 @@ async fn publish_once(
     Ok(started.elapsed())
 }
 
+/// Flushes every dirty page to disk (`sync(1)`), untimed.
+fn settle() -> Result<()> {
+    let status = std::process::Command::new("sync").status()?;
+    if !status.success() {
+        return Err(BenchError::Failed(format!("sync exited {status}")));
+    }
+    Ok(())
+}
+
 fn raw_copy(dir: &std::path::Path, files: &[BundleFile]) -> Result<Duration> {
     let started = Instant::now();
     std::fs::create_dir_all(dir.join("data"))?;
     for file in files {
         std::fs::write(dir.join(&file.path), &file.bytes)?;
+    }
+    Ok(started.elapsed())
+}
+
+/// The same raw writes spread over as many threads as publication keeps writes in flight: the
+/// fastest plain copy, so publication's own parallelism is not what the ratio measures.
+fn raw_copy_parallel(dir: &std::path::Path, files: &[BundleFile]) -> Result<Duration> {
+    let started = Instant::now();
+    std::fs::create_dir_all(dir.join("data"))?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..berth_artifacts::publish::WRITES_IN_FLIGHT {
+            scope.spawn(|| loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(file) = files.get(n) else { break };
+                if let Err(e) = std::fs::write(dir.join(&file.path), &file.bytes) {
+                    *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    break;
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e.into());
     }
     Ok(started.elapsed())
 }
@@ -113,7 +147,7 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
         _ => None,
     };
     let (mut published, mut raw, mut s3_took) = (Vec::new(), Vec::new(), Vec::new());
-    let mut hashing = Vec::new();
+    let (mut hashing, mut raw_parallel) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         ctx.progress
             .say(&format!("bench artifacts: round {}/{rounds}", round + 1));
@@ -127,17 +161,23 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
         }
         hashing.push(started.elapsed());
         let copy_dir = scratch.path().join(format!("raw-{round}"));
-        if round % 2 == 0 {
-            raw.push(raw_copy(&copy_dir, &data)?);
-            published.push(publish_once(&store, &local, round, data.clone()).await?);
-        } else {
-            published.push(publish_once(&store, &local, round, data.clone()).await?);
-            raw.push(raw_copy(&copy_dir, &data)?);
+        let parallel_dir = scratch.path().join(format!("raw-parallel-{round}"));
+        // The three take turns going first. Each timed run starts with no dirty pages left by
+        // the one before (the kernel's write-back of 200 MB would otherwise land on the next).
+        for turn in 0..3 {
+            settle()?;
+            match (round + turn) % 3 {
+                0 => raw.push(raw_copy(&copy_dir, &data)?),
+                1 => raw_parallel.push(raw_copy_parallel(&parallel_dir, &data)?),
+                _ => published.push(publish_once(&store, &local, round, data.clone()).await?),
+            }
         }
         if let Some(s3) = &s3 {
             s3_took.push(publish_once(&store, s3, round + 1000, data).await?);
         }
         let _ = std::fs::remove_dir_all(&copy_dir);
+        let _ = std::fs::remove_dir_all(&parallel_dir);
+        settle()?;
     }
     let median = |v: &mut Vec<Duration>| {
         v.sort();
@@ -148,7 +188,19 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
         median(&mut raw),
         median(&mut hashing),
     );
-    let (p_rate, r_rate, h_rate) = (mb_per_s(TOTAL, p), mb_per_s(TOTAL, r), mb_per_s(TOTAL, h));
+    let rp = median(&mut raw_parallel);
+    let (p_rate, seq_rate, par_rate, h_rate) = (
+        mb_per_s(TOTAL, p),
+        mb_per_s(TOTAL, r),
+        mb_per_s(TOTAL, rp),
+        mb_per_s(TOTAL, h),
+    );
+    // The baseline is the faster of the two plain copies.
+    let (r_rate, baseline) = if par_rate > seq_rate {
+        (par_rate, "raw_copy_parallel")
+    } else {
+        (seq_rate, "raw_copy")
+    };
     let ratio = p_rate / r_rate;
     let s3_doc = match s3_took.is_empty() {
         false => {
@@ -162,14 +214,19 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
         "bytes": TOTAL,
         "rounds": rounds,
         "publish_local": { "median_s": p.as_secs_f64(), "mb_per_s": p_rate },
-        "raw_copy": { "median_s": r.as_secs_f64(), "mb_per_s": r_rate },
+        "raw_copy": { "median_s": r.as_secs_f64(), "mb_per_s": seq_rate },
+        "raw_copy_parallel": { "median_s": rp.as_secs_f64(), "mb_per_s": par_rate, "writers": berth_artifacts::publish::WRITES_IN_FLIGHT },
+        "baseline": baseline,
         "ratio": ratio,
         "target_ratio": TARGET_RATIO,
         "meets_target": ratio >= TARGET_RATIO,
+        "ratio_vs_one_thread_copy": p_rate / seq_rate,
+        "meets_target_vs_one_thread_copy": p_rate / seq_rate >= TARGET_RATIO,
         "hashing_blake3_and_sha256": { "median_s": h.as_secs_f64(), "mb_per_s": h_rate },
         "publish_s3": s3_doc,
-        "notes": "publish = redact + BLAKE3 + SHA-256 + create-if-absent writes + claim + index (a real SQLite store); raw = the same bytes written to a directory, one write per file (a comparison with a plain copy, which does none of that work)",
+        "notes": "publish = redact + BLAKE3 + SHA-256 (over the cores) + create-if-absent writes (8 in flight) + claim + index (a real SQLite store); raw_copy = the same bytes written to a directory, one write per file, one thread (what cp -r does); raw_copy_parallel = the same writes over 8 threads; the ratio is against the faster of the two (a comparison with a plain copy, which does none of publication's work); hashing = BLAKE3 + SHA-256 on one core",
     });
+    let verdict = |r: f64| if r >= TARGET_RATIO { "met" } else { "NOT met" };
     let mut text = String::new();
     let _ = writeln!(
         text,
@@ -178,18 +235,21 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
     );
     let _ = writeln!(
         text,
-        "publish (local object store)  {p_rate:8.1} MB/s | raw copy of the same bytes {r_rate:8.1} MB/s | ratio {ratio:.2}x"
+        "publish (local object store)  {p_rate:8.1} MB/s | raw copy of the same bytes {seq_rate:8.1} MB/s (one thread), {par_rate:8.1} MB/s ({} threads) | ratio {ratio:.2}x over the faster",
+        berth_artifacts::publish::WRITES_IN_FLIGHT
     );
     let _ = writeln!(
         text,
-        "target: publication ≥ {TARGET_RATIO}× the raw copy's throughput: {}",
-        if ratio >= TARGET_RATIO {
-            "met"
-        } else {
-            "NOT met"
-        }
+        "target: publication ≥ {TARGET_RATIO}× a raw copy's throughput: against the faster copy ({baseline}) {:.2}x {}; against the one-thread copy (cp -r) {:.2}x {}",
+        ratio,
+        verdict(ratio),
+        p_rate / seq_rate,
+        verdict(p_rate / seq_rate)
     );
-    let _ = writeln!(text, "hashing (BLAKE3 + SHA-256)     {h_rate:8.1} MB/s");
+    let _ = writeln!(
+        text,
+        "hashing (BLAKE3 + SHA-256, one core) {h_rate:8.1} MB/s"
+    );
     match doc["publish_s3"]["mb_per_s"].as_f64() {
         Some(rate) => {
             let _ = writeln!(text, "publish (S3 backend)          {rate:8.1} MB/s");

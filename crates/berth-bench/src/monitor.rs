@@ -48,7 +48,9 @@ async fn measure(ctx: &BenchContext, provider_id: &str, image: Option<&str>) -> 
         let streaming = provider.streaming().ok_or_else(|| {
             BenchError::Invalid(format!("{provider_id} has no streaming exec to follow"))
         })?;
-        let mut logs = AgentLogs::open(scratch.path(), Harness::ClaudeCode, "bench")?;
+        // Masking as a mission does (one known value and the token shapes).
+        let redactor = berth_artifacts::Redactor::new(["bench-known-secret-value".to_owned()]);
+        let mut logs = AgentLogs::open(scratch.path(), Harness::ClaudeCode, "bench", redactor)?;
         let done = Arc::new(AtomicBool::new(false));
         let watcher = {
             let done = done.clone();

@@ -537,31 +537,22 @@ pub enum AttemptCommand {
 pub enum ArtifactsCommand {
     /// Index rows by any coordinate (every option given must match).
     Query {
-        /// Mission id.
-        #[arg(long)]
-        mission: Option<String>,
-        /// Task id.
-        #[arg(long)]
-        task: Option<String>,
-        /// Attempt key.
-        #[arg(long)]
-        attempt: Option<String>,
-        /// Bundle id.
-        #[arg(long)]
-        bundle: Option<String>,
-        /// Accepted attempts only.
-        #[arg(long, conflicts_with = "rejected")]
-        accepted: bool,
-        /// Rejected attempts only.
-        #[arg(long)]
-        rejected: bool,
-        /// MIME type (`text/x-diff`, `application/x-ndjson`, …).
-        #[arg(long)]
-        mime: Option<String>,
-        /// Path in the bundle (`patch.diff`, `logs/events.jsonl`, …).
-        #[arg(long)]
-        path: Option<String>,
+        #[command(flatten)]
+        filter: ArtifactFilter,
     },
+    /// Write the index rows (the same filters as `query`) as Apache Parquet to
+    /// `DIR/artifacts.parquet`, replaced atomically.
+    Export {
+        /// The directory to write into (created if missing).
+        #[arg(long, value_name = "DIR")]
+        parquet: std::path::PathBuf,
+        #[command(flatten)]
+        filter: ArtifactFilter,
+    },
+    /// Bring the Iceberg table `berth.artifacts` up to date (append every indexed bundle it
+    /// lacks) and read its rows back through the catalog (built with the `iceberg` feature).
+    #[cfg(feature = "iceberg")]
+    Iceberg,
     /// A bundle's manifest and publication state.
     Show {
         /// Bundle id (`bd-…`).
@@ -584,6 +575,35 @@ pub enum ArtifactsCommand {
         #[arg(long, default_value = "24h")]
         retry_window: String,
     },
+}
+
+/// Which index rows (every option given must match).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ArtifactFilter {
+    /// Mission id.
+    #[arg(long)]
+    pub mission: Option<String>,
+    /// Task id.
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Attempt key.
+    #[arg(long)]
+    pub attempt: Option<String>,
+    /// Bundle id.
+    #[arg(long)]
+    pub bundle: Option<String>,
+    /// Accepted attempts only.
+    #[arg(long, conflicts_with = "rejected")]
+    pub accepted: bool,
+    /// Rejected attempts only.
+    #[arg(long)]
+    pub rejected: bool,
+    /// MIME type (`text/x-diff`, `application/x-ndjson`, …).
+    #[arg(long)]
+    pub mime: Option<String>,
+    /// Path in the bundle (`patch.diff`, `logs/events.jsonl`, …).
+    #[arg(long)]
+    pub path: Option<String>,
 }
 
 /// How a watcher reports silence.

@@ -231,6 +231,9 @@ impl Command {
             Command::Attempt(cli::AttemptCommand::Watch { .. }) => "attempt watch",
             Command::Mission(cli::MissionCommand::Watch { .. }) => "mission watch",
             Command::Artifacts(cli::ArtifactsCommand::Query { .. }) => "artifacts query",
+            Command::Artifacts(cli::ArtifactsCommand::Export { .. }) => "artifacts export",
+            #[cfg(feature = "iceberg")]
+            Command::Artifacts(cli::ArtifactsCommand::Iceberg) => "artifacts iceberg",
             Command::Artifacts(cli::ArtifactsCommand::Show { .. }) => "artifacts show",
             Command::Artifacts(cli::ArtifactsCommand::Get { .. }) => "artifacts get",
             Command::Artifacts(cli::ArtifactsCommand::Reconcile { .. }) => "artifacts reconcile",

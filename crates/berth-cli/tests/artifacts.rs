@@ -24,8 +24,21 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
-/// Every claim indexed; the index names every object once; nothing else in the store.
+/// Every claim indexed; the index names every object once; nothing else in the store (after
+/// reconcile, which removes what killed writes left staged).
 fn assert_published(home: &Path, bundles: usize) {
+    let (code, reconciled) = json(home, &["artifacts", "reconcile"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        reconciled["reconciled"]["orphans"],
+        Value::Array(vec![]),
+        "{reconciled}"
+    );
+    assert_eq!(
+        reconciled["reconciled"]["waiting"],
+        Value::Array(vec![]),
+        "{reconciled}"
+    );
     let (code, doc) = json(home, &["artifacts", "query"]);
     assert_eq!(code, 0, "{doc}");
     let rows = doc["artifacts"].as_array().unwrap();
@@ -59,18 +72,86 @@ fn assert_published(home: &Path, bundles: usize) {
         keys.len(),
         "one copy of each object: {stored:?}"
     );
-    let (code, reconciled) = json(home, &["artifacts", "reconcile"]);
-    assert_eq!(code, 0);
-    assert_eq!(
-        reconciled["reconciled"]["orphans"],
-        Value::Array(vec![]),
-        "{reconciled}"
+}
+
+/// `artifacts export --parquet` writes every indexed row; both Berth's reader and pyarrow (not
+/// Berth's code) read back exactly the rows `artifacts query` returns.
+fn assert_parquet_export_matches_the_index(home: &Path) {
+    let (_, all) = json(home, &["artifacts", "query"]);
+    let expected = all["artifacts"].as_array().unwrap().clone();
+    assert!(expected.len() > 4, "{all:#}");
+    let dir = home.join("export");
+    let (code, doc) = json(
+        home,
+        &["artifacts", "export", "--parquet", dir.to_str().unwrap()],
     );
-    assert_eq!(
-        reconciled["reconciled"]["waiting"],
-        Value::Array(vec![]),
-        "{reconciled}"
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["exported"]["rows"], expected.len());
+    let file = dir.join("artifacts.parquet");
+    let ours: Vec<Value> = berth_artifacts::export::read_parquet(&file)
+        .unwrap()
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect();
+    assert_eq!(ours, expected);
+
+    if std::env::var_os("BERTH_SKIP_PYARROW").is_some() {
+        eprintln!("BERTH_SKIP_PYARROW set: the pyarrow read-back is skipped on purpose");
+    } else {
+        let python = std::env::var("BERTH_TEST_PYARROW").expect(
+            "BERTH_TEST_PYARROW names a python with pyarrow (scripts/setup-pyarrow); set \
+             BERTH_SKIP_PYARROW=1 to skip on purpose",
+        );
+        let read = std::process::Command::new(python)
+            .args([
+                "-c",
+                "import json, sys, pyarrow.parquet as pq\n\
+                 t = pq.read_table(sys.argv[1])\n\
+                 kv = pq.read_metadata(sys.argv[1]).metadata\n\
+                 print(json.dumps({'schema': kv[b'berth.schema'].decode(), \
+                 'rows': t.to_pylist()}))",
+                file.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            read.status.success(),
+            "{}",
+            String::from_utf8_lossy(&read.stderr)
+        );
+        let theirs: Value = serde_json::from_slice(&read.stdout).unwrap();
+        assert_eq!(theirs["schema"], "berth.artifacts.index/v1");
+        assert_eq!(theirs["rows"], Value::Array(expected.clone()));
+    }
+
+    // A filtered export holds only what the filter matches; a symlinked directory is refused.
+    let (code, doc) = json(
+        home,
+        &[
+            "artifacts",
+            "export",
+            "--parquet",
+            dir.to_str().unwrap(),
+            "--accepted",
+            "--mime",
+            "text/x-diff",
+        ],
     );
+    assert_eq!(code, 0, "{doc}");
+    let filtered = berth_artifacts::export::read_parquet(&file).unwrap();
+    assert_eq!(filtered.len(), 1);
+    assert!(filtered[0].accepted && filtered[0].mime == "text/x-diff");
+    let link = home.join("export-link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let (code, doc) = json(
+        home,
+        &["artifacts", "export", "--parquet", link.to_str().unwrap()],
+    );
+    assert_eq!(code, 5, "{doc}");
+    assert!(doc["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("symlinks are refused"));
 }
 
 #[test]
@@ -108,6 +189,9 @@ fn each_attempt_leaves_an_indexed_bundle_read_back_verified() {
         .unwrap()
         .iter()
         .all(|r| r["accepted"] == false && r["bundle_id"] != bundle.as_str()));
+
+    // The index as Parquet: read back by Berth's reader and by pyarrow, every row equal.
+    assert_parquet_export_matches_the_index(home.path());
 
     // The patch, verified, on stdout; with --json only through --out.
     let patch = run(home.path(), &["artifacts", "get", &bundle, "patch.diff"]);
@@ -344,4 +428,81 @@ fn a_mission_whose_bundle_cannot_be_published_waits_and_resumes() {
         .collect();
     bundles.dedup();
     assert_eq!(bundles.len(), 2, "{doc:#}");
+}
+
+/// With the `iceberg` feature, `mission run` appends each bundle to the Iceberg table as it is
+/// indexed; the rows read back through the catalog equal the store's index.
+#[cfg(feature = "iceberg")]
+#[test]
+fn the_index_is_an_iceberg_table_appended_as_bundles_are_indexed() {
+    let home = home();
+    let out = run(
+        home.path(),
+        &["mission", "run", example().to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = |r: &Value| {
+        (
+            r["bundle_id"].as_str().unwrap().to_owned(),
+            r["path"].as_str().unwrap().to_owned(),
+        )
+    };
+    let (_, all) = json(home.path(), &["artifacts", "query"]);
+    let mut expected = all["artifacts"].as_array().unwrap().clone();
+    expected.sort_by_key(key);
+    let (code, table) = json(home.path(), &["artifacts", "iceberg"]);
+    assert_eq!(code, 0, "{table}");
+    assert_eq!(table["table"], "berth.artifacts");
+    // Already appended by the mission as each bundle was indexed: nothing left to append.
+    assert_eq!(table["synced"]["rows"], 0, "{table:#}");
+    let mut rows = table["artifacts"].as_array().unwrap().clone();
+    rows.sort_by_key(key);
+    assert_eq!(rows, expected);
+    // The catalog lives in the store's database; the table's metadata under the home.
+    assert!(home
+        .path()
+        .join("iceberg/berth/artifacts/metadata")
+        .is_dir());
+    let (code, reconciled) = json(home.path(), &["artifacts", "reconcile"]);
+    assert_eq!(code, 0);
+    assert_eq!(reconciled["iceberg"]["rows"], 0, "{reconciled}");
+}
+
+/// What a sandbox prints that looks like a credential is masked before it becomes durable
+/// anywhere: the agent's and the validator's output in the store, the rejection reason, the
+/// bundle, the index and every file under `$BERTH_HOME`. The repository never holds the token
+/// whole (the scripts assemble it), so any copy found was written by Berth.
+#[test]
+fn a_token_the_sandbox_prints_is_masked_everywhere_berth_writes() {
+    let home = home();
+    let tail = "Q7".repeat(18);
+    let token = format!("ghp_{tail}");
+    let agent =
+        format!("t=ghp_; echo \"agent says ${{t}}{tail}\"; echo \"err ${{t}}{tail}\" >&2\n");
+    let validator = format!("t=ghp_; echo \"validator failed with ${{t}}{tail}\" >&2; exit 1");
+    let file = write_mission(home.path(), &agent, &validator, "20s", "\".berth-out\"", 1);
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, reason, _) = first_reason(home.path());
+    assert!(reason.contains("validator failed with ****"), "{reason}");
+    let (_, rows) = json(home.path(), &["artifacts", "query"]);
+    assert!(!rows["artifacts"].as_array().unwrap().is_empty(), "{rows}");
+    for path in files_under(home.path()) {
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            !bytes.windows(token.len()).any(|w| w == token.as_bytes()),
+            "the token was written to {}",
+            path.display()
+        );
+    }
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(&token));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(&token));
 }

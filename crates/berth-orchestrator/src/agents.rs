@@ -250,7 +250,8 @@ impl Attempt<'_, '_> {
             req = req.with_env(vars::LOGIN, "1");
         }
         req.max_output_bytes = MAX_AGENT_OUTPUT;
-        let mut sink = AgentLogs::open(&logs, harness, &self.key.0)
+        let redactor = crate::publication::redactor(self.orch, self.spec);
+        let mut sink = AgentLogs::open(&logs, harness, &self.key.0, redactor)
             .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
         let idle = parse_duration(
             self.spec

@@ -248,13 +248,24 @@ pub(crate) fn tail(bytes: &[u8]) -> String {
     text[start..].to_owned()
 }
 
-pub(crate) fn output_json(out: &ExecOutput) -> serde_json::Value {
+pub(crate) fn output_json(
+    out: &ExecOutput,
+    redactor: &berth_artifacts::Redactor,
+) -> serde_json::Value {
     json!({
         "status": out.status,
-        "stdout_tail": tail(&out.stdout),
-        "stderr_tail": out.stderr.as_deref().map(tail),
+        "stdout_tail": redacted_tail(&out.stdout, redactor),
+        "stderr_tail": out.stderr.as_deref().map(|e| redacted_tail(e, redactor)),
         "duration_ms": out.duration.as_secs_f64() * 1000.0,
     })
+}
+
+/// The tail of a sandbox's output, masked (before it is cut, so a secret the cut would split
+/// is still recognized) before it goes into the store.
+pub(crate) fn redacted_tail(bytes: &[u8], redactor: &berth_artifacts::Redactor) -> String {
+    let mut masked = bytes.to_vec();
+    redactor.redact(&mut masked);
+    tail(&masked)
 }
 
 /// A sandbox that should exist for this attempt: found in the ledger and observed present.

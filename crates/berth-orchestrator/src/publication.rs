@@ -86,6 +86,12 @@ fn mime_of(name: &str) -> &'static str {
 
 /// The known secret values of this mission (masked wherever they appear): the proxy's
 /// credential, the strings of a subscription login, the artifact store's S3 credentials.
+/// The scanner for everything of this mission's that becomes durable (agent logs, validator
+/// output in the store, bundles): the secret values it was handed, and token shapes.
+pub(crate) fn redactor(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Redactor {
+    Redactor::new(secrets(orch, spec))
+}
+
 fn secrets(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Vec<String> {
     let mut found = Vec::new();
     // The artifact store's own credentials, when it is S3.
@@ -298,7 +304,7 @@ pub(crate) async fn publish_attempt(
     lifecycle: Lifecycle,
 ) -> Result<(String, serde_json::Value), OrchestratorError> {
     let input = gather(orch, spec, mission, task, attempt, lifecycle).await?;
-    let bundle = build(input, &Redactor::new(secrets(orch, spec)))
+    let bundle = build(input, &redactor(orch, spec))
         .map_err(|e| OrchestratorError::Repository(format!("artifact bundle: {e}")))?;
     let objects = objects(orch.home, &orch.config.env)?;
     let hook = orch.boundary;
@@ -316,14 +322,42 @@ pub(crate) async fn publish_attempt(
             bundle.manifest.bundle_id
         ))
     })?;
-    let detail = serde_json::json!({
+    #[allow(unused_mut)]
+    let mut detail = serde_json::json!({
         "bundle": claim.bundle_id,
         "files": bundle.manifest.files.len() + 1,
         "withheld": bundle.manifest.withheld,
         "redactions": bundle.manifest.redactions,
         "objects": objects.location,
     });
+    #[cfg(feature = "iceberg")]
+    {
+        detail["iceberg"] = match sync_iceberg(orch.home, orch.ledger.store()).await {
+            Ok(synced) => serde_json::json!({ "appended_rows": synced.rows }),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+    }
     Ok((claim.bundle_id, detail))
+}
+
+/// The Iceberg table's warehouse under `$BERTH_HOME`.
+#[cfg(feature = "iceberg")]
+pub const ICEBERG_WAREHOUSE: &str = "iceberg";
+
+/// Appends every INDEXED bundle the Iceberg table lacks. Never part of the authoritative
+/// transition (the store's index is): a failure is reported and the next sync catches up.
+#[cfg(feature = "iceberg")]
+pub async fn sync_iceberg(
+    home: &Path,
+    store: &dyn berth_store::ArtifactStore,
+) -> Result<berth_artifacts::iceberg_index::Synced, berth_artifacts::ArtifactError> {
+    berth_artifacts::iceberg_index::IcebergIndex::open(
+        &home.join("berth.db"),
+        &home.join(ICEBERG_WAREHOUSE),
+    )
+    .await?
+    .sync(store)
+    .await
 }
 
 /// Publishes a just-rejected attempt's bundle on a best-effort basis: a rejection does not

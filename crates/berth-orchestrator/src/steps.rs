@@ -189,7 +189,7 @@ impl Attempt<'_, '_> {
                     Phase::AgentStopped,
                     format!("agent {}", out.status),
                     "agent",
-                    output_json(&out),
+                    output_json(&out, &crate::publication::redactor(orch, spec)),
                 )
                 .await
             }
@@ -340,7 +340,8 @@ impl Attempt<'_, '_> {
                 return self.reject(why).await;
             }
         };
-        let validator_fact = output_json(&out);
+        let redactor = crate::publication::redactor(orch, self.spec);
+        let validator_fact = output_json(&out, &redactor);
         let event = match &out.status {
             ExitStatus::Exited { code: 0 } => {
                 let files = provider
@@ -371,7 +372,7 @@ impl Attempt<'_, '_> {
                 key: key.clone(),
                 reason: format!(
                     "validator {other}: {}",
-                    tail(out.stderr.as_deref().unwrap_or_default())
+                    redacted_tail(out.stderr.as_deref().unwrap_or_default(), &redactor)
                         .lines()
                         .last()
                         .unwrap_or("")

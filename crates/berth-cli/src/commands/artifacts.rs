@@ -1,4 +1,4 @@
-//! `berth artifacts query | show | get | reconcile`: the attempts' published bundles.
+//! `berth artifacts query | export | show | get | reconcile`: the attempts' published bundles.
 //!
 //! Only bundles of this owner's missions are shown. `get` verifies the object's hash against
 //! the index before writing a byte; with `--json` the file goes to `--out`, never to stdout
@@ -12,7 +12,7 @@ use berth_store::{ArtifactQuery, ArtifactStore, MissionStore, PublicationState};
 use serde_json::json;
 
 use crate::app::App;
-use crate::cli::ArtifactsCommand;
+use crate::cli::{ArtifactFilter, ArtifactsCommand};
 use crate::errors::{code, CliError};
 use crate::output::emit;
 
@@ -20,6 +20,9 @@ fn artifact_error(e: ArtifactError) -> anyhow::Error {
     match e {
         ArtifactError::NotFound(what) => {
             CliError::not_found(what, "`berth artifacts query` lists what is published").into()
+        }
+        ArtifactError::Invalid(what) => {
+            CliError::invalid(what, "name a directory that is not a symlink").into()
         }
         ArtifactError::Corrupt(what) => CliError {
             kind: "tampered",
@@ -55,39 +58,37 @@ fn objects(app: &App) -> Result<berth_artifacts::Objects> {
     )?)
 }
 
+/// This owner's index rows that match `filter`.
+async fn matching(app: &App, filter: ArtifactFilter) -> Result<Vec<berth_store::ArtifactRow>> {
+    let mine = owned(app).await?;
+    Ok(app
+        .ledger
+        .store()
+        .artifacts(&ArtifactQuery {
+            mission_id: filter.mission,
+            task_id: filter.task,
+            attempt_key: filter.attempt,
+            bundle_id: filter.bundle,
+            accepted: match (filter.accepted, filter.rejected) {
+                (true, false) => Some(true),
+                (false, true) => Some(false),
+                _ => None,
+            },
+            mime: filter.mime,
+            path: filter.path,
+        })
+        .await?
+        .into_iter()
+        .filter(|r| mine.contains(&r.mission_id))
+        .collect())
+}
+
 /// `berth artifacts …`.
 pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
     let store = app.ledger.store();
     match command {
-        ArtifactsCommand::Query {
-            mission,
-            task,
-            attempt,
-            bundle,
-            accepted,
-            rejected,
-            mime,
-            path,
-        } => {
-            let mine = owned(app).await?;
-            let rows: Vec<_> = store
-                .artifacts(&ArtifactQuery {
-                    mission_id: mission,
-                    task_id: task,
-                    attempt_key: attempt,
-                    bundle_id: bundle,
-                    accepted: match (accepted, rejected) {
-                        (true, false) => Some(true),
-                        (false, true) => Some(false),
-                        _ => None,
-                    },
-                    mime,
-                    path,
-                })
-                .await?
-                .into_iter()
-                .filter(|r| mine.contains(&r.mission_id))
-                .collect();
+        ArtifactsCommand::Query { filter } => {
+            let rows = matching(app, filter).await?;
             if app.json {
                 emit("artifacts query", json!({ "artifacts": rows }));
             } else if rows.is_empty() {
@@ -108,6 +109,59 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
                         r.path
                     );
                 }
+            }
+            Ok(code::OK)
+        }
+        ArtifactsCommand::Export { parquet, filter } => {
+            let rows = matching(app, filter).await?;
+            let exported =
+                berth_artifacts::export::write_parquet(&rows, &parquet).map_err(artifact_error)?;
+            if app.json {
+                emit("artifacts export", json!({ "exported": exported }));
+            } else {
+                println!(
+                    "wrote {} rows ({} bytes, schema {}) to {}",
+                    exported.rows,
+                    exported.bytes,
+                    exported.schema,
+                    exported.path.display()
+                );
+            }
+            Ok(code::OK)
+        }
+        #[cfg(feature = "iceberg")]
+        ArtifactsCommand::Iceberg => {
+            use berth_artifacts::iceberg_index::{IcebergIndex, NAMESPACE, TABLE};
+            let warehouse = app
+                .config
+                .home
+                .join(berth_orchestrator::publication::ICEBERG_WAREHOUSE);
+            let index = IcebergIndex::open(&app.config.database(), &warehouse)
+                .await
+                .map_err(artifact_error)?;
+            let synced = index.sync(store).await.map_err(artifact_error)?;
+            let mine = owned(app).await?;
+            let rows: Vec<_> = index
+                .rows()
+                .await
+                .map_err(artifact_error)?
+                .into_iter()
+                .filter(|r| mine.contains(&r.mission_id))
+                .collect();
+            if app.json {
+                emit(
+                    "artifacts iceberg",
+                    json!({ "table": format!("{NAMESPACE}.{TABLE}"), "warehouse": warehouse, "synced": synced, "artifacts": rows }),
+                );
+            } else {
+                println!(
+                    "{NAMESPACE}.{TABLE} in {}: appended {} rows of {} bundles; {} rows of this \
+                     owner's missions read back through the catalog",
+                    warehouse.display(),
+                    synced.rows,
+                    synced.bundles.len(),
+                    rows.len()
+                );
             }
             Ok(code::OK)
         }
@@ -193,8 +247,18 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
             let done = berth_artifacts::reconcile(store, &objects(app)?, window)
                 .await
                 .map_err(artifact_error)?;
+            // With the `iceberg` feature the table catches up with what reconcile finished.
+            #[cfg(feature = "iceberg")]
+            let iceberg = berth_orchestrator::publication::sync_iceberg(&app.config.home, store)
+                .await
+                .map_err(artifact_error)?;
+            #[cfg(not(feature = "iceberg"))]
+            let iceberg: Option<()> = None;
             if app.json {
-                emit("artifacts reconcile", json!({ "reconciled": done }));
+                emit(
+                    "artifacts reconcile",
+                    json!({ "reconciled": done, "iceberg": iceberg }),
+                );
             } else {
                 println!(
                     "finished {}, expired {}, waiting {}, orphan objects {}",

@@ -39,6 +39,11 @@ pub struct AgentLogs {
     events_file: std::fs::File,
     stderr: std::fs::File,
     normalizer: Normalizer,
+    redactor: berth_artifacts::Redactor,
+    /// Output not yet written: bytes after the last newline, so a secret split across chunks
+    /// is whole when it is masked.
+    stdout_pending: Vec<u8>,
+    stderr_pending: Vec<u8>,
     events: Vec<berth_harness::Event>,
     raw_kept: usize,
     stderr_kept: usize,
@@ -71,8 +76,14 @@ impl std::fmt::Debug for AgentLogs {
 }
 
 impl AgentLogs {
-    /// Starts `agent.jsonl`, `events.jsonl` and `agent.stderr` anew in `dir`.
-    pub fn open(dir: &Path, harness: Harness, key: &str) -> std::io::Result<AgentLogs> {
+    /// Starts `agent.jsonl`, `events.jsonl` and `agent.stderr` anew in `dir`. Every byte goes
+    /// through `redactor` before it is written or normalized.
+    pub fn open(
+        dir: &Path,
+        harness: Harness,
+        key: &str,
+        redactor: berth_artifacts::Redactor,
+    ) -> std::io::Result<AgentLogs> {
         Ok(AgentLogs {
             last_output: Arc::default(),
             started: std::time::Instant::now(),
@@ -80,6 +91,9 @@ impl AgentLogs {
             events_file: create_private(&dir.join("events.jsonl"))?,
             stderr: create_private(&dir.join("agent.stderr"))?,
             normalizer: Normalizer::new(harness, key, "agent.jsonl"),
+            redactor,
+            stdout_pending: Vec::new(),
+            stderr_pending: Vec::new(),
             events: Vec::new(),
             raw_kept: 0,
             stderr_kept: 0,
@@ -104,6 +118,8 @@ impl AgentLogs {
     /// Normalizes a last line without a newline; every event, and whether the raw log was cut
     /// at its limit.
     pub fn finish(mut self) -> std::io::Result<(Vec<berth_harness::Event>, bool)> {
+        self.flush(Stream::Stdout, true);
+        self.flush(Stream::Stderr, true);
         let last = self.normalizer.finish();
         self.record(last);
         match self.failed {
@@ -113,9 +129,54 @@ impl AgentLogs {
     }
 }
 
+impl AgentLogs {
+    /// Masks and writes the pending output of `stream` up to its last newline — or, at the end
+    /// (`all`) or when a line outgrows [`MAX_PENDING`], everything but the last [`HOLD_BACK`]
+    /// bytes (all of it at the end).
+    fn flush(&mut self, stream: Stream, all: bool) {
+        use std::io::Write;
+        let pending = match stream {
+            Stream::Stdout => &mut self.stdout_pending,
+            Stream::Stderr => &mut self.stderr_pending,
+        };
+        let upto = if all {
+            pending.len()
+        } else if let Some(newline) = memchr::memrchr(b'\n', pending) {
+            newline + 1
+        } else if pending.len() > MAX_PENDING {
+            pending.len() - HOLD_BACK
+        } else {
+            return;
+        };
+        // The whole buffer is scanned (a match may run into the held-back part), only the
+        // first `upto` bytes are written.
+        self.redactor.redact(pending);
+        let ready: Vec<u8> = pending.drain(..upto).collect();
+        match stream {
+            Stream::Stdout => {
+                if let Err(e) = self.raw.write_all(&ready) {
+                    self.failed.get_or_insert(e);
+                }
+                let events = self.normalizer.push(&ready);
+                self.record(events);
+            }
+            Stream::Stderr => {
+                if let Err(e) = self.stderr.write_all(&ready) {
+                    self.failed.get_or_insert(e);
+                }
+            }
+        }
+    }
+}
+
+/// A line longer than this is written in parts (all but [`HOLD_BACK`] bytes at a time).
+const MAX_PENDING: usize = 1 << 20;
+/// What stays behind when a long line is written in parts: longer than any token shape's
+/// prefix and minimum tail, so a secret split at the cut is still whole when masked.
+const HOLD_BACK: usize = 64 << 10;
+
 impl OutputSink for AgentLogs {
     fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
-        use std::io::Write;
         self.last_output.store(
             self.started.elapsed().as_millis() as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -126,21 +187,16 @@ impl OutputSink for AgentLogs {
                 let kept = &bytes[..bytes.len().min(room)];
                 self.truncated |= kept.len() < bytes.len();
                 self.raw_kept += kept.len();
-                if let Err(e) = self.raw.write_all(kept) {
-                    self.failed.get_or_insert(e);
-                }
-                let events = self.normalizer.push(kept);
-                self.record(events);
+                self.stdout_pending.extend_from_slice(kept);
             }
             Stream::Stderr => {
                 let room = MAX_AGENT_STDERR.saturating_sub(self.stderr_kept);
                 let kept = &bytes[..bytes.len().min(room)];
                 self.stderr_kept += kept.len();
-                if let Err(e) = self.stderr.write_all(kept) {
-                    self.failed.get_or_insert(e);
-                }
+                self.stderr_pending.extend_from_slice(kept);
             }
         }
+        self.flush(stream, false);
     }
 }
 
@@ -216,5 +272,61 @@ impl Orchestrator<'_> {
             }
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CANARY: &str = "canary-9f2c1e-do-not-leak";
+
+    #[test]
+    fn secrets_split_across_chunks_and_long_lines_never_reach_the_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let redactor = berth_artifacts::Redactor::new([CANARY.to_owned()]);
+        let mut logs = AgentLogs::open(dir.path(), Harness::Codex, "at-1", redactor).unwrap();
+        // A JSON line whose secret arrives in three chunks, byte by byte at the seam.
+        let line = format!(
+            "{{\"type\":\"item.completed\",\"text\":\"key {CANARY} and sk-{}\"}}\n",
+            "a".repeat(30)
+        );
+        let (a, rest) = line.split_at(30);
+        let (b, c) = rest.split_at(12);
+        for part in [a, b, c] {
+            logs.chunk(Stream::Stdout, part.as_bytes());
+        }
+        // A line longer than what is held pending, with the secret across the cut.
+        let mut long = "x".repeat(MAX_PENDING - HOLD_BACK - 5);
+        long.push(' ');
+        long.push_str(CANARY);
+        long.push_str(&" y".repeat(HOLD_BACK));
+        for piece in long.as_bytes().chunks(4096) {
+            logs.chunk(Stream::Stdout, piece);
+        }
+        logs.chunk(Stream::Stdout, b"\n");
+        // stderr, and a last line without a newline.
+        logs.chunk(Stream::Stderr, &CANARY.as_bytes()[..5]);
+        logs.chunk(Stream::Stderr, &CANARY.as_bytes()[5..]);
+        logs.chunk(Stream::Stdout, format!("tail {CANARY}").as_bytes());
+        let (_events, truncated) = logs.finish().unwrap();
+        assert!(!truncated);
+        let mut total = 0;
+        for file in ["agent.jsonl", "events.jsonl", "agent.stderr"] {
+            let bytes = std::fs::read(dir.path().join(file)).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(!text.contains(CANARY), "{file} holds the canary");
+            assert!(!text.contains("sk-aaaa"), "{file} holds the token");
+            total += bytes.len();
+        }
+        let raw = std::fs::read_to_string(dir.path().join("agent.jsonl")).unwrap();
+        // Masked in place: lengths and the JSON structure survive.
+        assert_eq!(
+            raw.len(),
+            line.len() + long.len() + 1 + "tail ".len() + CANARY.len()
+        );
+        assert!(raw.starts_with("{\"type\":\"item.completed\""));
+        assert!(raw.ends_with(&format!("tail {}", "*".repeat(CANARY.len()))));
+        assert!(total > raw.len());
     }
 }

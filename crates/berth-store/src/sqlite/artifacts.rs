@@ -8,6 +8,9 @@ use crate::artifacts::{
 };
 use crate::{Store, StoreError};
 
+/// Index rows per INSERT (12 parameters each; well under SQLite's limit of 32,766).
+const INDEX_ROWS_PER_STATEMENT: usize = 256;
+
 fn corrupt(field: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
     move |e| StoreError::Corrupt(format!("{field}: {e}"))
 }
@@ -124,34 +127,39 @@ impl ArtifactStore for Store {
             tx.rollback().await.map_err(q("roll back index"))?;
             return Ok(false);
         }
-        for row in rows {
-            if row.bundle_id != bundle_id {
-                return Err(StoreError::Invalid(format!(
-                    "index row for bundle `{}` under `{bundle_id}`",
-                    row.bundle_id
-                )));
-            }
-            sqlx::query(
+        if let Some(row) = rows.iter().find(|r| r.bundle_id != bundle_id) {
+            return Err(StoreError::Invalid(format!(
+                "index row for bundle `{}` under `{bundle_id}`",
+                row.bundle_id
+            )));
+        }
+        // Many rows per statement: a thousand-file bundle is a handful of statements.
+        for chunk in rows.chunks(INDEX_ROWS_PER_STATEMENT) {
+            let mut insert = sqlx::QueryBuilder::new(
                 "INSERT INTO artifacts (bundle_id, path, mission_id, task_id, attempt_key, \
-                 accepted, mime, size, blake3, sha256, object_key, indexed_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (bundle_id, path) DO NOTHING",
-            )
-            .bind(&row.bundle_id)
-            .bind(&row.path)
-            .bind(&row.mission_id)
-            .bind(&row.task_id)
-            .bind(&row.attempt_key)
-            .bind(i64::from(row.accepted))
-            .bind(&row.mime)
-            .bind(row.size as i64)
-            .bind(&row.blake3)
-            .bind(&row.sha256)
-            .bind(&row.object_key)
-            .bind(&at)
-            .execute(&mut *tx)
-            .await
-            .map_err(q("write index row"))?;
+                 accepted, mime, size, blake3, sha256, object_key, indexed_at) ",
+            );
+            insert.push_values(chunk, |mut values, row| {
+                values
+                    .push_bind(&row.bundle_id)
+                    .push_bind(&row.path)
+                    .push_bind(&row.mission_id)
+                    .push_bind(&row.task_id)
+                    .push_bind(&row.attempt_key)
+                    .push_bind(i64::from(row.accepted))
+                    .push_bind(&row.mime)
+                    .push_bind(row.size as i64)
+                    .push_bind(&row.blake3)
+                    .push_bind(&row.sha256)
+                    .push_bind(&row.object_key)
+                    .push_bind(&at);
+            });
+            insert.push(" ON CONFLICT (bundle_id, path) DO NOTHING");
+            insert
+                .build()
+                .execute(&mut *tx)
+                .await
+                .map_err(q("write index rows"))?;
         }
         tx.commit().await.map_err(q("commit index"))?;
         Ok(true)
@@ -303,5 +311,33 @@ mod tests {
             .is_empty());
         assert_eq!(store.publications(Some(Indexed)).await.unwrap().len(), 1);
         assert!(store.publications(Some(Pending)).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_large_bundle_is_indexed_whole_or_not_at_all() {
+        let (_dir, store) = store().await;
+        use PublicationState::*;
+        store.publication_claim(&claim("big")).await.unwrap();
+        store
+            .publication_advance("big", Pending, Uploaded, None)
+            .await
+            .unwrap();
+        // More rows than one statement holds, and one row of another bundle: nothing written.
+        let mut rows: Vec<ArtifactRow> = (0..INDEX_ROWS_PER_STATEMENT * 2 + 3)
+            .map(|n| row("big", &format!("f/{n:05}"), "text/plain"))
+            .collect();
+        rows.push(row("other", "x", "text/plain"));
+        assert!(store.publication_index("big", &rows).await.is_err());
+        assert!(store
+            .artifacts(&ArtifactQuery::default())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.publication_get("big").await.unwrap().state, Uploaded);
+        rows.pop();
+        assert!(store.publication_index("big", &rows).await.unwrap());
+        let mut read = store.artifacts(&ArtifactQuery::default()).await.unwrap();
+        read.sort_by(|a, b| a.path.cmp(&b.path));
+        assert_eq!(read, rows);
     }
 }
