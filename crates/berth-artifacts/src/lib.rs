@@ -17,12 +17,15 @@ pub mod export;
 pub mod iceberg_index;
 pub mod objects;
 pub mod publish;
-pub mod redact;
+/// The redaction scanner (the `berth-redact` crate, shared with the gateway and the logs).
+pub mod redact {
+    pub use berth_redact::*;
+}
 
+pub use berth_redact::Redactor;
 pub use bundle::{build, Bundle, BundleFile, BundleInput, Lifecycle, Manifest};
 pub use objects::{Objects, S3Config};
 pub use publish::{publish, reconcile, PublishStep, Reconciled};
-pub use redact::Redactor;
 
 use berth_store::{ArtifactQuery, ArtifactStore};
 

@@ -135,7 +135,11 @@ impl Journal {
                 line = line.replace(escaped, "[redacted]");
             }
         }
-        line.push('\n');
+        // Then the one scanner every durable byte goes through: token shapes in the bodies
+        // (a tool's output the agent sends back to the model) are masked too.
+        let mut line = line.into_bytes();
+        berth_redact::Redactor::new(secrets.iter().cloned()).redact(&mut line);
+        line.push(b'\n');
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         if file.is_none() {
             *file = Some(
@@ -147,9 +151,7 @@ impl Journal {
                     .open(&self.path)?,
             );
         }
-        file.as_mut()
-            .expect("opened above")
-            .write_all(line.as_bytes())
+        file.as_mut().expect("opened above").write_all(&line)
     }
 
     /// Reads every line back (tests, trajectories).

@@ -308,6 +308,10 @@ async fn the_journal_keeps_requests_redacted_with_usage_and_cost() {
     post(&url, &[("authorization", &auth)], &chat_request(3, false)).await;
     let mut unpriced = chat_request(3, false);
     unpriced["model"] = json!("other-model");
+    // A tool's output carrying a token-shaped secret (what `cat ~/.config/gh/hosts.yml` in
+    // the sandbox would send back): masked before the journal line is written.
+    let leaked = format!("ghp_{}", "Zx9".repeat(12));
+    unpriced["messages"][1]["content"] = json!(format!("oauth_token: {leaked}"));
     post(&url, &[("authorization", &auth)], &unpriced).await;
 
     let entries = Journal::read(&journal).unwrap();
@@ -332,6 +336,11 @@ async fn the_journal_keeps_requests_redacted_with_usage_and_cost() {
         !text.contains(token.expose()),
         "the token leaked into the journal"
     );
+    assert!(
+        !text.contains(&leaked),
+        "a tool's secret leaked into the journal"
+    );
+    assert!(text.contains(&format!("oauth_token: {}", "*".repeat(leaked.len()))));
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&journal).unwrap().permissions().mode() & 0o777,

@@ -1,4 +1,5 @@
-//! Redaction before durability: one scanner over every byte about to be published.
+//! Redaction before durability: one scanner over every byte Berth is about to make durable
+//! (artifact bundles, the store, agent logs, the model gateway's journal).
 //!
 //! Known secret values handed to Berth (a proxy's credential, a login's tokens) and common
 //! token shapes (`sk-…`, `berth-gw-…`, `ghp_…`, `AKIA…`, PEM private keys, …) are masked in
