@@ -24,9 +24,65 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// Variables a command runs with (the S3 configuration, or none for the local store).
+type Env = Vec<(&'static str, String)>;
+
+fn run_env(home: &Path, args: &[&str], env: &Env) -> std::process::Output {
+    let mut command = berth(home, args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+fn json_env(home: &Path, args: &[&str], env: &Env) -> (i32, Value) {
+    if env.is_empty() {
+        return json(home, args);
+    }
+    let mut full = vec!["--json"];
+    full.extend_from_slice(args);
+    let out = run_env(home, &full, env);
+    let doc = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap_or(-1), doc)
+}
+
+/// The S3 configuration of a fresh prefix on the test server, or why there is none.
+fn s3_env() -> Option<Env> {
+    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
+        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
+            return None;
+        }
+        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
+    };
+    let prefix = format!(
+        "cli-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    Some(vec![
+        ("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}")),
+        ("BERTH_ARTIFACTS_ENDPOINT", endpoint),
+        ("BERTH_ARTIFACTS_KEY_ID_VAR", "S3_KEY".into()),
+        ("BERTH_ARTIFACTS_SECRET_VAR", "S3_SECRET".into()),
+        ("S3_KEY", "test".into()),
+        ("S3_SECRET", "testsecret".into()),
+    ])
+}
+
 /// Every claim indexed; the index names every object once; nothing else in the store (after
 /// reconcile, which removes what killed writes left staged).
 fn assert_published(home: &Path, bundles: usize) {
+    assert_published_in(home, bundles, &Vec::new());
+}
+
+/// [`assert_published`] against the object store `env` configures. On S3 a key holds one
+/// object, so "one copy of each" is that no object is left that no claim names.
+fn assert_published_in(home: &Path, bundles: usize, env: &Env) {
+    let json = |home: &Path, args: &[&str]| json_env(home, args, env);
     let (code, reconciled) = json(home, &["artifacts", "reconcile"]);
     assert_eq!(code, 0);
     assert_eq!(
@@ -66,6 +122,9 @@ fn assert_published(home: &Path, bundles: usize) {
         .collect();
     keys.sort();
     keys.dedup();
+    if !env.is_empty() {
+        return;
+    }
     let stored = files_under(&home.join("artifacts"));
     assert_eq!(
         stored.len(),
@@ -255,18 +314,33 @@ fn each_attempt_leaves_an_indexed_bundle_read_back_verified() {
 
 #[test]
 fn a_kill_at_every_publication_step_is_finished_by_resume_and_reconcile() {
-    // Until a run is no longer killed: then every step has been a kill point.
+    kill_at_every_publication_step(&mut Vec::new);
+}
+
+#[test]
+fn a_kill_at_every_publication_step_to_s3_is_finished_by_resume_and_reconcile() {
+    if s3_env().is_some() {
+        // A fresh prefix for every run: each is a store of its own.
+        kill_at_every_publication_step(&mut || s3_env().expect("checked above"));
+    }
+}
+
+/// SIGKILL `mission run` at publication step 1, 2, …, until a run is no longer killed (then
+/// every step has been a kill point); after each, `mission resume` and `artifacts reconcile`
+/// leave every claim indexed, the index complete and no object unaccounted for.
+fn kill_at_every_publication_step(fresh_env: &mut dyn FnMut() -> Env) {
     let mut n = 1;
     loop {
         let home = home();
+        let env = &fresh_env();
         let fault = format!("kill-in-publication:{n}");
-        let out = berth(
+        let mut env_with_fault = env.clone();
+        env_with_fault.push(("BERTH_FAULT", fault.clone()));
+        let out = run_env(
             home.path(),
             &["mission", "run", example().to_str().unwrap()],
-        )
-        .env("BERTH_FAULT", &fault)
-        .output()
-        .unwrap();
+            &env_with_fault,
+        );
         use std::os::unix::process::ExitStatusExt;
         if out.status.signal() != Some(9) {
             assert!(
@@ -278,7 +352,7 @@ fn a_kill_at_every_publication_step_is_finished_by_resume_and_reconcile() {
             break;
         }
         let id = only_mission(home.path());
-        let resumed = run(home.path(), &["mission", "resume", &id]);
+        let resumed = run_env(home.path(), &["mission", "resume", &id], env);
         assert!(
             resumed.status.success(),
             "{fault}: {}{}",
@@ -286,7 +360,7 @@ fn a_kill_at_every_publication_step_is_finished_by_resume_and_reconcile() {
             String::from_utf8_lossy(&resumed.stderr)
         );
         assert_example_succeeded(home.path(), &id);
-        assert_published(home.path(), 2);
+        assert_published_in(home.path(), 2, env);
         n += 1;
         assert!(n < 100, "publication never ended");
     }
