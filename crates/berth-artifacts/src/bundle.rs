@@ -34,6 +34,9 @@ pub struct BundleFile {
     /// Compressed or otherwise opaque to the scanner (a git bundle): withheld when any file of
     /// the bundle needed redaction, since the same secret could hide inside it.
     pub opaque: bool,
+    /// The file's size when only its first bytes are given (a log over the size limit); the
+    /// manifest says so.
+    pub truncated_from: Option<u64>,
 }
 
 /// What an attempt amounted to, as the bundle records it.
@@ -72,6 +75,9 @@ pub struct BundleInput {
     pub retention: String,
     /// Token usage, when known (from the gateway's journal).
     pub usage: Option<serde_json::Value>,
+    /// Files the caller could not include, and why (e.g. a git bundle over the size limit:
+    /// cut short it would be corrupt).
+    pub withheld: Vec<Withheld>,
     /// The files.
     pub files: Vec<BundleFile>,
 }
@@ -93,6 +99,9 @@ pub struct ManifestFile {
     pub redactions: u64,
     /// Where its object is (`cas/blake3/XX/HASH`).
     pub object_key: String,
+    /// The original size when only the first bytes were kept (a log over the size limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_from: Option<u64>,
 }
 
 /// A file left out, and why.
@@ -258,7 +267,7 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
             hex::encode(sha2::Sha256::digest(&file.bytes)),
         ))
     });
-    let (mut listed, mut withheld, mut objects) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut listed, mut withheld, mut objects) = (Vec::new(), input.withheld, Vec::new());
     for ((file, masked), hashed) in files.into_iter().zip(masks).zip(hashes) {
         let Some((blake3_hex, sha256_hex)) = hashed else {
             withheld.push(Withheld {
@@ -278,6 +287,7 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
             sha256: sha256_hex,
             redactions: masked,
             object_key: key.clone(),
+            truncated_from: file.truncated_from,
         });
         objects.push((key, bytes::Bytes::from(file.bytes)));
     }
@@ -364,6 +374,7 @@ mod tests {
             },
             retention: "forever".into(),
             usage: None,
+            withheld: Vec::new(),
             files,
         }
     }
@@ -374,6 +385,7 @@ mod tests {
             mime: "text/plain".into(),
             bytes: text.as_bytes().to_vec(),
             opaque,
+            truncated_from: None,
         }
     }
 
@@ -467,5 +479,28 @@ mod tests {
             &r
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_cut_log_and_a_file_left_out_are_said_in_the_manifest() {
+        let mut cut = file("logs/agent.jsonl", "first bytes only", false);
+        cut.truncated_from = Some(1 << 30);
+        let mut with = input(vec![cut, file("patch.diff", "+x\n", false)]);
+        with.withheld.push(Withheld {
+            path: "repo.bundle".into(),
+            reason: "over the limit".into(),
+        });
+        let built = build(with, &Redactor::default()).unwrap();
+        let manifest: serde_json::Value = serde_json::from_slice(&built.manifest_bytes).unwrap();
+        let files = manifest["files"].as_array().unwrap();
+        let log = files
+            .iter()
+            .find(|f| f["path"] == "logs/agent.jsonl")
+            .unwrap();
+        assert_eq!(log["truncated_from"], 1u64 << 30);
+        assert_eq!(log["size"], "first bytes only".len());
+        let patch = files.iter().find(|f| f["path"] == "patch.diff").unwrap();
+        assert!(patch.get("truncated_from").is_none(), "{patch}");
+        assert_eq!(manifest["withheld"][0]["path"], "repo.bundle");
     }
 }

@@ -30,11 +30,13 @@ fn input(attempt: usize) -> BundleInput {
         },
         retention: "forever".into(),
         usage: None,
+        withheld: Vec::new(),
         files: vec![BundleFile {
             path: "patch.diff".into(),
             mime: "text/x-diff".into(),
             bytes: format!("+attempt {attempt}\n").into_bytes(),
             opaque: false,
+            truncated_from: None,
         }],
     }
 }

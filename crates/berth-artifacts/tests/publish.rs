@@ -28,24 +28,28 @@ fn input(accepted: bool) -> BundleInput {
         },
         retention: "forever".into(),
         usage: None,
+        withheld: Vec::new(),
         files: vec![
             BundleFile {
                 path: "patch.diff".into(),
                 mime: "text/x-diff".into(),
                 bytes: b"--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n".to_vec(),
                 opaque: false,
+                truncated_from: None,
             },
             BundleFile {
                 path: "logs/agent.jsonl".into(),
                 mime: "application/x-ndjson".into(),
                 bytes: format!("{{\"key\":\"{CANARY}\"}}\n").into_bytes(),
                 opaque: false,
+                truncated_from: None,
             },
             BundleFile {
                 path: "logs/events.jsonl".into(),
                 mime: "application/x-ndjson".into(),
                 bytes: b"{\"kind\":\"tool_call\"}\n".to_vec(),
                 opaque: false,
+                truncated_from: None,
             },
         ],
     }
@@ -215,6 +219,7 @@ async fn reconcile_finishes_waits_expires_and_reports_orphans() {
         mime: "text/plain".into(),
         bytes: b"written by nobody".to_vec(),
         opaque: false,
+        truncated_from: None,
     });
     let other = build(unique, &redactor).unwrap();
     let (s, o, b) = (store.clone(), objects.clone(), other.clone());

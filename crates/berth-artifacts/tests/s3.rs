@@ -57,18 +57,21 @@ fn input(marker: &str) -> BundleInput {
         },
         retention: "forever".into(),
         usage: None,
+        withheld: Vec::new(),
         files: vec![
             BundleFile {
                 path: "patch.diff".into(),
                 mime: "text/x-diff".into(),
                 bytes: format!("+{marker}\n").into_bytes(),
                 opaque: false,
+                truncated_from: None,
             },
             BundleFile {
                 path: "logs/big.bin".into(),
                 mime: "application/octet-stream".into(),
                 bytes: (0..(3 << 20)).map(|i| (i % 251) as u8).collect(),
                 opaque: false,
+                truncated_from: None,
             },
         ],
     }

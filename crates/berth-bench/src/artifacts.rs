@@ -42,6 +42,7 @@ fn files(round: usize) -> Vec<BundleFile> {
                 mime: "application/octet-stream".into(),
                 bytes,
                 opaque: false,
+                truncated_from: None,
             }
         })
         .collect()
@@ -62,6 +63,7 @@ fn input(round: usize, files: Vec<BundleFile>) -> BundleInput {
         },
         retention: "bench".into(),
         usage: None,
+        withheld: Vec::new(),
         files,
     }
 }

@@ -140,16 +140,19 @@ fn collect_strings(value: &serde_json::Value, into: &mut Vec<String>) {
     }
 }
 
-/// A regular file Berth wrote under the mission directory (never a link), bounded.
-fn read_bounded(path: &Path) -> Option<Vec<u8>> {
+/// A regular file Berth wrote under the mission directory (never a link), bounded: its first
+/// [`MAX_LOG_BYTES`], and its whole size when that was more.
+fn read_bounded(path: &Path) -> Option<(Vec<u8>, Option<u64>)> {
     use std::io::Read;
     if !std::fs::symlink_metadata(path).ok()?.file_type().is_file() {
         return None;
     }
     let file = std::fs::File::open(path).ok()?;
+    let size = file.metadata().ok()?.len();
     let mut bytes = Vec::new();
     file.take(MAX_LOG_BYTES).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
+    let truncated_from = (size > bytes.len() as u64).then_some(size);
+    Some((bytes, truncated_from))
 }
 
 /// Token usage summed from the gateway's journal (`None`: no journal or no usage reported).
@@ -180,7 +183,7 @@ async fn gather(
     attempt: &AttemptRecord,
     lifecycle: Lifecycle,
 ) -> Result<BundleInput, OrchestratorError> {
-    let mut files = Vec::new();
+    let (mut files, mut withheld) = (Vec::new(), Vec::new());
     let dir = orch.mission_dir(mission);
     // The patch and the git bundle of the captured commit, when there is one.
     if lifecycle.commit.is_some() {
@@ -206,15 +209,26 @@ async fn gather(
                 format!("{diff}\n").into_bytes()
             },
             opaque: false,
+            truncated_from: None,
         });
         let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-        if let Some(bytes) = read_bounded(&bundle) {
-            files.push(BundleFile {
+        match read_bounded(&bundle) {
+            Some((bytes, None)) => files.push(BundleFile {
                 path: "repo.bundle".into(),
                 mime: "application/x-git-bundle".into(),
                 bytes,
                 opaque: true,
-            });
+                truncated_from: None,
+            }),
+            // Cut short, a git bundle is corrupt: left out, with the reason.
+            Some((_, Some(size))) => withheld.push(berth_artifacts::bundle::Withheld {
+                path: "repo.bundle".into(),
+                reason: format!(
+                    "{size} bytes, over the {MAX_LOG_BYTES}-byte limit (the patch and the \
+                     mission's own bundle hold the commit)"
+                ),
+            }),
+            None => {}
         }
     }
     // The agent's logs (agent CLIs).
@@ -231,17 +245,19 @@ async fn gather(
         .unwrap_or_default();
     names.sort();
     for name in &names {
-        if let Some(bytes) = read_bounded(&logs.join(name)) {
+        // A log over the limit keeps its first bytes; the manifest gives its whole size.
+        if let Some((bytes, truncated_from)) = read_bounded(&logs.join(name)) {
             files.push(BundleFile {
                 path: format!("logs/{name}"),
                 mime: mime_of(name).into(),
                 bytes,
                 opaque: false,
+                truncated_from,
             });
         }
     }
     // The trajectory, when the agent did something.
-    if let (Some(harness), Some(bytes)) = (
+    if let (Some(harness), Some((bytes, _))) = (
         Harness::parse(&spec.file.harness.kind),
         read_bounded(&logs.join("events.jsonl")),
     ) {
@@ -258,6 +274,7 @@ async fn gather(
                 mime: "application/json".into(),
                 bytes: serde_json::to_vec_pretty(&trajectory).expect("trajectory serializes"),
                 opaque: false,
+                truncated_from: None,
             });
         }
     }
@@ -281,6 +298,7 @@ async fn gather(
         mime: "application/json".into(),
         bytes: serde_json::to_vec_pretty(&facts).expect("facts serialize"),
         opaque: false,
+        truncated_from: None,
     });
     Ok(BundleInput {
         mission: mission.to_owned(),
@@ -290,6 +308,7 @@ async fn gather(
         lifecycle,
         retention: "forever".into(),
         usage: usage(&logs.join("gateway.jsonl")),
+        withheld,
         files,
     })
 }
