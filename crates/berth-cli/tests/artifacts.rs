@@ -24,6 +24,16 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     found
 }
 
+/// `mission run` of the bundled example, which succeeds.
+fn run_example(home: &Path) {
+    let out = run(home, &["mission", "run", example().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Variables a command runs with (the S3 configuration, or none for the local store).
 type Env = Vec<(&'static str, String)>;
 
@@ -216,15 +226,7 @@ fn assert_parquet_export_matches_the_index(home: &Path) {
 #[test]
 fn each_attempt_leaves_an_indexed_bundle_read_back_verified() {
     let home = home();
-    let out = run(
-        home.path(),
-        &["mission", "run", example().to_str().unwrap()],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_example(home.path());
     assert_published(home.path(), 2);
     let id = only_mission(home.path());
     let (_, accepted) = json(
@@ -510,15 +512,7 @@ fn a_mission_whose_bundle_cannot_be_published_waits_and_resumes() {
 #[test]
 fn the_index_is_an_iceberg_table_appended_as_bundles_are_indexed() {
     let home = home();
-    let out = run(
-        home.path(),
-        &["mission", "run", example().to_str().unwrap()],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_example(home.path());
     let key = |r: &Value| {
         (
             r["bundle_id"].as_str().unwrap().to_owned(),
