@@ -63,6 +63,21 @@ impl Redactor {
 
     /// Masks every known value and token shape in `bytes`; how many were masked.
     pub fn redact(&self, bytes: &mut [u8]) -> usize {
+        let mut count = self.redact_known(bytes);
+        count += mask_patterns(bytes);
+        count += mask_pem(bytes);
+        count
+    }
+
+    /// The longest known value (a stream that writes in parts holds back at least this much,
+    /// so a value is never split by a cut).
+    pub fn longest_known(&self) -> usize {
+        self.secrets.first().map_or(0, Vec::len)
+    }
+
+    /// Masks the known values only: each match is whole, so this is safe on a prefix of a
+    /// stream (a value cut by its end is not found, not half-masked).
+    pub fn redact_known(&self, bytes: &mut [u8]) -> usize {
         let mut count = 0;
         for secret in &self.secrets {
             let mut at = 0;
@@ -73,10 +88,13 @@ impl Redactor {
                 at = start + secret.len();
             }
         }
-        count += mask_patterns(bytes);
-        count += mask_pem(bytes);
         count
     }
+}
+
+/// Whether `b` can be part of a token shape (a stream is cut only between such runs).
+pub fn is_token_byte(b: u8) -> bool {
+    token_byte(b)
 }
 
 fn mask(bytes: &mut [u8]) {
@@ -221,5 +239,19 @@ mod tests {
         assert_eq!(n, 1);
         assert!(!out.contains("MHcCAQEEIB") && out.contains("MIIB"), "{out}");
         assert!(out.contains("-----END EC PRIVATE KEY-----"));
+    }
+
+    #[test]
+    fn known_values_alone_are_masked_whole_or_not_at_all() {
+        let r = Redactor::new(["canary-9f2c1e-do-not-leak".to_owned()]);
+        assert_eq!(r.longest_known(), "canary-9f2c1e-do-not-leak".len());
+        // Cut by the end of what has arrived: not found, not half-masked; token shapes untouched.
+        let mut cut = b"x canary-9f2c1e-do-n sk-aaaaaaaaaaaaaaaaaaaaaaaaa".to_vec();
+        assert_eq!(r.redact_known(&mut cut), 0);
+        assert_eq!(&cut, b"x canary-9f2c1e-do-n sk-aaaaaaaaaaaaaaaaaaaaaaaaa");
+        let mut whole = b"x canary-9f2c1e-do-not-leak y".to_vec();
+        assert_eq!(r.redact_known(&mut whole), 1);
+        assert_eq!(&whole, b"x ************************* y");
+        assert!(is_token_byte(b'a') && !is_token_byte(b' ') && !is_token_byte(b'*'));
     }
 }

@@ -139,18 +139,30 @@ impl AgentLogs {
             Stream::Stdout => &mut self.stdout_pending,
             Stream::Stderr => &mut self.stderr_pending,
         };
+        // Only what is written is masked: masking the start of a token the next read continues
+        // would leave its continuation unmasked.
         let upto = if all {
+            self.redactor.redact(pending);
             pending.len()
         } else if let Some(newline) = memchr::memrchr(b'\n', pending) {
+            // Whole lines: no token shape spans a newline.
+            self.redactor.redact(&mut pending[..newline + 1]);
             newline + 1
         } else if pending.len() > MAX_PENDING {
-            pending.len() - HOLD_BACK
+            // A long line in parts: cut between token runs, far enough back that a known value
+            // crossing the cut ends inside the buffer (found by the scan of all of it).
+            let hold = HOLD_BACK.max(self.redactor.longest_known());
+            let limit = pending.len().saturating_sub(hold);
+            let cut = pending[..limit]
+                .iter()
+                .rposition(|b| !berth_artifacts::redact::is_token_byte(*b))
+                .map_or(limit, |at| at + 1);
+            self.redactor.redact_known(pending);
+            self.redactor.redact(&mut pending[..cut]);
+            cut
         } else {
             return;
         };
-        // The whole buffer is scanned (a match may run into the held-back part), only the
-        // first `upto` bytes are written.
-        self.redactor.redact(pending);
         let ready: Vec<u8> = pending.drain(..upto).collect();
         match stream {
             Stream::Stdout => {
@@ -305,6 +317,13 @@ mod tests {
             logs.chunk(Stream::Stdout, piece);
         }
         logs.chunk(Stream::Stdout, b"\n");
+        // A token the first read ends inside of, on a line that continues: masked whole.
+        let split = (
+            "{\"t\":\"x\"}\nnext sk-aaaaaaaaaaaaaaaaaaaaaaaa".to_owned(),
+            format!("{} done\n", "b".repeat(30)),
+        );
+        logs.chunk(Stream::Stdout, split.0.as_bytes());
+        logs.chunk(Stream::Stdout, split.1.as_bytes());
         // stderr, and a last line without a newline.
         logs.chunk(Stream::Stderr, &CANARY.as_bytes()[..5]);
         logs.chunk(Stream::Stderr, &CANARY.as_bytes()[5..]);
@@ -317,13 +336,23 @@ mod tests {
             let text = String::from_utf8_lossy(&bytes);
             assert!(!text.contains(CANARY), "{file} holds the canary");
             assert!(!text.contains("sk-aaaa"), "{file} holds the token");
+            assert!(
+                !text.contains("bbbbbbbbbb"),
+                "{file} holds the token's continuation"
+            );
             total += bytes.len();
         }
         let raw = std::fs::read_to_string(dir.path().join("agent.jsonl")).unwrap();
         // Masked in place: lengths and the JSON structure survive.
         assert_eq!(
             raw.len(),
-            line.len() + long.len() + 1 + "tail ".len() + CANARY.len()
+            line.len()
+                + long.len()
+                + 1
+                + split.0.len()
+                + split.1.len()
+                + "tail ".len()
+                + CANARY.len()
         );
         assert!(raw.starts_with("{\"type\":\"item.completed\""));
         assert!(raw.ends_with(&format!("tail {}", "*".repeat(CANARY.len()))));
