@@ -72,6 +72,17 @@ fn table_schema() -> Result<Schema, ArtifactError> {
         .map_err(iceberg_err)
 }
 
+/// The bundles `table`'s snapshots name in their summaries.
+fn appended(table: &iceberg::table::Table) -> BTreeSet<String> {
+    table
+        .metadata()
+        .snapshots()
+        .filter_map(|s| s.summary().additional_properties.get(BUNDLES_KEY))
+        .flat_map(|ids| ids.split(',').filter(|id| !id.is_empty()))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// What a sync appended.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Synced {
@@ -188,24 +199,21 @@ impl IcebergIndex {
 
     /// The bundles the table's snapshots have appended.
     pub async fn bundles(&self) -> Result<BTreeSet<String>, ArtifactError> {
-        let table = self
-            .catalog
+        Ok(appended(&self.table().await?))
+    }
+
+    async fn table(&self) -> Result<iceberg::table::Table, ArtifactError> {
+        self.catalog
             .load_table(&self.ident)
             .await
-            .map_err(iceberg_err)?;
-        Ok(table
-            .metadata()
-            .snapshots()
-            .filter_map(|s| s.summary().additional_properties.get(BUNDLES_KEY))
-            .flat_map(|ids| ids.split(',').filter(|id| !id.is_empty()))
-            .map(str::to_owned)
-            .collect())
+            .map_err(iceberg_err)
     }
 
     /// Appends the rows of every INDEXED bundle the table does not hold yet (see the module).
     pub async fn sync(&self, store: &dyn ArtifactStore) -> Result<Synced, ArtifactError> {
         let _lock = self.lock().await?;
-        let present = self.bundles().await?;
+        let table = self.table().await?;
+        let present = appended(&table);
         let mut missing: Vec<String> = store
             .publications(Some(PublicationState::Indexed))
             .await
@@ -230,11 +238,6 @@ impl IcebergIndex {
                     .map_err(|e| ArtifactError::Store(e.to_string()))?,
             );
         }
-        let table = self
-            .catalog
-            .load_table(&self.ident)
-            .await
-            .map_err(iceberg_err)?;
         let schema = table.metadata().current_schema().clone();
         let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).map_err(iceberg_err)?);
         // Named after the bundles it holds: a retry after a crash rewrites the same file.
@@ -269,11 +272,7 @@ impl IcebergIndex {
 
     /// Every row of the table, read back through the catalog (a full scan).
     pub async fn rows(&self) -> Result<Vec<ArtifactRow>, ArtifactError> {
-        let table = self
-            .catalog
-            .load_table(&self.ident)
-            .await
-            .map_err(iceberg_err)?;
+        let table = self.table().await?;
         if table.metadata().current_snapshot().is_none() {
             return Ok(Vec::new());
         }

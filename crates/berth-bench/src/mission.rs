@@ -250,35 +250,21 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
         ctx.progress.say(&format!(
             "mission bench: {TASKS_PER_MISSION}-task missions {round}/{rounds}"
         ));
-        let mut raws = 0.0;
-        let raw_first = round % 2 == 0;
-        let mission = if raw_first {
+        // As many raw attempts as the mission has tasks, in milliseconds.
+        let raw_batch = || async {
+            let mut total = 0.0;
             for n in 0..TASKS_PER_MISSION {
-                raws += ms(raw_attempt(
-                    &ctx,
-                    &provider,
-                    &bundle,
-                    &base,
-                    &evidence,
-                    1000 + round * 100 + n,
-                )
-                .await?);
+                let tag = 1000 + round * 100 + n;
+                total += ms(raw_attempt(&ctx, &provider, &bundle, &base, &evidence, tag).await?);
             }
-            ms(mission_run(&ctx, &several).await?)
+            Ok::<f64, crate::BenchError>(total)
+        };
+        let (mission, raws) = if round % 2 == 0 {
+            let raws = raw_batch().await?;
+            (ms(mission_run(&ctx, &several).await?), raws)
         } else {
-            let took = ms(mission_run(&ctx, &several).await?);
-            for n in 0..TASKS_PER_MISSION {
-                raws += ms(raw_attempt(
-                    &ctx,
-                    &provider,
-                    &bundle,
-                    &base,
-                    &evidence,
-                    1000 + round * 100 + n,
-                )
-                .await?);
-            }
-            took
+            let mission = ms(mission_run(&ctx, &several).await?);
+            (mission, raw_batch().await?)
         };
         shared.push((mission - raws) / TASKS_PER_MISSION as f64);
     }

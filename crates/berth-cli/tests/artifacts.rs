@@ -372,32 +372,9 @@ fn kill_at_every_publication_step(fresh_env: &mut dyn FnMut() -> Env) {
 /// there; the credentials are named by variable and masked if they ever appear in a bundle.
 #[test]
 fn bundles_go_to_an_s3_bucket_when_configured() {
-    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
-        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
-            return;
-        }
-        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
-    };
+    let Some(env) = s3_env() else { return };
     let home = home();
-    let prefix = format!(
-        "cli-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
-    let with_s3 = |args: &[&str]| {
-        berth(home.path(), args)
-            .env("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}"))
-            .env("BERTH_ARTIFACTS_ENDPOINT", &endpoint)
-            .env("BERTH_ARTIFACTS_KEY_ID_VAR", "S3_KEY")
-            .env("BERTH_ARTIFACTS_SECRET_VAR", "S3_SECRET")
-            .env("S3_KEY", "test")
-            .env("S3_SECRET", "testsecret")
-            .output()
-            .unwrap()
-    };
+    let with_s3 = |args: &[&str]| run_env(home.path(), args, &env);
     let out = with_s3(&["mission", "run", example().to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -432,12 +409,17 @@ fn bundles_go_to_an_s3_bucket_when_configured() {
     let doc: Value = serde_json::from_slice(&reconciled.stdout).unwrap();
     assert_eq!(doc["reconciled"]["orphans"], Value::Array(vec![]), "{doc}");
     // A missing credential is a clear error, not a silent local fallback.
-    let missing = berth(home.path(), &["artifacts", "reconcile"])
-        .env("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}"))
-        .env("BERTH_ARTIFACTS_ENDPOINT", &endpoint)
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .output()
-        .unwrap();
+    let location: Env = env
+        .iter()
+        .filter(|(name, _)| matches!(*name, "BERTH_ARTIFACTS_URL" | "BERTH_ARTIFACTS_ENDPOINT"))
+        .cloned()
+        .collect();
+    assert_eq!(location.len(), 2);
+    let mut missing = berth(home.path(), &["artifacts", "reconcile"]);
+    for (name, value) in &location {
+        missing.env(name, value);
+    }
+    let missing = missing.env_remove("AWS_ACCESS_KEY_ID").output().unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("AWS_ACCESS_KEY_ID"));
 }
