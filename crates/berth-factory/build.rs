@@ -96,24 +96,48 @@ fn embed_supervisor(crates: &Path) {
 fn main() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     embed_supervisor(&crates);
-    let adapters: [(&str, &[&str]); 3] = [
+    // Sources relative to `crates/`: a directory (every file beneath it) or one file.
+    let adapters: [(&str, &[&str]); 4] = [
         // Host and bwrap commands run under the supervisor crate's reaper (and bwrap's entry).
         (
             "HOST",
-            &["berth-provider-host", "berth-local", "berth-supervisor"],
+            &[
+                "berth-provider-host/src",
+                "berth-local/src",
+                "berth-supervisor/src",
+            ],
         ),
         (
             "BWRAP",
-            &["berth-provider-bwrap", "berth-local", "berth-supervisor"],
+            &[
+                "berth-provider-bwrap/src",
+                "berth-local/src",
+                "berth-supervisor/src",
+            ],
         ),
-        ("DOCKER", &["berth-provider-docker", "berth-supervisor"]),
+        (
+            "DOCKER",
+            &["berth-provider-docker/src", "berth-supervisor/src"],
+        ),
+        // The bridge: the adapter, the sidecar and the exact packages it loads.
+        (
+            "COMPUTESDK",
+            &[
+                "berth-provider-computesdk/src",
+                "../bridge/computesdk/sidecar.mjs",
+                "../bridge/computesdk/package-lock.json",
+            ],
+        ),
     ];
     for (id, sources) in adapters {
         let mut hasher = Sha256::new();
         for source in sources {
-            let dir = crates.join(source).join("src");
+            let dir = crates.join(source);
             println!("cargo:rerun-if-changed={}", dir.display());
             let mut all = Vec::new();
+            if dir.is_file() {
+                all.push(dir.clone());
+            }
             files(&dir, &mut all);
             all.sort();
             for file in all {

@@ -357,7 +357,7 @@ pub fn evaluate(
         }
         let status = match (record, expect.adapter_source_hash) {
             (_, None) => Status::Unknown("no adapter in this build".into()),
-            (None, Some(_)) => Status::Unknown("no evidence record".into()),
+            (None, Some(_)) => Status::Unknown(missing_record(manifest)),
             (Some(record), Some(_)) => match record_problem(manifest, record, expect) {
                 Some(problem) => Status::Unknown(problem),
                 None => capability_status(manifest, &name, record, expect),
@@ -366,6 +366,16 @@ pub fn evaluate(
         out.insert(name, status);
     }
     out
+}
+
+/// Why there is no record: for a provider whose live proof needs credentials, which ones.
+fn missing_record(manifest: &ProviderManifest) -> String {
+    let needed: Vec<&str> = manifest.required_secrets().collect();
+    if needed.is_empty() {
+        "no evidence record".into()
+    } else {
+        format!("no live evidence: needs {}", needed.join(" and "))
+    }
 }
 
 /// The conformance clause that checks a manifest's declared default walls; without declared
@@ -391,18 +401,22 @@ fn capability_status(
     if expected.is_empty() {
         return Status::Unknown(format!("no conformance clause covers `{name}` yet"));
     }
+    let mut known = Vec::new();
     for id in &expected {
         let Some(clause) = record.clauses.iter().find(|c| c.clause == *id) else {
             return Status::Unknown(format!("clause `{id}` missing from the record"));
         };
         match clause.grade {
             Grade::Pass => {}
-            Grade::Fail => {
-                return Status::Failed(format!(
-                    "clause `{id}` failed: {}",
-                    clause.diagnostics.join("; ")
-                ))
-            }
+            Grade::Fail => match manifest.verification.known_failures.get(*id) {
+                Some(reason) => known.push(format!("`{id}`: {reason}")),
+                None => {
+                    return Status::Failed(format!(
+                        "clause `{id}` failed: {}",
+                        clause.diagnostics.join("; ")
+                    ))
+                }
+            },
             Grade::Unverified => {
                 return Status::Unknown(format!(
                     "clause `{id}` unverified: {}",
@@ -417,7 +431,30 @@ fn capability_status(
             }
         }
     }
-    Status::Verified
+    if known.is_empty() {
+        Status::Verified
+    } else {
+        Status::Failed(format!("{KNOWN_FAILURE}{}", known.join("; ")))
+    }
+}
+
+/// How a FAILED status caused only by failures the manifest declares begins.
+pub const KNOWN_FAILURE: &str = "known failure, as the manifest declares: ";
+
+/// Declared known failures the record does not show failing: the declaration is stale.
+pub fn stale_known_failures(manifest: &ProviderManifest, record: &EvidenceRecord) -> Vec<String> {
+    manifest
+        .verification
+        .known_failures
+        .keys()
+        .filter(|id| {
+            !record
+                .clauses
+                .iter()
+                .any(|c| &c.clause == *id && c.grade == Grade::Fail)
+        })
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

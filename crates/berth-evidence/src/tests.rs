@@ -300,3 +300,57 @@ fn key_files_parse_or_refuse() {
         key().verifying_key().to_bytes()
     );
 }
+
+/// A failure the manifest declares is still FAILED (the truth), marked known so the catalog
+/// check accepts exactly it; an undeclared one is a plain failure; a declared one that passes
+/// is stale.
+#[test]
+fn known_failures_are_reported_failed_and_only_they_are_accepted() {
+    let mut manifest = host();
+    manifest.verification.known_failures.insert(
+        "core.destroy_twice_verified_gone".into(),
+        "the vendor cannot prove absence".into(),
+    );
+    let failing = record(&[
+        ("core.create_ready_exec", Grade::Pass),
+        ("core.destroy_twice_verified_gone", Grade::Fail),
+        ("files.round_trip_binary", Grade::Fail),
+        ("fork.independent_copy", Grade::Pass),
+    ]);
+    let status = evaluate(&manifest, Some(&failing), &expect());
+    match &status["core"] {
+        Status::Failed(why) => {
+            assert!(why.starts_with(KNOWN_FAILURE), "{why}");
+            assert!(why.contains("cannot prove absence"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &status["files"] {
+        Status::Failed(why) => assert!(!why.starts_with(KNOWN_FAILURE), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(stale_known_failures(&manifest, &failing).is_empty());
+    // The same declaration over a record where the clause passes is stale.
+    assert_eq!(
+        stale_known_failures(&manifest, &all_pass()),
+        vec!["core.destroy_twice_verified_gone".to_owned()]
+    );
+    // Without the declaration the same record's core is a plain failure.
+    let status = evaluate(&host(), Some(&failing), &expect());
+    assert!(matches!(&status["core"], Status::Failed(why) if !why.starts_with(KNOWN_FAILURE)));
+}
+
+/// A provider whose live proof needs a secret says which, instead of "no evidence record".
+#[test]
+fn missing_record_of_a_credentialed_provider_names_the_credentials() {
+    let (origin, text) = berth_manifest::embedded()
+        .iter()
+        .find(|(o, _)| o.ends_with("computesdk.e2b.toml"))
+        .unwrap();
+    let e2b = berth_manifest::parse(origin, text).unwrap();
+    let status = evaluate(&e2b, None, &expect());
+    assert_eq!(
+        status["core"],
+        Status::Unknown("no live evidence: needs E2B_API_KEY".into())
+    );
+}

@@ -199,12 +199,14 @@ impl Entry {
 }
 
 /// The id an embedded manifest declares: its file name (a test checks they agree).
-fn embedded_id(origin: &str) -> &str {
-    origin
-        .rsplit('/')
-        .next()
-        .unwrap_or(origin)
-        .trim_end_matches(".toml")
+fn embedded_id(origin: &str) -> String {
+    berth_manifest::id_from_file_stem(
+        origin
+            .rsplit('/')
+            .next()
+            .unwrap_or(origin)
+            .trim_end_matches(".toml"),
+    )
 }
 
 impl fmt::Debug for Registry {
@@ -227,7 +229,7 @@ impl Registry {
                         source: Some((origin, text)),
                         parsed: std::sync::OnceLock::new(),
                     };
-                    (embedded_id(origin).to_owned(), entry)
+                    (embedded_id(origin), entry)
                 })
                 .collect(),
             constructors: BTreeMap::new(),
@@ -238,6 +240,10 @@ impl Registry {
         registry.register("bwrap", construct_bwrap);
         #[cfg(feature = "docker")]
         registry.register("docker", construct_docker);
+        #[cfg(feature = "computesdk")]
+        for vendor in berth_provider_computesdk::VENDORS {
+            registry.register(&format!("computesdk:{}", vendor.name), construct_computesdk);
+        }
         Ok(registry)
     }
 
@@ -399,6 +405,10 @@ pub fn adapter_source_hash(id: &str) -> Option<&'static str> {
         "host" => Some(env!("BERTH_ADAPTER_SOURCE_HOST")),
         "bwrap" => Some(env!("BERTH_ADAPTER_SOURCE_BWRAP")),
         "docker" => Some(env!("BERTH_ADAPTER_SOURCE_DOCKER")),
+        #[cfg(feature = "computesdk")]
+        id if berth_provider_computesdk::vendor(id).is_some() => {
+            Some(env!("BERTH_ADAPTER_SOURCE_COMPUTESDK"))
+        }
         _ => None,
     }
 }
@@ -470,6 +480,67 @@ fn construct_bwrap(
     Ok(Arc::new(provider))
 }
 
+/// A ComputeSDK provider through the bridge. The sidecar gets PATH and exactly the variables the
+/// manifest names; the secret ones are also what its messages are masked of.
+#[cfg(feature = "computesdk")]
+fn construct_computesdk(
+    manifest: &ProviderManifest,
+    config: &ProviderConfig,
+) -> Result<Arc<dyn Provider>, ProviderError> {
+    let provider =
+        berth_provider_computesdk::new(&manifest.id, computesdk_config(manifest, config)?)?;
+    Ok(Arc::new(provider))
+}
+
+#[cfg(feature = "computesdk")]
+fn computesdk_config(
+    manifest: &ProviderManifest,
+    config: &ProviderConfig,
+) -> Result<berth_provider_computesdk::BridgeConfig, ProviderError> {
+    let path = config
+        .env
+        .get("PATH")
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+        .to_owned();
+    let node = config
+        .env
+        .get("BERTH_NODE")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("node"))
+                .find(|candidate| candidate.is_file())
+        })
+        .ok_or_else(|| {
+            ProviderError::new(
+                ErrorKind::Setup,
+                &manifest.id,
+                "the ComputeSDK bridge needs Node >= 20.18.1: no `node` on PATH (or set BERTH_NODE)",
+            )
+        })?;
+    let dir = config
+        .env
+        .get("BERTH_COMPUTESDK_BRIDGE")
+        .map(PathBuf::from)
+        .unwrap_or_else(berth_provider_computesdk::default_bridge_dir);
+    let mut env = vec![("PATH".to_owned(), path)];
+    let mut secrets = Vec::new();
+    for credential in &manifest.credentials {
+        if let Some(value) = config.env.get(&credential.name) {
+            env.push((credential.name.clone(), value.to_owned()));
+            if credential.kind == berth_manifest::CredentialKind::Secret {
+                secrets.push(value.to_owned());
+            }
+        }
+    }
+    Ok(berth_provider_computesdk::BridgeConfig {
+        node,
+        dir,
+        env,
+        secrets,
+    })
+}
+
 #[cfg(feature = "docker")]
 fn construct_docker(
     _manifest: &ProviderManifest,
@@ -530,6 +601,22 @@ pub async fn observed_provenance(id: &str, config: &ProviderConfig) -> Option<St
             .await
             .ok()?;
         return Some(format!("docker engine {engine}, API {api} negotiated"));
+    }
+    #[cfg(feature = "computesdk")]
+    if berth_provider_computesdk::vendor(id).is_some() {
+        // What the sidecar actually loaded, not what the lock says.
+        let registry = Registry::builtin().ok()?;
+        let manifest = registry.manifest(id).ok()?;
+        let bridged =
+            berth_provider_computesdk::new(id, computesdk_config(manifest, config).ok()?).ok()?;
+        let packages = bridged.packages().await.ok()?;
+        return Some(
+            packages
+                .iter()
+                .map(|(name, version)| format!("{name} {version}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
     }
     let _ = (id, config);
     None

@@ -61,13 +61,39 @@ fn unknown_and_catalog_only_providers_are_clear_errors() {
     let err = registry.construct("nope", &config).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unknown provider `nope` (known: agent37, bwrap, daytona, docker, e2b, freestyle, host, microsandbox, modal)"
+        "unknown provider `nope` (known: agent37, bwrap, computesdk:daytona, computesdk:e2b, computesdk:just-bash, computesdk:modal, daytona, docker, e2b, freestyle, host, microsandbox, modal)"
     );
 
     let catalog_only = host_manifest_with("id = \"host\"", "id = \"e2b\"");
     let registry = Registry::with_manifests([catalog_only]);
     let err = registry.construct("e2b", &config).unwrap_err();
     assert!(matches!(err, FactoryError::NoAdapter { .. }), "{err}");
+}
+
+/// A bridged cloud provider is constructible, but only with its credential: the error names
+/// the variable, never a value.
+#[test]
+fn bridged_cloud_providers_need_their_credentials() {
+    let (_dir, config) = config();
+    let registry = Registry::builtin().unwrap();
+    assert!(registry.has_adapter("computesdk:e2b"));
+    let err = registry.construct("computesdk:e2b", &config).unwrap_err();
+    assert!(
+        matches!(&err, FactoryError::MissingCredential { variable, .. } if variable == "E2B_API_KEY"),
+        "{err}"
+    );
+    let with_key = ProviderConfig {
+        env: config
+            .env
+            .clone()
+            .with("E2B_API_KEY", "e2b_canary_factory_0000"),
+        ..config.clone()
+    };
+    let provider = registry.construct("computesdk:e2b", &with_key).unwrap();
+    assert_eq!(provider.id(), "computesdk:e2b");
+    assert!(!format!("{provider:?}").contains("e2b_canary_factory"));
+    // Constructing starts nothing: the sidecar starts on first use.
+    assert!(registry.construct("computesdk:just-bash", &config).is_ok());
 }
 
 fn registry_with_host(manifest: ProviderManifest) -> Registry {
@@ -381,7 +407,9 @@ fn every_embedded_manifest_parses_under_its_file_name() {
     assert_eq!(all.len(), berth_manifest::embedded().len());
     for (origin, _) in berth_manifest::embedded() {
         let stem = origin.rsplit('/').next().unwrap().trim_end_matches(".toml");
-        assert_eq!(registry.manifest(stem).unwrap().id, stem, "{origin}");
+        let id = berth_manifest::id_from_file_stem(stem);
+        assert_eq!(registry.manifest(&id).unwrap().id, id, "{origin}");
+        assert_eq!(berth_manifest::file_stem(&id), stem, "{origin}");
     }
     assert!(matches!(
         registry.manifest("no-such-provider"),

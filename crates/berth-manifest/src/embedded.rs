@@ -13,6 +13,22 @@ pub fn embedded() -> &'static [(&'static str, &'static str)] {
             include_str!("../../../catalog/providers/bwrap.toml"),
         ),
         (
+            "catalog/providers/computesdk.daytona.toml",
+            include_str!("../../../catalog/providers/computesdk.daytona.toml"),
+        ),
+        (
+            "catalog/providers/computesdk.e2b.toml",
+            include_str!("../../../catalog/providers/computesdk.e2b.toml"),
+        ),
+        (
+            "catalog/providers/computesdk.just-bash.toml",
+            include_str!("../../../catalog/providers/computesdk.just-bash.toml"),
+        ),
+        (
+            "catalog/providers/computesdk.modal.toml",
+            include_str!("../../../catalog/providers/computesdk.modal.toml"),
+        ),
+        (
             "catalog/providers/daytona.toml",
             include_str!("../../../catalog/providers/daytona.toml"),
         ),

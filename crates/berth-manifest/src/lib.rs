@@ -142,17 +142,29 @@ pub fn json_schema() -> String {
 }
 
 impl ProviderManifest {
+    /// The secret credentials construction requires: without them there can be no live
+    /// evidence, so the catalog gate reports UNKNOWN naming them instead of failing.
+    pub fn required_secrets(&self) -> impl Iterator<Item = &str> {
+        self.credentials
+            .iter()
+            .filter(|c| c.required && c.kind == CredentialKind::Secret)
+            .map(|c| c.name.as_str())
+    }
+}
+
+impl ProviderManifest {
     fn validate(&self, origin: &str) -> Result<(), ManifestError> {
         let invalid = |field: &str, problem: String| ManifestError::Invalid {
             origin: origin.to_owned(),
             field: field.to_owned(),
             problem,
         };
-        if !is_slug(&self.id) {
+        if !is_provider_id(&self.id) {
             return Err(invalid(
                 "id",
                 format!(
-                    "is `{}`; use lowercase letters, digits and `-`, starting with a letter",
+                    "is `{}`; use lowercase letters, digits and `-`, starting with a letter \
+                     (a bridged provider: `bridge:vendor`, each part so)",
                     self.id
                 ),
             ));
@@ -191,6 +203,26 @@ impl ProviderManifest {
         }
         Ok(())
     }
+}
+
+/// A provider id: a slug (`docker`), or `bridge:vendor` for a provider reached through a bridge
+/// (`computesdk:e2b`).
+pub fn is_provider_id(id: &str) -> bool {
+    match id.split_once(':') {
+        Some((bridge, vendor)) => is_slug(bridge) && is_slug(vendor),
+        None => is_slug(id),
+    }
+}
+
+/// The file stem a provider's manifest and evidence record use: the id with `:` as `.`
+/// (`computesdk:e2b` → `computesdk.e2b.toml`, `computesdk.e2b.json`), no colon in file names.
+pub fn file_stem(id: &str) -> String {
+    id.replacen(':', ".", 1)
+}
+
+/// The provider id a manifest or evidence file stem stands for (the inverse of [`file_stem`]).
+pub fn id_from_file_stem(stem: &str) -> String {
+    stem.replacen('.', ":", 1)
 }
 
 fn is_slug(s: &str) -> bool {

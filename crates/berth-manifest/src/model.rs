@@ -211,4 +211,9 @@ pub struct Verification {
     pub verified_at: Option<String>,
     /// Path or id of the evidence record, if any.
     pub evidence: Option<String>,
+    /// Conformance clauses this adapter is known to fail, each with the reason. The gate still
+    /// reports them FAILED; `catalog check` accepts exactly these failures (and fails when one
+    /// of them starts passing, so the declaration cannot go stale).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub known_failures: std::collections::BTreeMap<String, String>,
 }

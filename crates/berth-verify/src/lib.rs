@@ -53,6 +53,9 @@ pub struct Verified {
     pub path: PathBuf,
     /// How many clauses failed.
     pub failed: usize,
+    /// How many of those the manifest declares known failures
+    /// (`[verification] known_failures`).
+    pub known_failed: usize,
 }
 
 /// Verification could not run or its record could not be written (a failed clause is not an
@@ -261,21 +264,28 @@ pub async fn verify(
         path: dir.clone(),
         source,
     })?;
-    let path = dir.join(format!("{}.json", manifest.id));
+    let path = dir.join(format!("{}.json", berth_manifest::file_stem(&manifest.id)));
     let text = serde_json::to_string_pretty(&record).expect("a record serializes");
     std::fs::write(&path, text + "\n").map_err(|source| VerifyError::Write {
         path: path.clone(),
         source,
     })?;
-    let failed = record
+    let failing: Vec<&str> = record
         .clauses
         .iter()
         .filter(|c| c.grade == berth_evidence::Grade::Fail)
+        .map(|c| c.clause.as_str())
+        .collect();
+    let failed = failing.len();
+    let known_failed = failing
+        .iter()
+        .filter(|id| manifest.verification.known_failures.contains_key(**id))
         .count();
     Ok(Verified {
         record,
         path,
         failed,
+        known_failed,
     })
 }
 

@@ -33,7 +33,7 @@ fn read_regular(file: std::fs::File, max: u64) -> std::io::Result<Result<Vec<u8>
 }
 
 fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
-    let path = dir.join(format!("{id}.json"));
+    let path = dir.join(format!("{}.json", berth_manifest::file_stem(id)));
     let invalid = |why: String| {
         CliError::invalid(
             format!("evidence record {} is not valid: {why}", path.display()),
@@ -65,6 +65,10 @@ const SHIPPED: &[(&str, &str)] = &[
     (
         "docker",
         include_str!("../../../../catalog/evidence/docker.json"),
+    ),
+    (
+        "computesdk:just-bash",
+        include_str!("../../../../catalog/evidence/computesdk.just-bash.json"),
     ),
 ];
 
@@ -130,7 +134,10 @@ fn record_for(
 ) -> Result<Option<(EvidenceRecord, Origin)>> {
     let origin = |kind, dir: &Path| Origin {
         kind,
-        path: dir.join(format!("{id}.json")).display().to_string(),
+        path: dir
+            .join(format!("{}.json", berth_manifest::file_stem(id)))
+            .display()
+            .to_string(),
     };
     if let Some(dir) = explicit {
         return Ok(load(dir, id)?.map(|r| (r, origin("explicit", dir))));
@@ -147,7 +154,7 @@ fn record_for(
                 record,
                 Origin {
                     kind: "shipped",
-                    path: format!("catalog/evidence/{id}.json"),
+                    path: format!("catalog/evidence/{}.json", berth_manifest::file_stem(id)),
                 },
             )));
         }
@@ -162,6 +169,11 @@ struct Row {
     claims_verification: bool,
     /// This build has an adapter for it.
     built_in: bool,
+    /// Live proof needs secret credentials (a cloud provider): no record is UNKNOWN, not a
+    /// failed check.
+    needs_credentials: bool,
+    /// Clauses the manifest declares known failures that the record does not show failing.
+    stale_known_failures: Vec<String>,
     capabilities: BTreeMap<String, Status>,
     /// The record, summarised, and where it came from.
     evidence: Option<serde_json::Value>,
@@ -278,6 +290,11 @@ fn statuses(
             id: manifest.id.clone(),
             claims_verification: claims,
             built_in: source_hash.is_some(),
+            needs_credentials: manifest.required_secrets().next().is_some(),
+            stale_known_failures: found
+                .as_ref()
+                .map(|(record, _)| berth_evidence::stale_known_failures(manifest, record))
+                .unwrap_or_default(),
             capabilities: evaluate(manifest, found.as_ref().map(|(r, _)| r), &expect),
             evidence: found.map(|(record, origin)| {
                 json!({
@@ -374,8 +391,14 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
             let mut problems = Vec::new();
             for row in &table {
                 let id = &row.id;
+                for clause in &row.stale_known_failures {
+                    problems.push(format!(
+                        "{id}: the manifest declares `{clause}` a known failure, but the evidence does not show it failing; remove it from [verification] known_failures"
+                    ));
+                }
                 for (capability, status) in &row.capabilities {
                     match status {
+                        Status::Failed(why) if why.starts_with(berth_evidence::KNOWN_FAILURE) => {}
                         Status::Failed(why) => problems.push(format!(
                             "{id}/{capability}: declared supported but the evidence fails: {why}"
                         )),
@@ -383,7 +406,9 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                             "{id}/{capability}: the manifest claims verification but the evidence does not prove it: {why}"
                         )),
                         Status::Unknown(why)
-                            if row.built_in && row.declared.contains(capability) =>
+                            if row.built_in
+                                && row.declared.contains(capability)
+                                && !(row.needs_credentials && row.evidence.is_none()) =>
                         {
                             problems.push(format!(
                                 "{id}/{capability}: declared supported by an adapter in this build, but not VERIFIED: {why}"

@@ -1,0 +1,521 @@
+//! Berth's bridge to ComputeSDK providers (`computesdk:<vendor>`).
+//!
+//! ComputeSDK (MIT, TypeScript) wraps some fifty sandbox vendors behind one create / get /
+//! list / destroy / runCommand / filesystem surface. This adapter drives it through a pinned
+//! Node sidecar (`bridge/computesdk`, [`sidecar`]) and keeps Berth's semantics above it — the
+//! decision and its evidence are in `docs/decisions/computesdk.md`:
+//!
+//! - **The core only**: create, observe, buffered exec, destroy. Everything ComputeSDK emulates
+//!   (streaming through a daemon it injects, background commands via `nohup … &`, string-only
+//!   files with paths spliced into shell lines) is not implemented, so every optional
+//!   capability answers `Unsupported`.
+//! - **No fabricated exit codes**: ComputeSDK's adapters report their own failures as exit code
+//!   127; a 127 is therefore `Unknown` with the reason, never a made-up "command not found".
+//! - **Destroy is verified** through the provider's own `getById`, and only where that call
+//!   tells "not found" apart from a failure ([`Vendor::absence_is_authoritative`]); elsewhere
+//!   destroy is `Accepted` and absence stays unproven.
+//! - **Deadlines are enforced, or not claimed**: a vendor that runs inside the sidecar
+//!   (`just-bash`) is stopped by killing the sidecar, which ends every sandbox it holds; a
+//!   remote vendor's late answer is `Unknown`.
+//! - **Errors are classified here** from the status and message the sidecar reports (auth,
+//!   quota, rate limit, capacity, unavailable), and masked of the credentials' values.
+
+mod classify;
+pub mod sidecar;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use berth_contract::{
+    CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
+    ExecRequest, ExitStatus, NativeId, NetworkMode, Observation, Provider, ProviderError, Result,
+};
+use serde_json::{json, Value};
+
+pub use classify::classify;
+use sidecar::{Failure, Launch, Sidecar};
+
+/// What Berth knows about one ComputeSDK provider package (read from its source at the pinned
+/// version; see the decision record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Vendor {
+    /// ComputeSDK's provider name (`just-bash`, `e2b`, …).
+    pub name: &'static str,
+    /// Its sandboxes live inside the sidecar process (they end with it).
+    pub in_process: bool,
+    /// `getById` returns null only for "not found" (it throws on other failures), so a null is
+    /// proof of absence.
+    pub absence_is_authoritative: bool,
+    /// A sandbox `getById` finds is ready for exec (ComputeSDK reports no state of its own).
+    pub found_means_running: bool,
+    /// It can run a sandbox without network (Berth's default).
+    pub network_none: bool,
+}
+
+/// The ComputeSDK providers this build bridges.
+pub const VENDORS: [Vendor; 4] = [
+    // A Map lookup in the sidecar; an interpreter with networking off by default.
+    Vendor {
+        name: "just-bash",
+        in_process: true,
+        absence_is_authoritative: true,
+        found_means_running: true,
+        network_none: true,
+    },
+    // `Sandbox.connect` inside a catch-all: any failure (auth, network) is null.
+    Vendor {
+        name: "e2b",
+        in_process: false,
+        absence_is_authoritative: false,
+        found_means_running: false,
+        network_none: false,
+    },
+    // Null only when the error says "not found" or 404; anything else throws.
+    Vendor {
+        name: "daytona",
+        in_process: false,
+        absence_is_authoritative: true,
+        found_means_running: false,
+        network_none: false,
+    },
+    // `sandboxes.fromId` inside a catch-all.
+    Vendor {
+        name: "modal",
+        in_process: false,
+        absence_is_authoritative: false,
+        found_means_running: false,
+        network_none: false,
+    },
+];
+
+/// The vendor a Berth provider id names (`computesdk:e2b` → e2b).
+pub fn vendor(provider_id: &str) -> Option<Vendor> {
+    let name = provider_id.strip_prefix("computesdk:")?;
+    VENDORS.into_iter().find(|v| v.name == name)
+}
+
+/// How to reach the sidecar.
+#[derive(Debug, Clone)]
+pub struct BridgeConfig {
+    /// The `node` program.
+    pub node: PathBuf,
+    /// The bridge directory (`sidecar.mjs`, `node_modules`).
+    pub dir: PathBuf,
+    /// The sidecar's whole environment: PATH and the manifest's variables that are set.
+    pub env: Vec<(String, String)>,
+    /// Values to mask in anything the sidecar says (the secret credentials).
+    pub secrets: Vec<String>,
+}
+
+/// The bridge directory of the source tree this build came from.
+pub fn default_bridge_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bridge/computesdk"
+    ))
+}
+
+/// A ComputeSDK provider behind the bridge.
+pub struct ComputeSdk {
+    id: String,
+    vendor: Vendor,
+    launch: Launch,
+    secrets: Vec<String>,
+    sidecar: tokio::sync::Mutex<Option<Arc<Sidecar>>>,
+}
+
+impl std::fmt::Debug for ComputeSdk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ComputeSdk")
+            .field("id", &self.id)
+            .field("launch", &self.launch)
+            .finish()
+    }
+}
+
+/// The bridged provider `provider_id` (`computesdk:<vendor>`). Starts nothing until first use.
+pub fn new(provider_id: &str, config: BridgeConfig) -> Result<ComputeSdk> {
+    let vendor = vendor(provider_id).ok_or_else(|| {
+        ProviderError::new(
+            ErrorKind::Setup,
+            provider_id,
+            format!(
+                "not a ComputeSDK provider this build bridges (known: {})",
+                VENDORS.map(|v| format!("computesdk:{}", v.name)).join(", ")
+            ),
+        )
+    })?;
+    Ok(ComputeSdk {
+        id: provider_id.to_owned(),
+        vendor,
+        launch: Launch {
+            node: config.node,
+            dir: config.dir,
+            vendor: vendor.name.to_owned(),
+            env: config.env,
+        },
+        secrets: config
+            .secrets
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect(),
+        sidecar: tokio::sync::Mutex::new(None),
+    })
+}
+
+/// Masks known secret values and token shapes in text the sidecar produced.
+pub(crate) fn mask(text: &str, secrets: &[String]) -> String {
+    let redactor = berth_redact::Redactor::new(secrets.iter().cloned());
+    let mut bytes = text.as_bytes().to_vec();
+    redactor.redact(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Quotes one argument for a POSIX shell line.
+fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        return arg.to_owned();
+    }
+    format!("'{}'", arg.replace('\'', r"'\''"))
+}
+
+/// The shell line ComputeSDK's `runCommand` takes for a Berth command.
+pub fn command_line(command: &Command) -> String {
+    match command {
+        Command::Shell(line) => line.clone(),
+        Command::Argv(argv) => argv
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+impl ComputeSdk {
+    /// The running sidecar, started on first use (and again after it died).
+    async fn sidecar(&self) -> Result<Arc<Sidecar>> {
+        let mut slot = self.sidecar.lock().await;
+        if let Some(sidecar) = slot.as_ref().filter(|s| s.alive()) {
+            return Ok(sidecar.clone());
+        }
+        let started = Sidecar::start(&self.launch, &self.secrets)
+            .await
+            .map_err(|f| self.error("starting the bridge", f))?;
+        let started = Arc::new(started);
+        *slot = Some(started.clone());
+        Ok(started)
+    }
+
+    /// Kills the sidecar (the only way to stop a command an in-process vendor runs).
+    async fn restart_sidecar(&self) {
+        if let Some(sidecar) = self.sidecar.lock().await.take() {
+            sidecar.kill();
+        }
+    }
+
+    /// The process id of the running sidecar, if any (for tests and diagnostics).
+    pub async fn sidecar_pid(&self) -> Option<u32> {
+        self.sidecar.lock().await.as_ref().and_then(|s| s.pid())
+    }
+
+    /// The package versions the sidecar reported (`computesdk`, the vendor package), starting
+    /// it if needed.
+    pub async fn packages(&self) -> Result<Vec<(String, String)>> {
+        Ok(self.sidecar().await?.packages.clone())
+    }
+
+    async fn call(&self, op: &str, args: Value) -> Result<Value> {
+        let sidecar = self.sidecar().await?;
+        sidecar.call(op, args).await.map_err(|f| self.error(op, f))
+    }
+
+    fn error(&self, op: &str, failure: Failure) -> ProviderError {
+        match failure {
+            Failure::Setup(message) => ProviderError::new(
+                ErrorKind::Setup,
+                &self.id,
+                mask(&format!("{op}: {message}"), &self.secrets),
+            ),
+            Failure::Lost(message) => ProviderError::new(
+                ErrorKind::Unavailable,
+                &self.id,
+                mask(&format!("{op}: {message}"), &self.secrets),
+            ),
+            Failure::Vendor(error) => {
+                let kind = classify(&error);
+                let message = mask(&error.message, &self.secrets);
+                ProviderError::new(kind, &self.id, format!("{op}: {message}"))
+            }
+        }
+    }
+
+    /// Whether ComputeSDK finds the sandbox: `Some(false)` only when absence is proven.
+    async fn found(&self, id: &NativeId) -> Result<Option<bool>> {
+        let reply = self.call("get", json!({"sandbox_id": id.0})).await?;
+        let found = reply["found"].as_bool().unwrap_or(false);
+        Ok(if found {
+            Some(true)
+        } else if self.vendor.absence_is_authoritative {
+            Some(false)
+        } else {
+            None
+        })
+    }
+
+    fn unproven_absence(&self) -> String {
+        format!(
+            "ComputeSDK's {} adapter returns null from getById for any failure, so \"not found\" \
+             is not proof of absence",
+            self.vendor.name
+        )
+    }
+
+    fn exit_status(&self, code: Option<i64>, stderr: &[u8]) -> ExitStatus {
+        match code {
+            Some(127) => ExitStatus::Unknown {
+                reason: format!(
+                    "exit code 127, which ComputeSDK's {} adapter also reports for its own \
+                     failures (stderr: {})",
+                    self.vendor.name,
+                    first_line(stderr)
+                ),
+            },
+            Some(code) if (0..=255).contains(&code) => ExitStatus::Exited { code: code as i32 },
+            Some(code) => ExitStatus::Unknown {
+                reason: format!("ComputeSDK reported exit code {code}"),
+            },
+            None => ExitStatus::Unknown {
+                reason: "ComputeSDK reported no exit code".into(),
+            },
+        }
+    }
+}
+
+fn network_name(mode: NetworkMode) -> &'static str {
+    match mode {
+        NetworkMode::None => "none",
+        NetworkMode::Bridge => "bridge",
+        NetworkMode::Host => "host",
+    }
+}
+
+fn first_line(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let line = text.lines().next().unwrap_or("").trim();
+    let mut cut: String = line.chars().take(200).collect();
+    if cut.is_empty() {
+        cut = "empty".into();
+    }
+    cut
+}
+
+fn decode(value: &Value) -> Vec<u8> {
+    value
+        .as_str()
+        .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl Provider for ComputeSdk {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn create(&self, req: &CreateRequest) -> Result<Created> {
+        // Berth's default is no network; a vendor that cannot promise it is refused rather than
+        // silently given one.
+        let available = if self.vendor.network_none {
+            NetworkMode::None
+        } else {
+            NetworkMode::Bridge
+        };
+        if req.network != available {
+            return Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                &self.id,
+                format!(
+                    "network `{}` is not available through ComputeSDK's {} adapter: {}",
+                    network_name(req.network),
+                    self.vendor.name,
+                    if self.vendor.network_none {
+                        "its sandboxes have no network"
+                    } else {
+                        "its sandboxes always have outbound network (ask for network `bridge`)"
+                    }
+                ),
+            ));
+        }
+        if req.resources != Default::default() {
+            return Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                &self.id,
+                "resource limits are not passed through ComputeSDK's common interface",
+            ));
+        }
+        let metadata: BTreeMap<String, String> = req.labels.to_map(&req.name.0);
+        let reply = self
+            .call(
+                "create",
+                json!({"name": req.name.0, "metadata": metadata, "image": req.image}),
+            )
+            .await?;
+        let native = reply["sandbox_id"].as_str().unwrap_or_default();
+        if native.is_empty() || native.len() > 256 {
+            return Err(ProviderError::new(
+                ErrorKind::Unknown,
+                &self.id,
+                "create: ComputeSDK returned no usable sandbox id",
+            ));
+        }
+        Ok(Created {
+            native_id: NativeId(native.to_owned()),
+            raw_state: "created".into(),
+        })
+    }
+
+    async fn observe(&self, id: &NativeId) -> Result<Observation> {
+        match self.found(id).await? {
+            Some(true) => Ok(Observation::Present {
+                state: if self.vendor.found_means_running {
+                    CanonicalState::Running
+                } else {
+                    CanonicalState::Unknown
+                },
+                raw: "found".into(),
+                soft_deleted: false,
+                labels: BTreeMap::new(),
+            }),
+            Some(false) => Ok(Observation::Absent),
+            None => Err(ProviderError::new(
+                ErrorKind::Unknown,
+                &self.id,
+                format!("observe: not found, unproven: {}", self.unproven_absence()),
+            )),
+        }
+    }
+
+    async fn exec(&self, id: &NativeId, req: &ExecRequest) -> Result<ExecOutput> {
+        berth_contract::check_env(&req.env)
+            .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, &self.id, m))?;
+        let mut env = req.env.clone();
+        env.insert("BERTH_SANDBOX".into(), id.0.clone());
+        let args = json!({
+            "sandbox_id": id.0,
+            "command": command_line(&req.command),
+            "cwd": req.cwd,
+            "env": env,
+            "timeout_ms": req.timeout.map(|t| t.as_millis() as u64),
+            "max_output_bytes": req.max_output_bytes,
+        });
+        let started = Instant::now();
+        let sidecar = self.sidecar().await?;
+        let call = sidecar.call("exec", args);
+        // A remote vendor gets the deadline itself and a grace period to answer.
+        let wait = req.timeout.map(|t| {
+            if self.vendor.in_process {
+                t
+            } else {
+                t + Duration::from_secs(10)
+            }
+        });
+        let reply = match wait {
+            Some(wait) => match tokio::time::timeout(wait, call).await {
+                Ok(reply) => reply,
+                Err(_) if self.vendor.in_process => {
+                    // The interpreter runs inside the sidecar: killing it is what stops the
+                    // command (and every sandbox it held, which the manifest says).
+                    drop(sidecar);
+                    self.restart_sidecar().await;
+                    return Ok(ExecOutput {
+                        status: ExitStatus::TimedOut,
+                        stdout: Vec::new(),
+                        stderr: Some(Vec::new()),
+                        stdout_total: 0,
+                        stderr_total: Some(0),
+                        duration: started.elapsed(),
+                    });
+                }
+                Err(_) => {
+                    return Ok(ExecOutput {
+                        status: ExitStatus::Unknown {
+                            reason: format!(
+                                "no answer from {} by the deadline; whether the command was \
+                                 stopped is not known",
+                                self.vendor.name
+                            ),
+                        },
+                        stdout: Vec::new(),
+                        stderr: Some(Vec::new()),
+                        stdout_total: 0,
+                        stderr_total: Some(0),
+                        duration: started.elapsed(),
+                    })
+                }
+            },
+            None => call.await,
+        };
+        let reply = reply.map_err(|f| self.error("exec", f))?;
+        let stdout = decode(&reply["stdout"]);
+        let stderr = decode(&reply["stderr"]);
+        let mut status = self.exit_status(reply["exit_code"].as_i64(), &stderr);
+        if let Some(timeout) = req.timeout {
+            if started.elapsed() >= timeout && !self.vendor.in_process {
+                status = ExitStatus::Unknown {
+                    reason: format!(
+                        "the deadline passed before {} answered ({status}); whether it stopped \
+                         the command is not known",
+                        self.vendor.name
+                    ),
+                };
+            }
+        }
+        Ok(ExecOutput {
+            status,
+            stdout_total: reply["stdout_total"]
+                .as_u64()
+                .unwrap_or(stdout.len() as u64),
+            stderr_total: Some(
+                reply["stderr_total"]
+                    .as_u64()
+                    .unwrap_or(stderr.len() as u64),
+            ),
+            stdout,
+            stderr: Some(stderr),
+            duration: started.elapsed(),
+        })
+    }
+
+    async fn destroy(&self, id: &NativeId) -> Result<DestroyOutcome> {
+        if self.found(id).await? == Some(false) {
+            return Ok(DestroyOutcome::VerifiedGone {
+                already_absent: true,
+            });
+        }
+        self.call("destroy", json!({"sandbox_id": id.0})).await?;
+        // ComputeSDK's destroy swallows errors in several adapters: only the provider's own
+        // answer afterwards says whether it worked.
+        Ok(match self.found(id).await? {
+            Some(false) => DestroyOutcome::VerifiedGone {
+                already_absent: false,
+            },
+            Some(true) => DestroyOutcome::Accepted {
+                raw_state: "still found after destroy".into(),
+            },
+            None => DestroyOutcome::Accepted {
+                raw_state: format!("unverified: {}", self.unproven_absence()),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,394 @@
+//! The bridge against real ComputeSDK packages: `@computesdk/just-bash` live (a local
+//! interpreter, no credentials), `@computesdk/e2b` against a local server answering with the
+//! fixtures in `tests/fixtures/e2b.json` (E2B_API_URL points the vendor SDK at it).
+//!
+//! Needs `scripts/install-computesdk-bridge` (the test command runs it); without the packages
+//! every test fails unless BERTH_SKIP_COMPUTESDK is set.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use berth_contract::{
+    CreateRequest, DestroyOutcome, ErrorKind, ExecRequest, ExitStatus, Labels, NativeId,
+    NetworkMode, Observation, Provider, ProviderExt, SandboxName,
+};
+use berth_provider_computesdk::{BridgeConfig, ComputeSdk};
+
+const CANARY: &str = "e2b_canary7f3a9c1d5e0b2468ace13579bdf";
+
+fn installed() -> bool {
+    let ok = berth_provider_computesdk::default_bridge_dir()
+        .join("node_modules/computesdk")
+        .is_dir();
+    if !ok && std::env::var_os("BERTH_SKIP_COMPUTESDK").is_none() {
+        panic!(
+            "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
+             (or set BERTH_SKIP_COMPUTESDK=1 to skip explicitly)"
+        );
+    }
+    ok
+}
+
+fn path() -> String {
+    std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into())
+}
+
+fn provider(id: &str, env: Vec<(String, String)>, secrets: Vec<String>) -> ComputeSdk {
+    let mut full = vec![("PATH".to_owned(), path())];
+    full.extend(env);
+    berth_provider_computesdk::new(
+        id,
+        BridgeConfig {
+            node: "node".into(),
+            dir: berth_provider_computesdk::default_bridge_dir(),
+            env: full,
+            secrets,
+        },
+    )
+    .unwrap()
+}
+
+fn request(network: NetworkMode) -> CreateRequest {
+    let labels = Labels {
+        owner: "test@computesdk".into(),
+        run_id: "run-1".into(),
+        ledger_token: "tok".into(),
+        expires_at_unix: None,
+    };
+    let mut req = CreateRequest::new(SandboxName("bx-csdk-test".into()), labels);
+    req.network = network;
+    req
+}
+
+#[tokio::test]
+async fn just_bash_round_trip_through_the_bridge() {
+    if !installed() {
+        return;
+    }
+    let p = provider("computesdk:just-bash", vec![], vec![]);
+    let id = p
+        .create(&request(NetworkMode::None))
+        .await
+        .unwrap()
+        .native_id;
+    assert!(matches!(
+        p.observe(&id).await.unwrap(),
+        Observation::Present { .. }
+    ));
+
+    // Argv is quoted for the shell line ComputeSDK takes; stdout and stderr stay apart.
+    let out = p
+        .exec(
+            &id,
+            &ExecRequest::argv(["printf", "%s|", "it's", "$HOME", "a b", "`id`"]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::Exited { code: 0 });
+    assert_eq!(out.stdout, b"it's|$HOME|a b|`id`|");
+
+    let out = p
+        .exec(
+            &id,
+            &ExecRequest::shell("echo out; echo err >&2; printf %s \"$GREETING\"; exit 3")
+                .with_env("GREETING", "hello"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::Exited { code: 3 });
+    assert_eq!(out.stdout, b"out\nhello");
+    assert_eq!(out.stderr.as_deref(), Some(&b"err\n"[..]));
+
+    // State persists between execs of one sandbox.
+    p.exec(&id, &ExecRequest::shell("echo kept > note.txt"))
+        .await
+        .unwrap();
+    let out = p
+        .exec(&id, &ExecRequest::shell("cat note.txt"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"kept\n");
+
+    // 127 is never passed off as a real "command not found": ComputeSDK uses it for its own
+    // failures too.
+    let out = p
+        .exec(&id, &ExecRequest::shell("no-such-command-here"))
+        .await
+        .unwrap();
+    match out.status {
+        ExitStatus::Unknown { reason } => assert!(reason.contains("127"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+
+    // Output beyond the cap is counted, not returned.
+    let mut big = ExecRequest::shell("for i in $(seq 1 2000); do echo 0123456789; done");
+    big.max_output_bytes = 1000;
+    let out = p.exec(&id, &big).await.unwrap();
+    assert_eq!(out.stdout.len(), 1000);
+    assert_eq!(out.stdout_total, 22_000);
+    assert!(out.stdout_truncated());
+
+    // Optional capabilities answer Unsupported, never a stub.
+    assert_eq!(
+        p.require_files().err().map(|e| e.kind()),
+        Some(ErrorKind::Unsupported)
+    );
+
+    // Destroy is verified through the provider's own getById, and idempotent.
+    assert_eq!(
+        p.destroy(&id).await.unwrap(),
+        DestroyOutcome::VerifiedGone {
+            already_absent: false
+        }
+    );
+    assert_eq!(p.observe(&id).await.unwrap(), Observation::Absent);
+    assert_eq!(
+        p.destroy(&id).await.unwrap(),
+        DestroyOutcome::VerifiedGone {
+            already_absent: true
+        }
+    );
+    let err = p.exec(&id, &ExecRequest::shell("true")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+}
+
+#[tokio::test]
+async fn just_bash_refuses_what_it_cannot_do() {
+    if !installed() {
+        return;
+    }
+    let p = provider("computesdk:just-bash", vec![], vec![]);
+    let err = p.create(&request(NetworkMode::Host)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    let mut limited = request(NetworkMode::None);
+    limited.resources.memory_mib = Some(256);
+    let err = p.create(&limited).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    // A cloud vendor always has outbound network: Berth's default `none` is refused, never
+    // silently widened (refused before anything is sent).
+    let e2b = provider(
+        "computesdk:e2b",
+        vec![("E2B_API_KEY".into(), CANARY.into())],
+        vec![CANARY.into()],
+    );
+    let err = e2b.create(&request(NetworkMode::None)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    assert!(err.to_string().contains("bridge"), "{err}");
+}
+
+/// The deadline is enforced by killing the sidecar the interpreter runs in: the status is
+/// TimedOut only because the command is dead, and the sandbox ends with it (what the manifest
+/// says and the evidence records as a known failure).
+#[tokio::test]
+async fn just_bash_deadline_kills_the_bridge_and_its_sandboxes() {
+    if !installed() {
+        return;
+    }
+    let p = provider("computesdk:just-bash", vec![], vec![]);
+    let id = p
+        .create(&request(NetworkMode::None))
+        .await
+        .unwrap()
+        .native_id;
+    let pid = p.sidecar_pid().await.unwrap();
+    let out = p
+        .exec(
+            &id,
+            &ExecRequest::shell("sleep 30; echo late").with_timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, ExitStatus::TimedOut);
+    assert!(out.duration < Duration::from_secs(5), "{:?}", out.duration);
+    for _ in 0..100 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let zombie_or_gone = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true);
+    assert!(zombie_or_gone, "the sidecar {pid} still runs");
+    // A new sidecar starts on demand; the old sandbox is positively gone.
+    assert_eq!(p.observe(&id).await.unwrap(), Observation::Absent);
+    assert_ne!(p.sidecar_pid().await, Some(pid));
+}
+
+/// A minimal HTTP server answering every request with one fixture response, recording what
+/// it received.
+fn fixture_server(status: u16, body: String) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut length = 0usize;
+            let mut chunked = false;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                chunked |= lower.starts_with("transfer-encoding:") && lower.contains("chunked");
+                head.push_str(&line);
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            if chunked {
+                loop {
+                    let mut size = String::new();
+                    if reader.read_line(&mut size).unwrap_or(0) == 0 {
+                        break;
+                    }
+                    let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                    let mut chunk = vec![0; n + 2];
+                    let _ = reader.read_exact(&mut chunk);
+                    if n == 0 {
+                        break;
+                    }
+                }
+            } else {
+                let mut rest = vec![0; length];
+                let _ = reader.read_exact(&mut rest);
+            }
+            log.lock().unwrap().push(head);
+            let reply = format!(
+                "HTTP/1.1 {status} Fixture\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(reply.as_bytes());
+        }
+    });
+    (url, seen)
+}
+
+fn proc_cmdlines() -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(bytes) = std::fs::read(entry.path().join("cmdline")) {
+            all.push_str(&String::from_utf8_lossy(&bytes));
+            all.push('\n');
+        }
+    }
+    all
+}
+
+/// Every e2b fixture maps onto the Berth error class it must, the canary key reaches the
+/// vendor's API (so it was really used) and nowhere else: not argv, not the error.
+#[tokio::test]
+async fn e2b_fixtures_map_errors_and_keep_the_key_out_of_sight() {
+    if !installed() {
+        return;
+    }
+    let fixtures: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/e2b.json")).unwrap();
+    for case in fixtures["cases"].as_array().unwrap() {
+        let status = case["status"].as_u64().unwrap() as u16;
+        let (url, seen) = fixture_server(status, case["body"].to_string());
+        let p = provider(
+            "computesdk:e2b",
+            vec![
+                ("E2B_API_KEY".into(), CANARY.into()),
+                ("E2B_API_URL".into(), url),
+            ],
+            vec![CANARY.into()],
+        );
+        let req = request(NetworkMode::Bridge);
+        let create = p.create(&req);
+        tokio::pin!(create);
+        // While the request is in flight, the key is in no process's argv.
+        let err = loop {
+            tokio::select! {
+                result = &mut create => break result.unwrap_err(),
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                    assert!(!proc_cmdlines().contains(CANARY), "the key is in a process's argv");
+                }
+            }
+        };
+        let kind = serde_json::to_value(err.kind()).unwrap();
+        assert_eq!(kind, case["kind"], "HTTP {status}: {err}");
+        assert!(!err.to_string().contains(CANARY), "{err}");
+        let requests = seen.lock().unwrap().clone();
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.starts_with("POST /v2/sandboxes") && r.contains(CANARY)),
+            "the vendor SDK never sent the key: {requests:?}"
+        );
+    }
+}
+
+/// Without the key, construction-time checks are the factory's; the adapter itself reports
+/// ComputeSDK's own complaint as an auth error, masked.
+#[tokio::test]
+async fn e2b_with_a_malformed_key_is_an_auth_error_that_never_echoes_it() {
+    if !installed() {
+        return;
+    }
+    let bad = "not-an-e2b-key-canary-5a5a5a5a";
+    let p = provider(
+        "computesdk:e2b",
+        vec![("E2B_API_KEY".into(), bad.into())],
+        vec![bad.into()],
+    );
+    let err = p.create(&request(NetworkMode::Bridge)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
+    assert!(!err.to_string().contains(bad), "{err}");
+}
+
+/// The sidecar ends with its owner, and a missing installation is a setup error naming the fix.
+#[tokio::test]
+async fn the_sidecar_ends_with_the_provider_and_setup_errors_name_the_fix() {
+    if !installed() {
+        return;
+    }
+    let p = provider("computesdk:just-bash", vec![], vec![]);
+    let id = p
+        .create(&request(NetworkMode::None))
+        .await
+        .unwrap()
+        .native_id;
+    let pid = p.sidecar_pid().await.unwrap();
+    let _ = id;
+    drop(p);
+    let mut gone = false;
+    for _ in 0..200 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+        if stat.map(|s| s.contains(") Z ")).unwrap_or(true) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(gone, "the sidecar {pid} outlived its provider");
+
+    let empty = tempfile::tempdir().unwrap();
+    let p = berth_provider_computesdk::new(
+        "computesdk:just-bash",
+        BridgeConfig {
+            node: "node".into(),
+            dir: empty.path().to_owned(),
+            env: vec![("PATH".into(), path())],
+            secrets: vec![],
+        },
+    )
+    .unwrap();
+    let err = p.observe(&NativeId("x".into())).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Setup, "{err}");
+    assert!(
+        err.to_string().contains("install-computesdk-bridge"),
+        "{err}"
+    );
+}
