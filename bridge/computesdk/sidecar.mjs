@@ -53,6 +53,9 @@ try {
 
 // Sandboxes this process created or looked up, so an exec does not reconnect every time.
 const sandboxes = new Map();
+// The labels Berth gave each sandbox this process created. ComputeSDK reports no metadata back,
+// so this is the only record: true exactly for sandboxes made here, absent for any other.
+const createdLabels = new Map();
 
 async function sandbox(id) {
   const known = sandboxes.get(id);
@@ -80,13 +83,15 @@ const ops = {
     if (args.timeout_ms) options.timeout = args.timeout_ms;
     const created = await provider.sandbox.create(options);
     sandboxes.set(created.sandboxId, created);
+    createdLabels.set(created.sandboxId, args.metadata ?? {});
     return { sandbox_id: created.sandboxId };
   },
   async get(args) {
     const found = await provider.sandbox.getById(args.sandbox_id);
     if (found) sandboxes.set(args.sandbox_id, found);
     else sandboxes.delete(args.sandbox_id);
-    return { found: Boolean(found) };
+    const labels = found ? createdLabels.get(args.sandbox_id) ?? null : null;
+    return { found: Boolean(found), created_here_with_labels: labels };
   },
   async list() {
     const listed = await provider.sandbox.list();
@@ -95,6 +100,7 @@ const ops = {
   async destroy(args) {
     sandboxes.delete(args.sandbox_id);
     await provider.sandbox.destroy(args.sandbox_id);
+    createdLabels.delete(args.sandbox_id);
     return {};
   },
   async exec(args) {

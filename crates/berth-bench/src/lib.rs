@@ -10,12 +10,15 @@
 //!   throughput.
 //! - [`artifacts`] — `berth bench artifacts`: publishing a 1,000-file, 200 MB bundle against a
 //!   raw copy of the same bytes.
+//! - [`bridge`] — `berth bench bridge`: the ComputeSDK bridge against the same ComputeSDK
+//!   provider driven directly from Node.
 //! - [`stats`] — the one percentile helper every figure goes through.
 //!
 //! Benchmarks reach adapters' bare mechanisms (the docker supervisor socket, `bwrap` run
 //! directly, the Engine API), which is why this family — and not the CLI — depends on them.
 
 pub mod artifacts;
+pub mod bridge;
 pub mod gateway;
 pub mod lifecycle;
 pub mod mission;

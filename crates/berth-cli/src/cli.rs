@@ -336,7 +336,9 @@ pub enum LedgerCommand {
 pub struct BenchArgs {
     /// Providers to measure, side by side (with `--raw`, exactly one); `gateway` measures the
     /// model gateway and the agent CLIs' start-up instead; `monitor P…` the latency from a
-    /// line an agent writes in a sandbox of P to the normalized event at a watcher.
+    /// line an agent writes in a sandbox of P to the normalized event at a watcher; `bridge
+    /// [VENDOR]` the ComputeSDK bridge against the same ComputeSDK provider driven from Node
+    /// (default just-bash).
     #[arg(required = true)]
     pub providers: Vec<String>,
     /// Compare one provider's exec and create→destroy cycle with its raw substrate instead.

@@ -308,6 +308,22 @@ impl Registry {
         self.constructors.contains_key(id)
     }
 
+    /// How the bridged provider `id` reaches its sidecar under `config` (node, the bridge
+    /// directory, the sidecar's environment): what a benchmark needs to drive the same
+    /// ComputeSDK packages directly.
+    #[cfg(feature = "computesdk")]
+    pub fn computesdk_bridge(
+        &self,
+        id: &str,
+        config: &ProviderConfig,
+    ) -> Result<berth_provider_computesdk::BridgeConfig, FactoryError> {
+        let manifest = self.manifest(id)?;
+        computesdk_config(manifest, config).map_err(|source| FactoryError::Construct {
+            provider: id.to_owned(),
+            source,
+        })
+    }
+
     /// The credential variables `id` needs that `env` lacks.
     pub fn missing_credentials(&self, id: &str, env: &Environment) -> Vec<String> {
         self.manifest(id)

@@ -304,6 +304,21 @@ impl Orchestrator<'_> {
             if !self.registry.has_adapter(provider) {
                 return Err(OrchestratorError::UnknownProvider(provider.clone()));
             }
+            // Staging the repository and reading the validator's evidence need the file API;
+            // a provider without it would fail every attempt (and never fall back), so it is
+            // refused here, before anything exists.
+            let manifest = self
+                .registry
+                .manifest(provider)
+                .map_err(|_| OrchestratorError::UnknownProvider(provider.clone()))?;
+            if manifest.support(berth_contract::Capability::Files)
+                != berth_contract::Support::Supported
+            {
+                return Err(OrchestratorError::Unsupported(format!(
+                    "provider `{provider}` cannot run missions: it does not support `files`, \
+                     which staging the repository and reading the validator's evidence need"
+                )));
+            }
         }
         let model_script = agents::register_check(&file, self.registry, self.home, |path| {
             let path = confined(file_path, path, allow_outside, "harness.gateway.script")?;

@@ -17,6 +17,9 @@
 //! - **Deadlines are enforced, or not claimed**: a vendor that runs inside the sidecar
 //!   (`just-bash`) is stopped by killing the sidecar, which ends every sandbox it holds; a
 //!   remote vendor's late answer is `Unknown`.
+//! - **Labels only where they are proof**: ComputeSDK reports no metadata back, so a sandbox
+//!   shows Berth's labels only when this bridge process created it (the sidecar's own record);
+//!   one it did not make shows none, and the ledger will not touch it.
 //! - **Errors are classified here** from the status and message the sidecar reports (auth,
 //!   quota, rate limit, capacity, unavailable), and masked of the credentials' values.
 
@@ -259,12 +262,27 @@ impl ComputeSdk {
 
     /// Whether ComputeSDK finds the sandbox: `Some(false)` only when absence is proven.
     async fn found(&self, id: &NativeId) -> Result<Option<bool>> {
+        Ok(self.look_up(id).await?.map(|(found, _)| found))
+    }
+
+    /// [`Self::found`], with the labels of a sandbox this bridge process created (ComputeSDK
+    /// reports no metadata back; the sidecar's record of what it was asked to create is the
+    /// only proof of ownership, and it exists only for sandboxes it made).
+    async fn look_up(&self, id: &NativeId) -> Result<Option<(bool, BTreeMap<String, String>)>> {
         let reply = self.call("get", json!({"sandbox_id": id.0})).await?;
         let found = reply["found"].as_bool().unwrap_or(false);
+        let labels = reply["created_here_with_labels"]
+            .as_object()
+            .map(|map| {
+                map.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(if found {
-            Some(true)
+            Some((true, labels))
         } else if self.vendor.absence_is_authoritative {
-            Some(false)
+            Some((false, labels))
         } else {
             None
         })
@@ -383,8 +401,8 @@ impl Provider for ComputeSdk {
     }
 
     async fn observe(&self, id: &NativeId) -> Result<Observation> {
-        match self.found(id).await? {
-            Some(true) => Ok(Observation::Present {
+        match self.look_up(id).await? {
+            Some((true, labels)) => Ok(Observation::Present {
                 state: if self.vendor.found_means_running {
                     CanonicalState::Running
                 } else {
@@ -392,9 +410,9 @@ impl Provider for ComputeSdk {
                 },
                 raw: "found".into(),
                 soft_deleted: false,
-                labels: BTreeMap::new(),
+                labels,
             }),
-            Some(false) => Ok(Observation::Absent),
+            Some((false, _)) => Ok(Observation::Absent),
             None => Err(ProviderError::new(
                 ErrorKind::Unknown,
                 &self.id,

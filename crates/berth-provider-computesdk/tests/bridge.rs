@@ -73,10 +73,19 @@ async fn just_bash_round_trip_through_the_bridge() {
         .await
         .unwrap()
         .native_id;
-    assert!(matches!(
-        p.observe(&id).await.unwrap(),
-        Observation::Present { .. }
-    ));
+    // Labels are reported for a sandbox this bridge process created (the ledger's ownership
+    // proof); a fresh bridge process would not find it at all (just-bash lives in the sidecar).
+    match p.observe(&id).await.unwrap() {
+        Observation::Present { labels, .. } => {
+            assert_eq!(
+                labels,
+                request(NetworkMode::None).labels.to_map("bx-csdk-test")
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let other = provider("computesdk:just-bash", vec![], vec![]);
+    assert_eq!(other.observe(&id).await.unwrap(), Observation::Absent);
 
     // Argv is quoted for the shell line ComputeSDK takes; stdout and stderr stay apart.
     let out = p

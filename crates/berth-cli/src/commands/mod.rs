@@ -71,6 +71,16 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             "bench",
             berth_bench::gateway::bench(&app.bench_context()?, args.iterations).await?,
         ),
+        Command::Bench(args) if args.providers.first().is_some_and(|p| p == "bridge") => report(
+            &app,
+            "bench",
+            berth_bench::bridge::bench(
+                &app.bench_context()?,
+                args.providers.get(1).map(String::as_str),
+                args.iterations,
+            )
+            .await?,
+        ),
         Command::Bench(args) if args.providers.first().is_some_and(|p| p == "monitor") => report(
             &app,
             "bench",
