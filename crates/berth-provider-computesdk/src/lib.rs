@@ -95,6 +95,9 @@ pub const VENDORS: [Vendor; 4] = [
     },
 ];
 
+/// How long a create, get, list or destroy may take before Berth gives up on it.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// The vendor a Berth provider id names (`computesdk:e2b` → e2b).
 pub fn vendor(provider_id: &str) -> Option<Vendor> {
     let name = provider_id.strip_prefix("computesdk:")?;
@@ -235,9 +238,18 @@ impl ComputeSdk {
         Ok(self.sidecar().await?.packages.clone())
     }
 
+    /// A control call (create, get, list, destroy), bounded by [`CONTROL_TIMEOUT`]: a vendor
+    /// that never answers is a client timeout, not a hang.
     async fn call(&self, op: &str, args: Value) -> Result<Value> {
         let sidecar = self.sidecar().await?;
-        sidecar.call(op, args).await.map_err(|f| self.error(op, f))
+        match tokio::time::timeout(CONTROL_TIMEOUT, sidecar.call(op, args)).await {
+            Ok(reply) => reply.map_err(|f| self.error(op, f)),
+            Err(_) => Err(ProviderError::new(
+                ErrorKind::TimeoutClient,
+                &self.id,
+                format!("{op}: no answer from ComputeSDK within {CONTROL_TIMEOUT:?}"),
+            )),
+        }
     }
 
     fn error(&self, op: &str, failure: Failure) -> ProviderError {
@@ -386,8 +398,17 @@ impl Provider for ComputeSdk {
                 json!({"name": req.name.0, "metadata": metadata, "image": req.image}),
             )
             .await?;
+        // The id comes from the vendor: it is stored, printed and sent back, so only plain
+        // identifier characters are accepted.
         let native = reply["sandbox_id"].as_str().unwrap_or_default();
-        if native.is_empty() || native.len() > 256 {
+        let plain = native
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if native.is_empty() || native.len() > 256 || !plain {
+            // Leave nothing behind that Berth cannot name (the id only travels inside JSON).
+            if !native.is_empty() {
+                let _ = self.call("destroy", json!({"sandbox_id": native})).await;
+            }
             return Err(ProviderError::new(
                 ErrorKind::Unknown,
                 &self.id,
@@ -432,7 +453,8 @@ impl Provider for ComputeSdk {
             "cwd": req.cwd,
             "env": env,
             "timeout_ms": req.timeout.map(|t| t.as_millis() as u64),
-            "max_output_bytes": req.max_output_bytes,
+            // Bounded so a reply always fits the line limit Berth reads with.
+            "max_output_bytes": req.max_output_bytes.min(berth_contract::DEFAULT_MAX_OUTPUT_BYTES),
         });
         let started = Instant::now();
         let sidecar = self.sidecar().await?;
