@@ -58,7 +58,7 @@ pub fn classify(error: &VendorError) -> ErrorKind {
         ErrorKind::Quota
     } else if has(&["capacity", "no available", "out of resources"]) {
         ErrorKind::Capacity
-    } else if server_status(&message) {
+    } else if server_status(&message) || has(&["internal server error", "internal error"]) {
         ErrorKind::Provider5xx
     } else if has(&[
         "temporarily unavailable",

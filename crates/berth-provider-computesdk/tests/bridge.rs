@@ -16,7 +16,7 @@ use berth_contract::{
 };
 use berth_provider_computesdk::{BridgeConfig, ComputeSdk};
 
-const CANARY: &str = "e2b_canary7f3a9c1d5e0b2468ace13579bdf";
+const CANARY: &str = "e2b_canary0f1e2d3c4b5a69788796a5b4c3d";
 
 fn installed() -> bool {
     let ok = berth_provider_computesdk::default_bridge_dir()
@@ -294,25 +294,22 @@ fn proc_cmdlines() -> String {
     all
 }
 
-/// Every e2b fixture maps onto the Berth error class it must, the canary key reaches the
-/// vendor's API (so it was really used) and nowhere else: not argv, not the error.
-#[tokio::test]
-async fn e2b_fixtures_map_errors_and_keep_the_key_out_of_sight() {
-    if !installed() {
-        return;
-    }
-    let fixtures: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/e2b.json")).unwrap();
+/// Every fixture of a vendor maps onto the Berth error class it must, the canary key reaches
+/// the vendor's API (so it was really used) and nowhere else: not argv, not the error.
+async fn fixtures_map_errors_and_keep_the_key_out_of_sight(fixtures: &str) {
+    let fixtures: serde_json::Value = serde_json::from_str(fixtures).unwrap();
+    let vendor = fixtures["vendor"].as_str().unwrap();
+    let canary = fixtures["canary"].as_str().unwrap();
+    let key_var = fixtures["key_var"].as_str().unwrap();
+    let url_var = fixtures["url_var"].as_str().unwrap();
+    let expected_request = fixtures["request"].as_str().unwrap();
     for case in fixtures["cases"].as_array().unwrap() {
         let status = case["status"].as_u64().unwrap() as u16;
         let (url, seen) = fixture_server(status, case["body"].to_string());
         let p = provider(
-            "computesdk:e2b",
-            vec![
-                ("E2B_API_KEY".into(), CANARY.into()),
-                ("E2B_API_URL".into(), url),
-            ],
-            vec![CANARY.into()],
+            &format!("computesdk:{vendor}"),
+            vec![(key_var.into(), canary.into()), (url_var.into(), url)],
+            vec![canary.into()],
         );
         let req = request(NetworkMode::Bridge);
         let create = p.create(&req);
@@ -322,20 +319,39 @@ async fn e2b_fixtures_map_errors_and_keep_the_key_out_of_sight() {
             tokio::select! {
                 result = &mut create => break result.unwrap_err(),
                 _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                    assert!(!proc_cmdlines().contains(CANARY), "the key is in a process's argv");
+                    assert!(!proc_cmdlines().contains(canary), "the key is in a process's argv");
                 }
             }
         };
         let kind = serde_json::to_value(err.kind()).unwrap();
-        assert_eq!(kind, case["kind"], "HTTP {status}: {err}");
-        assert!(!err.to_string().contains(CANARY), "{err}");
+        assert_eq!(
+            kind, case["kind"],
+            "{vendor} HTTP {status} {}: {err}",
+            case["body"]
+        );
+        assert!(!err.to_string().contains(canary), "{err}");
         let requests = seen.lock().unwrap().clone();
         assert!(
             requests
                 .iter()
-                .any(|r| r.starts_with("POST /v2/sandboxes") && r.contains(CANARY)),
+                .any(|r| r.starts_with(expected_request) && r.contains(canary)),
             "the vendor SDK never sent the key: {requests:?}"
         );
+    }
+}
+
+#[tokio::test]
+async fn e2b_fixtures_map_errors_and_keep_the_key_out_of_sight() {
+    if installed() {
+        fixtures_map_errors_and_keep_the_key_out_of_sight(include_str!("fixtures/e2b.json")).await;
+    }
+}
+
+#[tokio::test]
+async fn daytona_fixtures_map_errors_and_keep_the_key_out_of_sight() {
+    if installed() {
+        fixtures_map_errors_and_keep_the_key_out_of_sight(include_str!("fixtures/daytona.json"))
+            .await;
     }
 }
 
