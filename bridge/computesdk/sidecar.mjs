@@ -19,11 +19,17 @@ const require = createRequire(import.meta.url);
 // ComputeSDK's own provider packages, each built with its defaults; credentials come from the
 // environment Berth hands this process (only the variables the provider's manifest names).
 // modal: `daemonSsePort: false` keeps ComputeSDK from exposing a port for its streaming daemon.
+// `noNetwork`: the vendor's own create option for a sandbox without network (Berth's default),
+// which ComputeSDK passes through to the vendor SDK untouched; just-bash has no network at all.
 const VENDORS = {
-  'just-bash': { pkg: '@computesdk/just-bash', make: (m) => m.justBash({}) },
-  e2b: { pkg: '@computesdk/e2b', make: (m) => m.e2b({}) },
-  daytona: { pkg: '@computesdk/daytona', make: (m) => m.daytona({}) },
-  modal: { pkg: '@computesdk/modal', make: (m) => m.modal({ daemonSsePort: false }) },
+  'just-bash': { pkg: '@computesdk/just-bash', make: (m) => m.justBash({}), noNetwork: {} },
+  e2b: { pkg: '@computesdk/e2b', make: (m) => m.e2b({}), noNetwork: { allowInternetAccess: false } },
+  daytona: { pkg: '@computesdk/daytona', make: (m) => m.daytona({}), noNetwork: { networkBlockAll: true } },
+  modal: {
+    pkg: '@computesdk/modal',
+    make: (m) => m.modal({ daemonSsePort: false }),
+    noNetwork: { blockNetwork: true },
+  },
 };
 
 const vendorName = process.argv[2];
@@ -79,6 +85,7 @@ function capped(text, max) {
 const ops = {
   async create(args) {
     const options = { name: args.name, metadata: args.metadata };
+    if (args.network === 'none') Object.assign(options, vendor.noNetwork);
     if (args.image) options.image = args.image;
     if (args.timeout_ms) options.timeout = args.timeout_ms;
     const created = await provider.sandbox.create(options);

@@ -55,8 +55,9 @@ pub struct Vendor {
     pub absence_is_authoritative: bool,
     /// A sandbox `getById` finds is ready for exec (ComputeSDK reports no state of its own).
     pub found_means_running: bool,
-    /// It can run a sandbox without network (Berth's default).
-    pub network_none: bool,
+    /// It can give a sandbox outbound network (`bridge`). Every bridged vendor can run one
+    /// without network (Berth's default), through its own create option (see `sidecar.mjs`).
+    pub network_bridge: bool,
 }
 
 /// The ComputeSDK providers this build bridges.
@@ -67,7 +68,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: true,
         absence_is_authoritative: true,
         found_means_running: true,
-        network_none: true,
+        network_bridge: false,
     },
     // `Sandbox.connect` inside a catch-all: any failure (auth, network) is null.
     Vendor {
@@ -75,7 +76,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: false,
         absence_is_authoritative: false,
         found_means_running: false,
-        network_none: false,
+        network_bridge: true,
     },
     // Null only when the error says "not found" or 404; anything else throws.
     Vendor {
@@ -83,7 +84,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: false,
         absence_is_authoritative: true,
         found_means_running: false,
-        network_none: false,
+        network_bridge: true,
     },
     // `sandboxes.fromId` inside a catch-all.
     Vendor {
@@ -91,7 +92,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: false,
         absence_is_authoritative: false,
         found_means_running: false,
-        network_none: false,
+        network_bridge: true,
     },
 ];
 
@@ -361,25 +362,25 @@ impl Provider for ComputeSdk {
     }
 
     async fn create(&self, req: &CreateRequest) -> Result<Created> {
-        // Berth's default is no network; a vendor that cannot promise it is refused rather than
-        // silently given one.
-        let available = if self.vendor.network_none {
-            NetworkMode::None
-        } else {
-            NetworkMode::Bridge
+        // No network (Berth's default) goes to the vendor as its own option; outbound network
+        // only where the vendor has one; the host's network never.
+        let available = match req.network {
+            NetworkMode::None => true,
+            NetworkMode::Bridge => self.vendor.network_bridge,
+            NetworkMode::Host => false,
         };
-        if req.network != available {
+        if !available {
             return Err(ProviderError::new(
                 ErrorKind::InvalidRequest,
                 &self.id,
                 format!(
-                    "network `{}` is not available through ComputeSDK's {} adapter: {}",
+                    "network `{}` is not available through ComputeSDK's {} adapter (it offers {})",
                     network_name(req.network),
                     self.vendor.name,
-                    if self.vendor.network_none {
-                        "its sandboxes have no network"
+                    if self.vendor.network_bridge {
+                        "`none` and `bridge`"
                     } else {
-                        "its sandboxes always have outbound network (ask for network `bridge`)"
+                        "`none` only"
                     }
                 ),
             ));
@@ -395,7 +396,12 @@ impl Provider for ComputeSdk {
         let reply = self
             .call(
                 "create",
-                json!({"name": req.name.0, "metadata": metadata, "image": req.image}),
+                json!({
+                    "name": req.name.0,
+                    "metadata": metadata,
+                    "image": req.image,
+                    "network": network_name(req.network),
+                }),
             )
             .await?;
         // The id comes from the vendor: it is stored, printed and sent back, so only plain

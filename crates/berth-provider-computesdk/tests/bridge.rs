@@ -175,16 +175,18 @@ async fn just_bash_refuses_what_it_cannot_do() {
     limited.resources.memory_mib = Some(256);
     let err = p.create(&limited).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
-    // A cloud vendor always has outbound network: Berth's default `none` is refused, never
-    // silently widened (refused before anything is sent).
+    // just-bash has no network to give; nothing bridged gets the host's (refused before
+    // anything is sent).
+    let err = p.create(&request(NetworkMode::Bridge)).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
     let e2b = provider(
         "computesdk:e2b",
         vec![("E2B_API_KEY".into(), CANARY.into())],
         vec![CANARY.into()],
     );
-    let err = e2b.create(&request(NetworkMode::None)).await.unwrap_err();
+    let err = e2b.create(&request(NetworkMode::Host)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
-    assert!(err.to_string().contains("bridge"), "{err}");
+    assert!(err.to_string().contains("`none` and `bridge`"), "{err}");
 }
 
 /// The deadline is enforced by killing the sidecar the interpreter runs in: the status is
@@ -227,7 +229,7 @@ async fn just_bash_deadline_kills_the_bridge_and_its_sandboxes() {
 }
 
 /// A minimal HTTP server answering every request with one fixture response, recording what
-/// it received.
+/// it received (head and body).
 fn fixture_server(status: u16, body: String) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -255,6 +257,7 @@ fn fixture_server(status: u16, body: String) -> (String, Arc<Mutex<Vec<String>>>
                     break;
                 }
             }
+            let mut received = Vec::new();
             if chunked {
                 loop {
                     let mut size = String::new();
@@ -267,11 +270,13 @@ fn fixture_server(status: u16, body: String) -> (String, Arc<Mutex<Vec<String>>>
                     if n == 0 {
                         break;
                     }
+                    received.extend_from_slice(&chunk[..n]);
                 }
             } else {
-                let mut rest = vec![0; length];
-                let _ = reader.read_exact(&mut rest);
+                received = vec![0; length];
+                let _ = reader.read_exact(&mut received);
             }
+            head.push_str(&String::from_utf8_lossy(&received));
             log.lock().unwrap().push(head);
             let reply = format!(
                 "HTTP/1.1 {status} Fixture\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -311,7 +316,8 @@ async fn fixtures_map_errors_and_keep_the_key_out_of_sight(fixtures: &str) {
             vec![(key_var.into(), canary.into()), (url_var.into(), url)],
             vec![canary.into()],
         );
-        let req = request(NetworkMode::Bridge);
+        // Berth's default: no network, sent as the vendor's own option.
+        let req = request(NetworkMode::None);
         let create = p.create(&req);
         tokio::pin!(create);
         // While the request is in flight, the key is in no process's argv.
@@ -336,6 +342,13 @@ async fn fixtures_map_errors_and_keep_the_key_out_of_sight(fixtures: &str) {
                 .iter()
                 .any(|r| r.starts_with(expected_request) && r.contains(canary)),
             "the vendor SDK never sent the key: {requests:?}"
+        );
+        let no_network = fixtures["no_network_on_the_wire"].as_str().unwrap();
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.replace(' ', "").contains(no_network)),
+            "no `{no_network}` in what the vendor SDK sent: {requests:?}"
         );
     }
 }
@@ -368,7 +381,7 @@ async fn e2b_with_a_malformed_key_is_an_auth_error_that_never_echoes_it() {
         vec![("E2B_API_KEY".into(), bad.into())],
         vec![bad.into()],
     );
-    let err = p.create(&request(NetworkMode::Bridge)).await.unwrap_err();
+    let err = p.create(&request(NetworkMode::None)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Auth, "{err}");
     assert!(!err.to_string().contains(bad), "{err}");
 }
