@@ -430,3 +430,73 @@ async fn the_sidecar_ends_with_the_provider_and_setup_errors_name_the_fix() {
         "{err}"
     );
 }
+
+/// Hostile and concurrent use: requests in flight at once each get their own reply; values with
+/// quotes, newlines and `$(…)` arrive as data; output beyond the default cap is counted and
+/// bounded; a sidecar killed mid-exec is an `unavailable` error (never an exit code) and the
+/// next call starts a new one.
+#[tokio::test]
+async fn concurrent_hostile_and_killed_mid_exec() {
+    if !installed() {
+        return;
+    }
+    let p = Arc::new(provider("computesdk:just-bash", vec![], vec![]));
+    let id = p
+        .create(&request(NetworkMode::None))
+        .await
+        .unwrap()
+        .native_id;
+
+    let mut tasks = Vec::new();
+    for n in 0..24 {
+        let (p, id) = (p.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            let out = p
+                .exec(
+                    &id,
+                    &ExecRequest::shell(format!("echo {n}; exit {}", n % 5)),
+                )
+                .await
+                .unwrap();
+            (n, out)
+        }));
+    }
+    for task in tasks {
+        let (n, out) = task.await.unwrap();
+        assert_eq!(out.stdout, format!("{n}\n").into_bytes());
+        assert_eq!(out.status, ExitStatus::Exited { code: n % 5 });
+    }
+
+    let hostile = "a'b\"c\n$(touch pwned)`touch pwned2`\\ é \u{1F600}";
+    let out = p
+        .exec(
+            &id,
+            &ExecRequest::shell("printf %s \"$V\"; ls pwned pwned2 2>/dev/null")
+                .with_env("V", hostile),
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), hostile);
+
+    let mut big =
+        ExecRequest::shell("i=0; while [ $i -lt 400 ]; do printf '%050000d' 0; i=$((i+1)); done");
+    big.max_output_bytes = 64 * 1024 * 1024; // more than the bridge allows: capped at 16 MiB
+    let out = p.exec(&id, &big).await.unwrap();
+    assert_eq!(out.stdout_total, 20_000_000);
+    assert_eq!(out.stdout.len(), berth_contract::DEFAULT_MAX_OUTPUT_BYTES);
+
+    let pid = p.sidecar_pid().await.unwrap();
+    let running = {
+        let (p, id) = (p.clone(), id.clone());
+        tokio::spawn(async move { p.exec(&id, &ExecRequest::shell("sleep 20")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+    let err = running.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    // The sandbox lived in the killed process: a new one answers that it is gone.
+    assert_eq!(p.observe(&id).await.unwrap(), Observation::Absent);
+    assert_ne!(p.sidecar_pid().await, Some(pid));
+}
