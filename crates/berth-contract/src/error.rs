@@ -98,13 +98,18 @@ impl ErrorKind {
         }
     }
 
-    /// Whether an ordered fallback may move on to the next provider. Only capacity, quota and
-    /// unavailability (or a provider this host is not set up for) qualify; `Unsupported` never does (a missing capability is a request error,
-    /// not a reason to silently change provider).
+    /// Whether an ordered fallback may move on to the next provider. Only capacity, quota, a
+    /// rate limit and unavailability (or a provider this host is not set up for) qualify — the
+    /// provider cannot take the work now, another may; `Unsupported` never does (a missing
+    /// capability is a request error, not a reason to silently change provider).
     pub fn allows_fallback(self) -> bool {
         matches!(
             self,
-            ErrorKind::Capacity | ErrorKind::Quota | ErrorKind::Unavailable | ErrorKind::Setup
+            ErrorKind::Capacity
+                | ErrorKind::Quota
+                | ErrorKind::RateLimited
+                | ErrorKind::Unavailable
+                | ErrorKind::Setup
         )
     }
 
@@ -300,7 +305,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fallback_only_on_capacity_quota_unavailable_setup() {
+    fn fallback_only_on_capacity_quota_rate_limit_unavailable_setup() {
         let fallback: Vec<_> = ErrorKind::ALL
             .into_iter()
             .filter(|k| k.allows_fallback())
@@ -309,6 +314,7 @@ mod tests {
             fallback,
             vec![
                 ErrorKind::Quota,
+                ErrorKind::RateLimited,
                 ErrorKind::Capacity,
                 ErrorKind::Unavailable,
                 ErrorKind::Setup

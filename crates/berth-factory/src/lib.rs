@@ -9,7 +9,7 @@
 //!    ones: `supported` must be implemented, `unsupported` must not be, `unknown` may be either.
 //!
 //! [`Registry::with_fallback`] runs an operation over an ordered list of providers and moves
-//! on only for errors whose kind allows fallback (capacity, quota, unavailable) — never for
+//! on only for errors whose kind allows fallback (capacity, quota, rate limit, unavailable) — never for
 //! `Unsupported` — recording every step.
 //!
 //! This crate owns no provisioning policy and reads no environment itself: callers pass an

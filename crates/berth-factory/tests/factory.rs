@@ -269,7 +269,15 @@ fn scripted_registry(calls: &Arc<AtomicUsize>) -> Registry {
         }
         berth_manifest::parse(id, &text).unwrap()
     };
-    let ids = ["full", "quota", "down", "nocap", "invalid", "ok"];
+    let ids = [
+        "full",
+        "quota",
+        "down",
+        "throttled",
+        "nocap",
+        "invalid",
+        "ok",
+    ];
     let mut registry = Registry::with_manifests(ids.map(all_unsupported));
     CALLS.with(|c| *c.borrow_mut() = Some(calls.clone()));
     registry.register("full", |_, _| {
@@ -280,6 +288,9 @@ fn scripted_registry(calls: &Arc<AtomicUsize>) -> Registry {
     });
     registry.register("down", |_, _| {
         Ok(scripted("down", Some(ErrorKind::Unavailable)))
+    });
+    registry.register("throttled", |_, _| {
+        Ok(scripted("throttled", Some(ErrorKind::RateLimited)))
     });
     registry.register("nocap", |_, _| {
         Ok(scripted("nocap", Some(ErrorKind::Unsupported)))
@@ -333,8 +344,8 @@ async fn run(
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn fallback_moves_on_for_capacity_quota_unavailable_and_records_why() {
-    let (result, calls) = run(&["full", "quota", "down", "ok"]).await;
+async fn fallback_moves_on_for_capacity_quota_unavailable_rate_limit_and_records_why() {
+    let (result, calls) = run(&["full", "quota", "down", "throttled", "ok"]).await;
     let fallback = result.unwrap();
     assert_eq!(fallback.provider.id(), "ok");
     let reasons: Vec<_> = fallback
@@ -347,10 +358,11 @@ async fn fallback_moves_on_for_capacity_quota_unavailable_and_records_why() {
         vec![
             ("full", ErrorKind::Capacity),
             ("quota", ErrorKind::Quota),
-            ("down", ErrorKind::Unavailable)
+            ("down", ErrorKind::Unavailable),
+            ("throttled", ErrorKind::RateLimited)
         ]
     );
-    assert_eq!(calls, 4);
+    assert_eq!(calls, 5);
 }
 
 #[tokio::test(flavor = "current_thread")]

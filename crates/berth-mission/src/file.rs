@@ -10,7 +10,7 @@
 //!
 //! [sandbox]
 //! provider = "host"
-//! fallback = []            # tried in order on capacity / quota / unavailable only
+//! fallback = []            # tried in order on capacity / quota / rate limit / unavailable only
 //! # image = "berth/agent:bookworm"
 //!
 //! [harness]
@@ -78,7 +78,7 @@ pub struct Repository {
 pub struct SandboxSpec {
     /// Provider id.
     pub provider: String,
-    /// Providers to try next, on capacity/quota/unavailable only.
+    /// Providers to try next, on capacity/quota/rate limit/unavailable only.
     #[serde(default)]
     pub fallback: Vec<String>,
     /// Image, for providers that have one.

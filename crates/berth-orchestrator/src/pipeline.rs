@@ -198,7 +198,7 @@ pub(crate) fn sandbox_name(key: &AttemptKey) -> SandboxName {
 }
 
 /// Creates the attempt's sandbox on the first candidate provider that can take it, moving on
-/// only for capacity, quota or unavailability (never for a request the provider refuses).
+/// only for capacity, quota, a rate limit or unavailability (never for a request the provider refuses).
 /// Candidates tried before (their ledger rows exist) are not tried again. Returns the provider,
 /// the sandbox name and id, and why earlier candidates were passed over.
 #[allow(clippy::type_complexity)]

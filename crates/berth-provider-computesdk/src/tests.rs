@@ -52,6 +52,7 @@ fn vendor_errors_map_onto_berth_kinds() {
     // Auth never falls back; quota and capacity do.
     assert!(!ErrorKind::Auth.allows_fallback());
     assert!(ErrorKind::Quota.allows_fallback() && ErrorKind::Capacity.allows_fallback());
+    assert!(ErrorKind::RateLimited.allows_fallback());
 }
 
 #[test]
