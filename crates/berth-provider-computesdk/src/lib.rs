@@ -348,11 +348,12 @@ fn first_line(bytes: &[u8]) -> String {
     cut
 }
 
-fn decode(value: &Value) -> Vec<u8> {
-    value
+/// An output stream of an exec reply; a reply without it is a broken protocol, not empty
+/// output.
+fn decode(reply: &Value, stream: &str) -> Option<Vec<u8>> {
+    reply[stream]
         .as_str()
         .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
-        .unwrap_or_default()
 }
 
 #[async_trait]
@@ -510,8 +511,14 @@ impl Provider for ComputeSdk {
             None => call.await,
         };
         let reply = reply.map_err(|f| self.error("exec", f))?;
-        let stdout = decode(&reply["stdout"]);
-        let stderr = decode(&reply["stderr"]);
+        let (Some(stdout), Some(stderr)) = (decode(&reply, "stdout"), decode(&reply, "stderr"))
+        else {
+            return Err(ProviderError::new(
+                ErrorKind::Unavailable,
+                &self.id,
+                "exec: the ComputeSDK bridge sent a reply without its output (protocol broken)",
+            ));
+        };
         let mut status = self.exit_status(reply["exit_code"].as_i64(), &stderr);
         if let Some(timeout) = req.timeout {
             if started.elapsed() >= timeout && !self.vendor.in_process {
