@@ -680,3 +680,47 @@ fn colour_and_progress_only_on_a_terminal() {
     assert!(!on_terminal(true).contains('\x1b'), "NO_COLOR is honoured");
     home.run(&["destroy", &id]);
 }
+
+/// A bridged provider through the CLI, as a user runs it: the command's output and exit code
+/// pass through, a 127 (which ComputeSDK also uses for its own failures) is 125 with the reason
+/// on stderr, and the sandbox ends verified gone in the ledger.
+#[test]
+fn computesdk_just_bash_runs_through_the_cli_and_never_fakes_not_found() {
+    let bridge = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bridge/computesdk/node_modules/computesdk");
+    if !bridge.is_dir() {
+        assert!(
+            std::env::var_os("BERTH_SKIP_COMPUTESDK").is_some(),
+            "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
+             (or set BERTH_SKIP_COMPUTESDK=1)"
+        );
+        return;
+    }
+    let home = Home::new();
+    let out = home.run(&[
+        "run",
+        "-p",
+        "computesdk:just-bash",
+        "--",
+        "sh",
+        "-c",
+        "echo hello | tr a-z A-Z; exit 4",
+    ]);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(out.stdout, b"HELLO\n");
+
+    let out = home.run(&["run", "-p", "computesdk:just-bash", "--", "no-such-cmd"]);
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("command not found") && stderr.contains("unknown (exit code 127"),
+        "{stderr}"
+    );
+    let (_, ledger) = home.json(&["ledger", "list", "--all"]);
+    let rows = ledger["entries"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{ledger}");
+    assert!(
+        rows.iter().all(|r| r["state"] == "verified_gone"),
+        "{ledger}"
+    );
+}

@@ -104,6 +104,10 @@ async fn run_request(
             Some(stderr) => Terminal.chunk(Stream::Stderr, stderr),
             None => eprintln!("berth: this provider merges stderr into stdout"),
         }
+        // An exit code the user cannot read as the command's own (124, 125) says why.
+        if let ExitStatus::TimedOut | ExitStatus::Unknown { .. } = output.status {
+            eprintln!("berth: command {}", output.status);
+        }
     }
     Ok(output.status)
 }
