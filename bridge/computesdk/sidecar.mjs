@@ -21,14 +21,28 @@ const require = createRequire(import.meta.url);
 // modal: `daemonSsePort: false` keeps ComputeSDK from exposing a port for its streaming daemon.
 // `noNetwork`: the vendor's own create option for a sandbox without network (Berth's default),
 // which ComputeSDK passes through to the vendor SDK untouched; just-bash has no network at all.
+// `imageOption`: the create option ComputeSDK's adapter boots an image or template from
+// (e2b and modal read `templateId`, daytona passes `image` on); just-bash has none, and Berth
+// refuses an image for it before asking.
 const VENDORS = {
-  'just-bash': { pkg: '@computesdk/just-bash', make: (m) => m.justBash({}), noNetwork: {} },
-  e2b: { pkg: '@computesdk/e2b', make: (m) => m.e2b({}), noNetwork: { allowInternetAccess: false } },
-  daytona: { pkg: '@computesdk/daytona', make: (m) => m.daytona({}), noNetwork: { networkBlockAll: true } },
+  'just-bash': { pkg: '@computesdk/just-bash', make: (m) => m.justBash({}), noNetwork: {}, imageOption: null },
+  e2b: {
+    pkg: '@computesdk/e2b',
+    make: (m) => m.e2b({}),
+    noNetwork: { allowInternetAccess: false },
+    imageOption: 'templateId',
+  },
+  daytona: {
+    pkg: '@computesdk/daytona',
+    make: (m) => m.daytona({}),
+    noNetwork: { networkBlockAll: true },
+    imageOption: 'image',
+  },
   modal: {
     pkg: '@computesdk/modal',
     make: (m) => m.modal({ daemonSsePort: false }),
     noNetwork: { blockNetwork: true },
+    imageOption: 'templateId',
   },
 };
 
@@ -86,7 +100,14 @@ const ops = {
   async create(args) {
     const options = { name: args.name, metadata: args.metadata };
     if (args.network === 'none') Object.assign(options, vendor.noNetwork);
-    if (args.image) options.image = args.image;
+    if (args.image) {
+      if (!vendor.imageOption) {
+        const error = new Error(`${vendorName} has no images`);
+        error.code = 'BERTH_INVALID';
+        throw error;
+      }
+      options[vendor.imageOption] = args.image;
+    }
     if (args.timeout_ms) options.timeout = args.timeout_ms;
     const created = await provider.sandbox.create(options);
     sandboxes.set(created.sandboxId, created);

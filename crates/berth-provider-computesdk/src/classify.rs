@@ -8,8 +8,10 @@ use crate::sidecar::VendorError;
 
 /// The Berth error kind for an error a ComputeSDK call threw.
 pub fn classify(error: &VendorError) -> ErrorKind {
-    if error.code.as_deref() == Some("BERTH_NOT_FOUND") {
-        return ErrorKind::NotFound;
+    match error.code.as_deref() {
+        Some("BERTH_NOT_FOUND") => return ErrorKind::NotFound,
+        Some("BERTH_INVALID") => return ErrorKind::InvalidRequest,
+        _ => {}
     }
     if let Some(status) = error.status {
         match status {

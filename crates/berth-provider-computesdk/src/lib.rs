@@ -55,6 +55,8 @@ pub struct Vendor {
     pub absence_is_authoritative: bool,
     /// A sandbox `getById` finds is ready for exec (ComputeSDK reports no state of its own).
     pub found_means_running: bool,
+    /// It boots sandboxes from an image or template (a request's `image` goes to it).
+    pub images: bool,
     /// It can give a sandbox outbound network (`bridge`). Every bridged vendor can run one
     /// without network (Berth's default), through its own create option (see `sidecar.mjs`).
     pub network_bridge: bool,
@@ -68,6 +70,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: true,
         absence_is_authoritative: true,
         found_means_running: true,
+        images: false,
         network_bridge: false,
     },
     // `Sandbox.connect` inside a catch-all: any failure (auth, network) is null.
@@ -76,6 +79,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: false,
         absence_is_authoritative: false,
         found_means_running: false,
+        images: true,
         network_bridge: true,
     },
     // Null only when the error says "not found" or 404; anything else throws.
@@ -84,6 +88,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: false,
         absence_is_authoritative: true,
         found_means_running: false,
+        images: true,
         network_bridge: true,
     },
     // `sandboxes.fromId` inside a catch-all.
@@ -92,6 +97,7 @@ pub const VENDORS: [Vendor; 4] = [
         in_process: false,
         absence_is_authoritative: false,
         found_means_running: false,
+        images: true,
         network_bridge: true,
     },
 ];
@@ -383,6 +389,16 @@ impl Provider for ComputeSdk {
                     } else {
                         "`none` only"
                     }
+                ),
+            ));
+        }
+        if req.image.is_some() && !self.vendor.images {
+            return Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                &self.id,
+                format!(
+                    "ComputeSDK's {} adapter has no images; create it without one",
+                    self.vendor.name
                 ),
             ));
         }

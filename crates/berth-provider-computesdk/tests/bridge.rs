@@ -171,6 +171,11 @@ async fn just_bash_refuses_what_it_cannot_do() {
     let p = provider("computesdk:just-bash", vec![], vec![]);
     let err = p.create(&request(NetworkMode::Host)).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    // just-bash has no images: a requested one is refused, never silently ignored.
+    let mut imaged = request(NetworkMode::None);
+    imaged.image = Some("ubuntu:24.04".into());
+    let err = p.create(&imaged).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
     let mut limited = request(NetworkMode::None);
     limited.resources.memory_mib = Some(256);
     let err = p.create(&limited).await.unwrap_err();
@@ -316,8 +321,10 @@ async fn fixtures_map_errors_and_keep_the_key_out_of_sight(fixtures: &str) {
             vec![(key_var.into(), canary.into()), (url_var.into(), url)],
             vec![canary.into()],
         );
-        // Berth's default: no network, sent as the vendor's own option.
-        let req = request(NetworkMode::None);
+        // Berth's default: no network, sent as the vendor's own option; the image goes as the
+        // option the vendor's adapter boots from.
+        let mut req = request(NetworkMode::None);
+        req.image = Some("berth-fixture-image".into());
         let create = p.create(&req);
         tokio::pin!(create);
         // While the request is in flight, the key is in no process's argv.
@@ -342,6 +349,10 @@ async fn fixtures_map_errors_and_keep_the_key_out_of_sight(fixtures: &str) {
                 .iter()
                 .any(|r| r.starts_with(expected_request) && r.contains(canary)),
             "the vendor SDK never sent the key: {requests:?}"
+        );
+        assert!(
+            requests.iter().any(|r| r.contains("berth-fixture-image")),
+            "the image never reached the vendor: {requests:?}"
         );
         let no_network = fixtures["no_network_on_the_wire"].as_str().unwrap();
         assert!(
