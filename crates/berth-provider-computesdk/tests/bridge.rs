@@ -62,17 +62,23 @@ fn request(network: NetworkMode) -> CreateRequest {
     req
 }
 
-#[tokio::test]
-async fn just_bash_round_trip_through_the_bridge() {
-    if !installed() {
-        return;
-    }
+/// A just-bash provider of its own (its own sidecar) and one sandbox in it.
+async fn just_bash_sandbox() -> (ComputeSdk, NativeId) {
     let p = provider("computesdk:just-bash", vec![], vec![]);
     let id = p
         .create(&request(NetworkMode::None))
         .await
         .unwrap()
         .native_id;
+    (p, id)
+}
+
+#[tokio::test]
+async fn just_bash_round_trip_through_the_bridge() {
+    if !installed() {
+        return;
+    }
+    let (p, id) = just_bash_sandbox().await;
     // Labels are reported for a sandbox this bridge process created (the ledger's ownership
     // proof); a fresh bridge process would not find it at all (just-bash lives in the sidecar).
     match p.observe(&id).await.unwrap() {
@@ -202,12 +208,7 @@ async fn just_bash_deadline_kills_the_bridge_and_its_sandboxes() {
     if !installed() {
         return;
     }
-    let p = provider("computesdk:just-bash", vec![], vec![]);
-    let id = p
-        .create(&request(NetworkMode::None))
-        .await
-        .unwrap()
-        .native_id;
+    let (p, id) = just_bash_sandbox().await;
     let pid = p.sidecar_pid().await.unwrap();
     let out = p
         .exec(
@@ -218,16 +219,10 @@ async fn just_bash_deadline_kills_the_bridge_and_its_sandboxes() {
         .unwrap();
     assert_eq!(out.status, ExitStatus::TimedOut);
     assert!(out.duration < Duration::from_secs(5), "{:?}", out.duration);
-    for _ in 0..100 {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let zombie_or_gone = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.contains(") Z "))
-        .unwrap_or(true);
-    assert!(zombie_or_gone, "the sidecar {pid} still runs");
+    assert!(
+        berth_testkit::wait_all_gone(&[pid as i32], Duration::from_secs(2)),
+        "the sidecar {pid} still runs"
+    );
     // A new sidecar starts on demand; the old sandbox is positively gone.
     assert_eq!(p.observe(&id).await.unwrap(), Observation::Absent);
     assert_ne!(p.sidecar_pid().await, Some(pid));
@@ -403,25 +398,13 @@ async fn the_sidecar_ends_with_the_provider_and_setup_errors_name_the_fix() {
     if !installed() {
         return;
     }
-    let p = provider("computesdk:just-bash", vec![], vec![]);
-    let id = p
-        .create(&request(NetworkMode::None))
-        .await
-        .unwrap()
-        .native_id;
+    let (p, _id) = just_bash_sandbox().await;
     let pid = p.sidecar_pid().await.unwrap();
-    let _ = id;
     drop(p);
-    let mut gone = false;
-    for _ in 0..200 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-        if stat.map(|s| s.contains(") Z ")).unwrap_or(true) {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(gone, "the sidecar {pid} outlived its provider");
+    assert!(
+        berth_testkit::wait_all_gone(&[pid as i32], Duration::from_secs(2)),
+        "the sidecar {pid} outlived its provider"
+    );
 
     let empty = tempfile::tempdir().unwrap();
     let p = berth_provider_computesdk::new(
@@ -451,12 +434,8 @@ async fn concurrent_hostile_and_killed_mid_exec() {
     if !installed() {
         return;
     }
-    let p = Arc::new(provider("computesdk:just-bash", vec![], vec![]));
-    let id = p
-        .create(&request(NetworkMode::None))
-        .await
-        .unwrap()
-        .native_id;
+    let (p, id) = just_bash_sandbox().await;
+    let p = Arc::new(p);
 
     let mut tasks = Vec::new();
     for n in 0..24 {
