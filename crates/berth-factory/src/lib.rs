@@ -15,6 +15,8 @@
 //! This crate owns no provisioning policy and reads no environment itself: callers pass an
 //! [`Environment`] snapshot.
 
+#[cfg(feature = "computesdk")]
+mod computesdk;
 mod env;
 
 use std::collections::BTreeMap;
@@ -242,7 +244,10 @@ impl Registry {
         registry.register("docker", construct_docker);
         #[cfg(feature = "computesdk")]
         for vendor in berth_provider_computesdk::VENDORS {
-            registry.register(&format!("computesdk:{}", vendor.name), construct_computesdk);
+            registry.register(
+                &format!("computesdk:{}", vendor.name),
+                computesdk::construct,
+            );
         }
         Ok(registry)
     }
@@ -318,7 +323,7 @@ impl Registry {
         config: &ProviderConfig,
     ) -> Result<berth_provider_computesdk::BridgeConfig, FactoryError> {
         let manifest = self.manifest(id)?;
-        computesdk_config(manifest, config).map_err(|source| FactoryError::Construct {
+        computesdk::bridge_config(manifest, config).map_err(|source| FactoryError::Construct {
             provider: id.to_owned(),
             source,
         })
@@ -496,67 +501,6 @@ fn construct_bwrap(
     Ok(Arc::new(provider))
 }
 
-/// A ComputeSDK provider through the bridge. The sidecar gets PATH and exactly the variables the
-/// manifest names; the secret ones are also what its messages are masked of.
-#[cfg(feature = "computesdk")]
-fn construct_computesdk(
-    manifest: &ProviderManifest,
-    config: &ProviderConfig,
-) -> Result<Arc<dyn Provider>, ProviderError> {
-    let provider =
-        berth_provider_computesdk::new(&manifest.id, computesdk_config(manifest, config)?)?;
-    Ok(Arc::new(provider))
-}
-
-#[cfg(feature = "computesdk")]
-fn computesdk_config(
-    manifest: &ProviderManifest,
-    config: &ProviderConfig,
-) -> Result<berth_provider_computesdk::BridgeConfig, ProviderError> {
-    let path = config
-        .env
-        .get("PATH")
-        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
-        .to_owned();
-    let node = config
-        .env
-        .get("BERTH_NODE")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join("node"))
-                .find(|candidate| candidate.is_file())
-        })
-        .ok_or_else(|| {
-            ProviderError::new(
-                ErrorKind::Setup,
-                &manifest.id,
-                "the ComputeSDK bridge needs Node >= 20.18.1: no `node` on PATH (or set BERTH_NODE)",
-            )
-        })?;
-    let dir = config
-        .env
-        .get("BERTH_COMPUTESDK_BRIDGE")
-        .map(PathBuf::from)
-        .unwrap_or_else(berth_provider_computesdk::default_bridge_dir);
-    let mut env = vec![("PATH".to_owned(), path)];
-    let mut secrets = Vec::new();
-    for credential in &manifest.credentials {
-        if let Some(value) = config.env.get(&credential.name) {
-            env.push((credential.name.clone(), value.to_owned()));
-            if credential.kind == berth_manifest::CredentialKind::Secret {
-                secrets.push(value.to_owned());
-            }
-        }
-    }
-    Ok(berth_provider_computesdk::BridgeConfig {
-        node,
-        dir,
-        env,
-        secrets,
-    })
-}
-
 #[cfg(feature = "docker")]
 fn construct_docker(
     _manifest: &ProviderManifest,
@@ -620,19 +564,7 @@ pub async fn observed_provenance(id: &str, config: &ProviderConfig) -> Option<St
     }
     #[cfg(feature = "computesdk")]
     if berth_provider_computesdk::vendor(id).is_some() {
-        // What the sidecar actually loaded, not what the lock says.
-        let registry = Registry::builtin().ok()?;
-        let manifest = registry.manifest(id).ok()?;
-        let bridged =
-            berth_provider_computesdk::new(id, computesdk_config(manifest, config).ok()?).ok()?;
-        let packages = bridged.packages().await.ok()?;
-        return Some(
-            packages
-                .iter()
-                .map(|(name, version)| format!("{name} {version}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        );
+        return computesdk::observed_packages(id, config).await;
     }
     let _ = (id, config);
     None
