@@ -7,13 +7,9 @@
 import { createRequire } from 'node:module';
 import { performance } from 'node:perf_hooks';
 
+import { VENDORS } from './vendors.mjs';
+
 const require = createRequire(import.meta.url);
-const VENDORS = {
-  'just-bash': { pkg: '@computesdk/just-bash', make: (m) => m.justBash({}) },
-  e2b: { pkg: '@computesdk/e2b', make: (m) => m.e2b({}) },
-  daytona: { pkg: '@computesdk/daytona', make: (m) => m.daytona({}) },
-  modal: { pkg: '@computesdk/modal', make: (m) => m.modal({ daemonSsePort: false }) },
-};
 const [vendorName, iterationsText] = process.argv.slice(2);
 const vendor = VENDORS[vendorName];
 const iterations = Number.parseInt(iterationsText, 10);

@@ -125,6 +125,7 @@ fn main() {
             &[
                 "berth-provider-computesdk/src",
                 "../bridge/computesdk/sidecar.mjs",
+                "../bridge/computesdk/vendors.mjs",
                 "../bridge/computesdk/package-lock.json",
             ],
         ),
