@@ -75,6 +75,12 @@ pub enum Command {
         /// Process handle.
         handle: String,
     },
+    /// An interactive terminal in a sandbox: a shell, or `-- CMD…`; exits with its exit code.
+    #[command(alias = "connect")]
+    Ssh(SshArgs),
+    /// Forward a port of a sandbox to this machine's loopback until interrupted; prints the
+    /// local address. Works with network `none` (through the sandbox's supervisor).
+    Port(PortArgs),
     /// Copy a file between the host and a sandbox: `berth cp ID:path local` or `berth cp local ID:path`.
     Cp {
         /// Source: `ID:path`, a local path, or `-` for stdin.
@@ -184,6 +190,26 @@ pub enum Command {
         #[arg(value_parser = ["manifest", "evidence", "mission", "events", "bundle"])]
         which: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct SshArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Command to run instead of a shell.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct PortArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// The port inside the sandbox (its own `127.0.0.1`).
+    pub port: u16,
+    /// Where to answer on this machine (loopback only; port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub local: std::net::SocketAddr,
 }
 
 #[derive(Debug, Args)]

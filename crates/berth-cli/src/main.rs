@@ -116,7 +116,7 @@ async fn run(cli: Cli) -> i32 {
     // A command's own exit code passes through only when one runs in the foreground.
     let passes_exit_code = match &cli.command {
         Command::Exec(args) => !args.detach,
-        Command::Run(_) => true,
+        Command::Run(_) | Command::Ssh(_) => true,
         _ => false,
     };
     let mut task = tokio::spawn(commands::dispatch(app.clone(), cli.command));
@@ -199,6 +199,8 @@ impl Command {
             Command::Ps { .. } => "ps",
             Command::Logs { .. } => "logs",
             Command::Kill { .. } => "kill",
+            Command::Ssh(_) => "ssh",
+            Command::Port(_) => "port",
             Command::Snapshot { .. } => "snapshot",
             Command::Fork { .. } => "fork",
             Command::Restore { .. } => "restore",

@@ -199,6 +199,7 @@ macro_rules! all_conformance_tests {
             streaming_chunks => "exec_streaming.chunks",
             detached_spawn_status_kill => "exec_detached.spawn_status_kill",
             loopback_forward_round_trip_only => "loopback_forward.round_trip_only",
+            access_terminal_and_ports => "access.terminal_and_ports",
             files_round_trip_binary => "files.round_trip_binary",
             files_hostile_path => "files.hostile_path",
             stop_start_round_trip => "stop_start.round_trip_settles",

@@ -36,7 +36,7 @@ pub enum Capability {
     Fork,
     /// List sandboxes by label.
     Listing,
-    /// SSH / port URLs / interactive access.
+    /// Interactive terminals and connections to the sandbox's ports (`berth ssh`, `berth port`).
     Access,
     /// Provider-enforced time-to-live teardown.
     Ttl,

@@ -368,20 +368,46 @@ pub trait Listing: Send + Sync {
     async fn list(&self, filter: &LabelFilter) -> Result<Vec<Listed>>;
 }
 
-/// Access descriptors.
+/// What an interactive terminal runs (`berth ssh`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AccessInfo {
-    /// SSH destination, when available.
-    pub ssh: Option<String>,
-    /// Port → URL.
-    pub ports: BTreeMap<u16, String>,
+pub struct PtyRequest {
+    /// Program and arguments (non-empty).
+    pub argv: Vec<String>,
+    /// Extra environment variables (`TERM`, the caller's `--env`), on top of the sandbox's
+    /// documented environment.
+    pub env: BTreeMap<String, String>,
+    /// Initial window width.
+    pub cols: u16,
+    /// Initial window height.
+    pub rows: u16,
 }
 
-/// SSH / port access.
+/// Interactive access: a terminal in the sandbox and connections to its ports.
+///
+/// # Contract
+/// - `open_pty` starts `req.argv` on a new pseudo-terminal in the sandbox (its controlling
+///   terminal, so Ctrl-C typed into it signals the sandbox's foreground process) and returns a
+///   stream carrying the supervisor's terminal frames (`berth_supervisor::pty`: keystrokes and
+///   window sizes in, the screen and one exit frame out). The exit frame carries the command's
+///   own status, never a made-up one. Hanging up ends the command's process group.
+/// - `connect_port` returns a stream connected to `127.0.0.1:port` as the sandbox sees it (its
+///   own network namespace, so it works with network `none`), bytes passed through unchanged
+///   both ways; nothing listening is a [`ErrorKind::Unavailable`](crate::ErrorKind) error
+///   naming the port. Nothing is opened on the host's network.
 #[async_trait]
 pub trait Access: Send + Sync {
-    /// Describes how to reach the sandbox.
-    async fn access(&self, id: &NativeId) -> Result<AccessInfo>;
+    /// Opens a terminal session.
+    async fn open_pty(
+        &self,
+        id: &NativeId,
+        req: &PtyRequest,
+    ) -> Result<std::os::unix::net::UnixStream>;
+    /// Connects to a port inside the sandbox.
+    async fn connect_port(
+        &self,
+        id: &NativeId,
+        port: u16,
+    ) -> Result<std::os::unix::net::UnixStream>;
 }
 
 /// Provider-enforced TTL.
@@ -442,6 +468,12 @@ pub trait ProviderExt: Provider {
     fn require_detached(&self) -> Result<&dyn DetachedExec> {
         self.detached()
             .ok_or_else(|| ProviderError::unsupported(Capability::ExecDetached, self.id()))
+    }
+
+    /// Interactive access or `Unsupported`.
+    fn require_access(&self) -> Result<&dyn Access> {
+        self.access()
+            .ok_or_else(|| ProviderError::unsupported(Capability::Access, self.id()))
     }
 }
 

@@ -260,6 +260,7 @@ fn scripted_registry(calls: &Arc<AtomicUsize>) -> Registry {
             "filesystem_snapshot",
             "fork",
             "listing",
+            "access",
         ] {
             text = text.replacen(
                 &format!("{cap} = \"supported\""),

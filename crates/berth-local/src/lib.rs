@@ -8,6 +8,7 @@
 //! - `archive` — deterministic, content-addressed workspace archives.
 //! - `classify` — the one place local I/O errors become [`berth_contract::ErrorKind`]s.
 
+mod access;
 mod archive;
 mod classify;
 mod confine;

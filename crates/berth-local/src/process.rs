@@ -22,7 +22,8 @@ use crate::PROVIDER_ID;
 /// processes that left the process group.
 pub(crate) const MARKER: &str = "BERTH_SANDBOX";
 
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Where output goes.
 pub(crate) enum Sink<'a> {

@@ -59,6 +59,13 @@ pub trait Launcher: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether commands run directly on this machine, where a terminal session and port
+    /// connections can be served in-process (`host`). Launchers that wrap every command in a
+    /// fresh namespace (bwrap) have no place to reach a port or hold a terminal's session.
+    fn interactive(&self) -> bool {
+        false
+    }
+
     /// Turns a finished process into the command's result. Launchers that wrap the command
     /// (bwrap) use it to tell their own start-up failures from the command's exit.
     fn interpret(&self, finished: process::Finished) -> Result<process::Finished> {
@@ -116,8 +123,19 @@ impl<L: Launcher> LocalProvider<L> {
             .workspace(&layout::checked_name(&id.0).map_err(|e| self.own(e))?))
     }
 
+    pub(crate) fn config(&self) -> &LocalConfig {
+        &self.config
+    }
+
+    /// The name and host-side workspace of a ready sandbox.
+    pub(crate) fn ready_named(&self, id: &NativeId) -> Result<(String, PathBuf)> {
+        let meta = self.ready(id)?;
+        let workspace = self.layout.workspace(&meta.name);
+        Ok((meta.name.to_string(), workspace))
+    }
+
     /// Errors from the shared machinery carry a placeholder id; name this provider instead.
-    fn own(&self, err: ProviderError) -> ProviderError {
+    pub(crate) fn own(&self, err: ProviderError) -> ProviderError {
         err.with_provider(self.launcher.id())
     }
 
@@ -399,6 +417,13 @@ impl<L: Launcher> Provider for LocalProvider<L> {
     }
     fn listing(&self) -> Option<&dyn Listing> {
         Some(self)
+    }
+    fn access(&self) -> Option<&dyn berth_contract::Access> {
+        if self.launcher.interactive() {
+            Some(self)
+        } else {
+            None
+        }
     }
 }
 

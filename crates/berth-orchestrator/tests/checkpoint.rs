@@ -47,6 +47,9 @@ impl Provider for WithoutSnapshots {
     fn listing(&self) -> Option<&dyn Listing> {
         Provider::listing(&self.0)
     }
+    fn access(&self) -> Option<&dyn berth_contract::Access> {
+        Provider::access(&self.0)
+    }
 }
 
 #[tokio::test]

@@ -23,6 +23,7 @@
 //! (stop/start, pause, snapshots, forks, listing), [`engine`] (the Engine API client) and
 //! `supervise` (the supervisor's connection: pinning and peer checks).
 
+mod access;
 mod container;
 mod detached;
 pub mod engine;
@@ -444,6 +445,9 @@ impl Provider for DockerProvider {
         Some(self)
     }
     fn loopback_forward(&self) -> Option<&dyn berth_contract::LoopbackForward> {
+        Some(self)
+    }
+    fn access(&self) -> Option<&dyn berth_contract::Access> {
         Some(self)
     }
 }

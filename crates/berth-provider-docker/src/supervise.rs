@@ -290,6 +290,52 @@ pub(crate) async fn listen(
     }
 }
 
+/// Starts a terminal session (a [`Request::Pty`]): the accepted stream carries its frames.
+pub(crate) async fn pty(
+    socket: &Path,
+    expect: &Expect,
+    request: &Request,
+) -> io::Result<Result<UnixStream, Exit>> {
+    accepted(socket, expect, request).await
+}
+
+/// Connects to the sandbox's loopback `port`: the stream carries that connection's bytes once
+/// the supervisor says it is connected; a refusal comes as its exit frame.
+pub(crate) async fn connect_port(
+    socket: &Path,
+    expect: &Expect,
+    port: u16,
+) -> io::Result<Result<UnixStream, Exit>> {
+    let request = Request::Connect {
+        v: PROTOCOL_VERSION,
+        port,
+    };
+    let mut stream = match accepted(socket, expect, &request).await? {
+        Ok(stream) => stream,
+        Err(exit) => return Ok(Err(exit)),
+    };
+    match tokio::time::timeout(ACCEPT_DEADLINE, read_frame(&mut stream)).await {
+        Ok(Ok(Some((berth_supervisor::TAG_CONNECTION, payload)))) if payload.is_empty() => {
+            Ok(Ok(stream))
+        }
+        Ok(Ok(Some((TAG_EXIT, payload)))) => serde_json::from_slice(&payload)
+            .map(Err)
+            .map_err(|e| io::Error::other(format!("unreadable exit frame: {e}"))),
+        Ok(Ok(Some((tag, _)))) => Err(io::Error::other(format!(
+            "the supervisor answered a connect with frame {tag}"
+        ))),
+        Ok(Ok(None)) => Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the supervisor closed the connection before connecting",
+        )),
+        Ok(Err(err)) => Err(err),
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the supervisor did not connect within {ACCEPT_DEADLINE:?}"),
+        )),
+    }
+}
+
 /// The next connection announced on a `listen` control stream; `None` when it ended.
 pub(crate) async fn next_connection(control: &mut UnixStream) -> io::Result<Option<u64>> {
     loop {

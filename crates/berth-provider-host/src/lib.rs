@@ -29,6 +29,10 @@ impl Launcher for Direct {
     fn command(&self, ctx: &LaunchContext<'_>) -> Result<tokio::process::Command> {
         berth_local::direct_command(ctx.command)
     }
+
+    fn interactive(&self) -> bool {
+        true
+    }
 }
 
 /// The host provider.

@@ -339,7 +339,8 @@ async fn capabilities_match_the_manifest_and_the_rest_answer_unsupported() {
             Capability::Files,
             Capability::FilesystemSnapshot,
             Capability::Fork,
-            Capability::Listing
+            Capability::Listing,
+            Capability::Access
         ]
     );
     let err = f.host.require_suspend_resume().map(|_| ()).unwrap_err();

@@ -134,6 +134,39 @@ pub(crate) struct Claimed(Pending);
 /// Copies bytes both ways until each side has closed its half.
 pub(crate) fn splice(host: &UnixStream, claimed: Claimed) -> io::Result<()> {
     let Pending { tcp, _slot } = claimed.0;
+    splice_tcp(host, tcp)
+}
+
+/// Connects to `127.0.0.1:port` in the sandbox for the host (`berth port`): the connection
+/// counts against [`MAX_LIVE`] like a forwarded one. `Err`: nothing listens there, or the
+/// limit is reached (sent as the reply's exit frame).
+pub(crate) fn connect(port: u16) -> Result<(TcpStream, impl Drop), Exit> {
+    if LIVE.fetch_add(1, Ordering::SeqCst) >= MAX_LIVE {
+        LIVE.fetch_sub(1, Ordering::SeqCst);
+        return Err(Exit::SpawnFailed {
+            kind: "limit".into(),
+            message: format!("{MAX_LIVE} connections are already open through this sandbox"),
+        });
+    }
+    let slot = Slot;
+    match TcpStream::connect(("127.0.0.1", port)) {
+        Ok(tcp) => {
+            let _ = tcp.set_nodelay(true);
+            Ok((tcp, slot))
+        }
+        Err(e) => Err(Exit::SpawnFailed {
+            kind: if e.kind() == io::ErrorKind::ConnectionRefused {
+                "refused".into()
+            } else {
+                "other".into()
+            },
+            message: format!("cannot connect to 127.0.0.1:{port} in the sandbox: {e}"),
+        }),
+    }
+}
+
+/// Copies bytes between `host` and `tcp` both ways until each side has closed its half.
+pub fn splice_tcp(host: &UnixStream, tcp: TcpStream) -> io::Result<()> {
     let (mut host_in, mut tcp_out) = (host.try_clone()?, tcp.try_clone()?);
     let inbound = std::thread::spawn(move || {
         let _ = io::copy(&mut host_in, &mut tcp_out);

@@ -26,10 +26,12 @@ pub fn helper_mode(args: &[std::ffi::OsString]) -> Option<i32> {
     match args.get(1)?.to_str()? {
         reaper::REAP_ARG => Some(reaper::run(&args[2..])),
         enter::ENTER_ARG => Some(enter::run(&args[2..])),
+        pty::PTY_ARG => Some(pty::run_child(&args[2..])),
         _ => None,
     }
 }
-mod forward;
+pub mod forward;
+pub mod pty;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -127,6 +129,32 @@ pub enum Request {
         process: String,
         /// The signal number.
         signal: i32,
+    },
+    /// Connect to `127.0.0.1:port` in the sandbox's network namespace (`berth port`): after the
+    /// [`TAG_ACCEPTED`] frame, an empty [`TAG_CONNECTION`] frame says it is connected, and from
+    /// then on this connection carries that connection's bytes unchanged, both ways. A refusal
+    /// is an exit frame instead.
+    Connect {
+        /// Protocol version.
+        v: u32,
+        /// The port.
+        port: u16,
+    },
+    /// Run a command on a new pseudo-terminal (`berth ssh`): see [`pty`] for the frames that
+    /// follow the [`TAG_ACCEPTED`] frame.
+    Pty {
+        /// Protocol version.
+        v: u32,
+        /// Program and arguments.
+        argv: Vec<String>,
+        /// Working directory.
+        cwd: String,
+        /// The complete environment.
+        env: BTreeMap<String, String>,
+        /// Window width.
+        cols: u16,
+        /// Window height.
+        rows: u16,
     },
 }
 

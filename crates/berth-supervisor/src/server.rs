@@ -86,6 +86,8 @@ fn handle(stream: UnixStream) -> io::Result<()> {
         | Request::Kill { v, .. }
         | Request::Listen { v, .. }
         | Request::Attach { v, .. }
+        | Request::Connect { v, .. }
+        | Request::Pty { v, .. }
             if v != PROTOCOL_VERSION =>
         {
             send_exit(
@@ -132,6 +134,51 @@ fn handle(stream: UnixStream) -> io::Result<()> {
         Request::Kill {
             process, signal, ..
         } => send_exit(&out, &detached::kill(&process, signal)),
+        Request::Connect { port, .. } => match crate::forward::connect(port) {
+            Ok((tcp, _slot)) => {
+                // Connected: say so (an empty connection frame), then carry the bytes.
+                let mut writer = out.lock().unwrap_or_else(|p| p.into_inner());
+                if write_frame(&mut *writer, crate::TAG_CONNECTION, &[]).is_err() {
+                    return Ok(());
+                }
+                drop(writer);
+                crate::forward::splice_tcp(&stream, tcp)
+            }
+            Err(exit) => send_exit(&out, &exit),
+        },
+        Request::Pty {
+            argv,
+            cwd,
+            env,
+            cols,
+            rows,
+            ..
+        } => {
+            let helper = match std::env::current_exe() {
+                Ok(helper) => helper,
+                Err(err) => {
+                    return send_exit(
+                        &out,
+                        &Exit::SpawnFailed {
+                            kind: "other".into(),
+                            message: format!("cannot find the supervisor's own binary: {err}"),
+                        },
+                    )
+                }
+            };
+            let session = crate::pty::Session {
+                helper: &helper,
+                argv: &argv,
+                cwd: &cwd,
+                env: &env,
+                cols,
+                rows,
+            };
+            let exit = crate::pty::serve(&stream, &out, &session);
+            let sent = send_exit(&out, &exit);
+            let _ = stream.shutdown(Shutdown::Both);
+            sent
+        }
         Request::Exec {
             argv,
             cwd,

@@ -1,5 +1,6 @@
 //! One module per verb family. Each command returns its exit code.
 
+mod access;
 mod artifacts;
 pub mod catalog;
 mod demo;
@@ -48,6 +49,8 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Ps { id } => exec::ps(&app, &id).await,
         Command::Logs { id, handle, follow } => exec::logs(&app, &id, &handle, follow).await,
         Command::Kill { id, handle } => exec::kill(&app, &id, &handle).await,
+        Command::Ssh(args) => access::ssh(&app, args).await,
+        Command::Port(args) => access::port(&app, args).await,
         Command::Run(args) => exec::run(&app, args).await,
         Command::Cp {
             source,

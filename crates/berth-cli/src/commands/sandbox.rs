@@ -150,10 +150,15 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
 pub async fn status(app: &App, id: &str) -> Result<i32> {
     let (row, provider, native) = app.sandbox(id).await?;
     let observation = provider.observe(&native).await;
+    let forwards = super::access::open_forwards(app, &row.berth_id);
     if app.json {
+        let forwards: Vec<_> = forwards
+            .iter()
+            .map(|f| json!({ "port": f.port, "local": f.local, "pid": f.pid }))
+            .collect();
         emit(
             "status",
-            json!({ "ledger": row, "observed": observation_json(&observation) }),
+            json!({ "ledger": row, "observed": observation_json(&observation), "forwards": forwards }),
         );
     } else {
         println!("id:        {}", row.berth_id);
@@ -164,6 +169,12 @@ pub async fn status(app: &App, id: &str) -> Result<i32> {
         println!("run:       {}", row.run_id);
         if let Some(expires) = row.expires_at {
             println!("expires:   {}", expires.to_rfc3339());
+        }
+        for forward in &forwards {
+            println!(
+                "forward:   {} → port {} (berth port, pid {})",
+                forward.local, forward.port, forward.pid
+            );
         }
     }
     Ok(code::OK)

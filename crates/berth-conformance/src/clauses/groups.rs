@@ -478,10 +478,7 @@ pub(super) async fn unsupported_paths(s: &Subject) -> Outcome {
                 .memory_snapshots()
                 .is_none()
                 .then(|| ProviderError::unsupported(capability, p.id())),
-            Capability::Access => p
-                .access()
-                .is_none()
-                .then(|| ProviderError::unsupported(capability, p.id())),
+            Capability::Access => p.require_access().err(),
             Capability::Ttl => p
                 .ttl()
                 .is_none()

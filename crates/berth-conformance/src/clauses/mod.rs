@@ -69,6 +69,11 @@ pub static CLAUSES: &[Clause] = &[
         loopback_forward
     ),
     clause!(
+        "access.terminal_and_ports",
+        Some(Capability::Access),
+        access
+    ),
+    clause!(
         "exec_detached.spawn_status_kill",
         Some(Capability::ExecDetached),
         detached
@@ -177,11 +182,13 @@ where
     verdict(result)
 }
 
+mod access;
 mod groups;
 mod lifecycle;
 mod teardown;
 mod walls;
 
+use access::*;
 use groups::*;
 use lifecycle::*;
 use teardown::*;
