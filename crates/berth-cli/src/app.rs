@@ -85,6 +85,28 @@ impl App {
         })
     }
 
+    /// An app for one request of `berth serve`: the server's store, the owner in `config`, a
+    /// run id of its own, JSON documents. The providers get the server's environment (their
+    /// credentials); the request's own `--env NAME` lookups get an empty one, so no caller can
+    /// read the server's variables into a sandbox.
+    pub fn for_request(mut config: Config, store: Store) -> Result<App> {
+        let registry = Registry::builtin()?;
+        let provider_config = ProviderConfig {
+            state_dir: config.state_dir(),
+            env: config.env.clone(),
+            reaper: std::env::current_exe().ok(),
+        };
+        config.env = berth_factory::Environment::empty();
+        let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
+        Ok(App {
+            config,
+            registry,
+            provider_config,
+            ledger,
+            json: true,
+        })
+    }
+
     /// What a benchmark reads: this invocation's providers, ledger and home.
     pub fn bench_context(&self) -> Result<berth_bench::BenchContext> {
         Ok(berth_bench::BenchContext {

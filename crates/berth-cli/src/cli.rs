@@ -81,6 +81,16 @@ pub enum Command {
     /// Forward a port of a sandbox to this machine's loopback until interrupted; prints the
     /// local address. Works with network `none` (through the sandbox's supervisor).
     Port(PortArgs),
+    /// Serve Berth's HTTP API (the same commands, as `berth.cli/v1` documents) behind bearer
+    /// tokens; prints `listening on http://ADDR`, then serves until interrupted.
+    Serve {
+        /// Address to listen on (loopback by default; port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: std::net::SocketAddr,
+    },
+    /// API tokens for `berth serve`: create (printed once, stored hashed), list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Copy a file between the host and a sandbox: `berth cp ID:path local` or `berth cp local ID:path`.
     Cp {
         /// Source: `ID:path`, a local path, or `-` for stdin.
@@ -187,8 +197,32 @@ pub enum Command {
     /// Print a published JSON Schema.
     Schema {
         /// Which schema.
-        #[arg(value_parser = ["manifest", "evidence", "mission", "events", "bundle"])]
+        #[arg(value_parser = ["manifest", "evidence", "mission", "events", "bundle", "openapi"])]
         which: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token for one owner with one scope; prints it once.
+    Create {
+        /// The owner whose sandboxes, missions and ledger the token reaches.
+        #[arg(long)]
+        owner: String,
+        /// `read` (list, show, events), `exec` (also create, exec, destroy) or `admin` (also
+        /// the audit log).
+        #[arg(long, value_parser = ["read", "exec", "admin"])]
+        scope: String,
+        /// A label for people.
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// Every token: id, owner, scope, live or revoked (never the token).
+    List,
+    /// Revoke a token: it answers 401 from then on.
+    Revoke {
+        /// Token id (`tk-…`).
+        id: String,
     },
 }
 

@@ -18,6 +18,7 @@ mod duration;
 mod errors;
 mod human;
 mod output;
+mod serve;
 
 use std::sync::Arc;
 
@@ -185,6 +186,7 @@ impl Command {
                 | Command::Verify(_)
                 | Command::Demo
                 | Command::Gateway(_)
+                | Command::Serve { .. }
         )
     }
 
@@ -201,6 +203,10 @@ impl Command {
             Command::Kill { .. } => "kill",
             Command::Ssh(_) => "ssh",
             Command::Port(_) => "port",
+            Command::Serve { .. } => "serve",
+            Command::Token(cli::TokenCommand::Create { .. }) => "token create",
+            Command::Token(cli::TokenCommand::List) => "token list",
+            Command::Token(cli::TokenCommand::Revoke { .. }) => "token revoke",
             Command::Snapshot { .. } => "snapshot",
             Command::Fork { .. } => "fork",
             Command::Restore { .. } => "restore",

@@ -18,7 +18,9 @@
 //!   in `sqlite/`.
 //! - [`missions`] — mission records, their event log and attempt facts ([`MissionRow`]).
 //! - [`artifacts`] — artifact publication claims and the artifact index ([`ArtifactStore`]).
+//! - [`access`] — `berth serve`'s bearer tokens (hashed) and audit log ([`AccessStore`]).
 
+pub mod access;
 pub mod artifacts;
 pub mod ledger;
 pub mod missions;
@@ -31,6 +33,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
 
+pub use access::{AccessStore, ApiToken, AuditRow, NewAudit};
 pub use artifacts::{
     ArtifactQuery, ArtifactRow, ArtifactStore, NewPublication, PublicationRow, PublicationState,
 };

@@ -4,12 +4,12 @@ mod access;
 mod artifacts;
 pub mod catalog;
 mod demo;
-mod exec;
+pub(crate) mod exec;
 pub mod gateway;
-mod ledger;
-mod mission;
+pub(crate) mod ledger;
+pub(crate) mod mission;
 mod prompt;
-mod sandbox;
+pub(crate) mod sandbox;
 pub mod scaffold;
 pub mod verify;
 mod watch;
@@ -50,6 +50,19 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Logs { id, handle, follow } => exec::logs(&app, &id, &handle, follow).await,
         Command::Kill { id, handle } => exec::kill(&app, &id, &handle).await,
         Command::Ssh(args) => access::ssh(&app, args).await,
+        Command::Serve { listen } => crate::serve::run(&app, listen).await,
+        Command::Token(command) => {
+            let store = app.ledger.store();
+            match command {
+                crate::cli::TokenCommand::Create { owner, scope, name } => {
+                    crate::serve::auth::create(store, app.json, &owner, &scope, &name).await
+                }
+                crate::cli::TokenCommand::List => crate::serve::auth::list(store, app.json).await,
+                crate::cli::TokenCommand::Revoke { id } => {
+                    crate::serve::auth::revoke(store, app.json, &id).await
+                }
+            }
+        }
         Command::Port(args) => access::port(&app, args).await,
         Command::Run(args) => exec::run(&app, args).await,
         Command::Cp {
@@ -166,6 +179,7 @@ pub fn schema(_json: bool, which: &str) -> i32 {
         "mission" => print!("{}", berth_mission::file::json_schema()),
         "events" => print!("{}", berth_harness::json_schema()),
         "bundle" => print!("{}", berth_artifacts::bundle::json_schema()),
+        "openapi" => print!("{}", crate::serve::openapi_json()),
         _ => print!("{}", berth_manifest::json_schema()),
     }
     code::OK

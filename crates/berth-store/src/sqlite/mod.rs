@@ -1,5 +1,6 @@
 //! The SQLite driver: the embedded default backend of every store contract.
 
+mod access;
 mod artifacts;
 mod ledger;
 mod missions;

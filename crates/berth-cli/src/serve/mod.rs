@@ -1,0 +1,82 @@
+//! `berth serve`: Berth as an HTTP API — the CLI's own commands behind bearer tokens.
+//!
+//! Every route runs the same command function the CLI runs, in JSON mode, and answers with the
+//! `berth.cli/v1` document that command emits (captured, not printed). A token belongs to one
+//! owner and carries one scope (`read` ⊂ `exec` ⊂ `admin`); each request gets an [`App`] bound
+//! to that owner — its own ledger view, an empty environment for `--env NAME` lookups (a caller
+//! never reads the server's variables), and a run id of its own so a failed request cleans up
+//! exactly what it made. Another owner's sandbox or mission answers 404, the same as one that
+//! does not exist. Every mutating request is written to the audit log (token, owner, method,
+//! route template, target, status, outcome — never a body, so never a secret).
+//!
+//! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
+//! - `routes` — the handlers and the OpenAPI description (utoipa).
+//! - `events` — a mission's event log as server-sent events, resumable by event id.
+
+pub mod auth;
+mod events;
+mod routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use berth_store::Store;
+
+use crate::app::App;
+use crate::config::Config;
+
+pub use routes::openapi_json;
+
+/// What every request starts from.
+#[derive(Clone)]
+pub(crate) struct Server {
+    /// The server's own configuration (home, the provider credentials in its environment).
+    pub config: Config,
+    pub store: Store,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("home", &self.config.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// An [`App`] for one request of `owner`.
+    pub(crate) fn app_for(&self, owner: &str) -> Result<App> {
+        let mut config = self.config.clone();
+        config.owner = owner.to_owned();
+        App::for_request(config, self.store.clone())
+    }
+}
+
+/// `berth serve --listen ADDR`: serves until interrupted. Prints `listening on http://ADDR`
+/// first (the bound address, so `:0` is usable).
+pub async fn run(app: &App, listen: SocketAddr) -> Result<i32> {
+    let server = Arc::new(Server {
+        config: app.config.clone(),
+        store: app.ledger.store().clone(),
+    });
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listen on {listen}"))?;
+    let local = listener.local_addr()?;
+    println!("listening on http://{local}");
+    if !local.ip().is_loopback() {
+        eprintln!(
+            "berth: warning: serving on {local}, beyond this machine; every route still needs a \
+             token, but traffic is plain HTTP"
+        );
+    }
+    {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    axum::serve(listener, routes::router(server))
+        .await
+        .context("serve HTTP")?;
+    Ok(0)
+}

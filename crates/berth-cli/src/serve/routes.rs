@@ -1,0 +1,793 @@
+//! The routes: each authorizes, runs the CLI's command for the token's owner, and answers with
+//! the document the command emitted. The OpenAPI description is generated from these
+//! declarations (`berth serve` publishes it at `/v1/openapi.json`; `schemas/openapi.json` is
+//! the committed copy).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use berth_store::{AccessStore, ApiToken, MissionStore, NewAudit, StoreError};
+use serde::Deserialize;
+use serde_json::json;
+use utoipa::{OpenApi, ToSchema};
+
+use super::auth::{self, Scope};
+use super::Server;
+use crate::app::App;
+use crate::errors::code;
+use crate::output::{self, SCHEMA};
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 1 << 20;
+
+pub(crate) fn router(server: Arc<Server>) -> Router {
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/sandboxes", get(list_sandboxes).post(create_sandbox))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(show_sandbox).delete(destroy_sandbox),
+        )
+        .route(
+            "/v1/sandboxes/{id}/exec",
+            axum::routing::post(exec_in_sandbox),
+        )
+        .route("/v1/ledger", get(ledger))
+        .route("/v1/missions", get(missions))
+        .route("/v1/missions/{id}", get(mission))
+        .route(
+            "/v1/missions/{id}/events",
+            get(super::events::mission_events),
+        )
+        .route("/v1/audit", get(audit))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(server)
+}
+
+/// A `berth.cli/v1` document: `schema`, `command`, then the command's own fields (or `error`).
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)] // described, not built: documents are the commands' own JSON
+pub(crate) struct Document {
+    /// Always `berth.cli/v1`.
+    schema: String,
+    /// The CLI verb that produced it (`list`, `create`, `exec`, …).
+    command: String,
+}
+
+/// An error document's `error` field.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ErrorBody {
+    /// `unauthenticated`, `forbidden`, `not_found`, `invalid_request`, `unavailable`, …
+    kind: String,
+    /// The CLI exit code for the same failure.
+    exit_code: i32,
+    /// What happened.
+    message: String,
+    /// What to do.
+    hint: Option<String>,
+}
+
+/// Create a sandbox.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateBody {
+    /// Provider (default `host`).
+    #[serde(default = "default_provider")]
+    provider: String,
+    /// Providers to try next when the first is unavailable, at capacity or out of quota.
+    #[serde(default)]
+    fallback: Vec<String>,
+    /// Image or template, for providers that have them.
+    image: Option<String>,
+    /// `none` (default), `bridge` or `host`.
+    #[serde(default = "default_network")]
+    network: String,
+    /// Expiry (`30m`, `24h`, `7d`; default `24h`).
+    #[serde(default = "default_ttl")]
+    ttl: String,
+}
+
+fn default_provider() -> String {
+    "host".into()
+}
+fn default_network() -> String {
+    "none".into()
+}
+fn default_ttl() -> String {
+    "24h".into()
+}
+
+/// Run a command in a sandbox: `argv` or `shell`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExecBody {
+    /// Program and arguments.
+    #[serde(default)]
+    argv: Vec<String>,
+    /// A line for `sh -c` (instead of `argv`).
+    shell: Option<String>,
+    /// Environment values for the command (values are never logged, stored or echoed).
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    /// Deadline (`500ms`, `30s`, `5m`).
+    timeout: Option<String>,
+    /// Working directory inside the sandbox.
+    cwd: Option<String>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Berth",
+        description = "Berth's HTTP API (`berth serve`): the CLI's commands behind bearer tokens. \
+            Every answer is a `berth.cli/v1` document, the same the CLI prints with `--json`. \
+            Scopes nest: read ⊂ exec ⊂ admin. Another owner's resources answer 404."
+    ),
+    paths(
+        list_sandboxes,
+        create_sandbox,
+        show_sandbox,
+        destroy_sandbox,
+        exec_in_sandbox,
+        ledger,
+        missions,
+        mission,
+        super::events::mission_events,
+        audit
+    ),
+    components(schemas(Document, ErrorBody, CreateBody, ExecBody)),
+    modifiers(&Bearer)
+)]
+struct ApiDoc;
+
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The OpenAPI description, as published.
+pub fn openapi_json() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI description serializes")
+}
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        openapi_json(),
+    )
+        .into_response()
+}
+
+/// An error document with an HTTP status.
+pub(crate) fn failure(
+    status: StatusCode,
+    command: &str,
+    kind: &str,
+    message: String,
+    hint: Option<&str>,
+) -> Response {
+    let exit_code = match status {
+        StatusCode::NOT_FOUND => code::NOT_FOUND,
+        StatusCode::BAD_REQUEST
+        | StatusCode::PAYLOAD_TOO_LARGE
+        | StatusCode::UNSUPPORTED_MEDIA_TYPE => code::INVALID,
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => code::AUTH,
+        _ => code::INTERNAL,
+    };
+    (
+        status,
+        Json(json!({
+            "schema": SCHEMA,
+            "command": command,
+            "error": { "kind": kind, "exit_code": exit_code, "message": message, "hint": hint },
+        })),
+    )
+        .into_response()
+}
+
+/// The token a request presents, if it may do `needed`. `Err` carries the answer, and the
+/// token when one was recognised (a 403 is audited; a 401 has no one to attribute it to).
+pub(crate) async fn authorize_as(
+    server: &Server,
+    headers: &HeaderMap,
+    needed: Scope,
+    command: &str,
+) -> Result<ApiToken, (Response, Option<ApiToken>)> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let unauthenticated = |message: &str| {
+        failure(
+            StatusCode::UNAUTHORIZED,
+            command,
+            "unauthenticated",
+            message.to_owned(),
+            Some("send `Authorization: Bearer TOKEN` (`berth token create` makes one)"),
+        )
+    };
+    let Some(presented) = presented else {
+        return Err((unauthenticated("no bearer token"), None));
+    };
+    match auth::verify(&server.store, presented.trim()).await {
+        Ok(Some((token, scope))) if scope >= needed => Ok(token),
+        Ok(Some((token, scope))) => Err((
+            failure(
+                StatusCode::FORBIDDEN,
+                command,
+                "forbidden",
+                format!(
+                    "this token's scope is {}; this request needs {}",
+                    scope.as_str(),
+                    needed.as_str()
+                ),
+                Some("use a token created with a wider --scope"),
+            ),
+            Some(token),
+        )),
+        Ok(None) => Err((unauthenticated("unknown or revoked token"), None)),
+        Err(err) => Err((
+            failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                command,
+                "internal",
+                format!("cannot check the token: {err}"),
+                None,
+            ),
+            None,
+        )),
+    }
+}
+
+/// [`authorize_as`] for reads, which are not audited.
+pub(crate) async fn authorize(
+    server: &Server,
+    headers: &HeaderMap,
+    needed: Scope,
+    command: &str,
+) -> Result<ApiToken, Response> {
+    authorize_as(server, headers, needed, command)
+        .await
+        .map_err(|(response, _)| response)
+}
+
+/// The HTTP status for a CLI exit code.
+fn status_for(exit_code: i32) -> StatusCode {
+    match exit_code {
+        code::NOT_FOUND | code::REFUSED => StatusCode::NOT_FOUND,
+        code::INVALID => StatusCode::BAD_REQUEST,
+        code::UNSUPPORTED | code::COMMAND_NOT_FOUND | code::COMMAND_NOT_EXECUTABLE => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        code::UNAVAILABLE => StatusCode::SERVICE_UNAVAILABLE,
+        code::AUTH => StatusCode::BAD_GATEWAY,
+        code::CONFLICT => StatusCode::CONFLICT,
+        code::TIMEOUT => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// One request: who, what it may do, what it runs, what the audit log records.
+pub(crate) struct Call<'a> {
+    pub server: &'a Server,
+    pub headers: &'a HeaderMap,
+    pub method: Method,
+    pub route: &'static str,
+    pub command: &'static str,
+    pub needed: Scope,
+    pub target: Option<String>,
+}
+
+impl Call<'_> {
+    /// Authorizes, runs `body` with an app for the token's owner, answers with its document,
+    /// audits a mutating request.
+    pub async fn run<F, Fut>(self, body: F) -> Response
+    where
+        F: FnOnce(Arc<App>) -> Fut,
+        Fut: Future<Output = anyhow::Result<i32>>,
+    {
+        self.run_refusing(None, body).await
+    }
+
+    /// [`Call::run`], answering with `refused` (a rejected body) once the caller is authorized,
+    /// instead of running anything.
+    pub async fn run_refusing<F, Fut>(self, refused: Option<Response>, body: F) -> Response
+    where
+        F: FnOnce(Arc<App>) -> Fut,
+        Fut: Future<Output = anyhow::Result<i32>>,
+    {
+        let (token, (response, outcome)) =
+            match authorize_as(self.server, self.headers, self.needed, self.command).await {
+                Err((response, None)) => return response,
+                Err((response, Some(token))) => (token, (response, "forbidden".to_owned())),
+                Ok(token) => match refused {
+                    Some(response) => (token, (response, "invalid_request".to_owned())),
+                    None => {
+                        let answered = self.answer(&token, body).await;
+                        (token, answered)
+                    }
+                },
+            };
+        if self.method != Method::GET {
+            let audit = NewAudit {
+                token_id: token.id.clone(),
+                owner: token.owner.clone(),
+                method: self.method.to_string(),
+                route: self.route.to_owned(),
+                target: self.target.clone(),
+                status: response.status().as_u16(),
+                outcome,
+            };
+            if let Err(err) = self.server.store.audit_append(&audit).await {
+                // An unaudited mutation is reported, never hidden.
+                eprintln!("berth serve: cannot write the audit log: {err}");
+                return failure(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    self.command,
+                    "internal",
+                    "the request ran but could not be audited".into(),
+                    None,
+                );
+            }
+        }
+        response
+    }
+
+    async fn answer<F, Fut>(&self, token: &ApiToken, body: F) -> (Response, String)
+    where
+        F: FnOnce(Arc<App>) -> Fut,
+        Fut: Future<Output = anyhow::Result<i32>>,
+    {
+        let app = match self.server.app_for(&token.owner) {
+            Ok(app) => Arc::new(app),
+            Err(err) => {
+                return (
+                    failure(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        self.command,
+                        "internal",
+                        format!("{err:#}"),
+                        None,
+                    ),
+                    "internal".into(),
+                )
+            }
+        };
+        let (result, document) = output::capture(body(app.clone())).await;
+        match result {
+            Ok(_) => match document {
+                Some(doc) => ((StatusCode::OK, Json(doc)).into_response(), "ok".into()),
+                None => (
+                    failure(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        self.command,
+                        "internal",
+                        "the command produced no document".into(),
+                        None,
+                    ),
+                    "internal".into(),
+                ),
+            },
+            Err(err) => {
+                // What this request created and did not hand over goes, as with the CLI.
+                app.cleanup_after_failure().await;
+                let failed = crate::errors::classify(&err);
+                let status = status_for(failed.exit_code);
+                if failed.exit_code == code::REFUSED {
+                    // Another owner's resource is indistinguishable from a missing one.
+                    let what = self.target.as_deref().unwrap_or("that resource");
+                    return (
+                        failure(
+                            status,
+                            self.command,
+                            "not_found",
+                            format!("no `{what}` for this token's owner"),
+                            None,
+                        ),
+                        "not_found".into(),
+                    );
+                }
+                let kind = failed.kind.to_owned();
+                (
+                    (
+                        status,
+                        Json(json!({ "schema": SCHEMA, "command": self.command, "error": failed })),
+                    )
+                        .into_response(),
+                    kind,
+                )
+            }
+        }
+    }
+}
+
+/// A mission of the token's owner, else 404 (another owner's is not found either).
+pub(crate) async fn owned_mission(
+    server: &Server,
+    token: &ApiToken,
+    id: &str,
+    command: &str,
+) -> Result<(), Response> {
+    match server.store.mission_get(id).await {
+        Ok(row) if row.owner == token.owner => Ok(()),
+        Ok(_) | Err(StoreError::NotFound(_)) => Err(failure(
+            StatusCode::NOT_FOUND,
+            command,
+            "not_found",
+            format!("no mission `{id}` for this token's owner"),
+            None,
+        )),
+        Err(err) => Err(failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            command,
+            "internal",
+            err.to_string(),
+            None,
+        )),
+    }
+}
+
+fn call<'a>(
+    server: &'a Server,
+    headers: &'a HeaderMap,
+    method: Method,
+    route: &'static str,
+    command: &'static str,
+    needed: Scope,
+    target: Option<String>,
+) -> Call<'a> {
+    Call {
+        server,
+        headers,
+        method,
+        route,
+        command,
+        needed,
+        target,
+    }
+}
+
+/// This owner's sandboxes.
+#[utoipa::path(get, path = "/v1/sandboxes", security(("bearer" = [])),
+    responses((status = 200, description = "`list` document", body = Document),
+              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn list_sandboxes(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/sandboxes",
+        "list",
+        Scope::Read,
+        None,
+    )
+    .run(|app| async move { crate::commands::sandbox::list(&app, false).await })
+    .await
+}
+
+/// Create a sandbox (scope `exec`).
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateBody, security(("bearer" = [])),
+    responses((status = 200, description = "`create` document", body = Document),
+              (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn create_sandbox(
+    State(server): State<Arc<Server>>,
+    headers: HeaderMap,
+    body: Result<Json<CreateBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(body) = match body {
+        Ok(body) => body,
+        Err(rejected) => return bad_body("create", rejected),
+    };
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/sandboxes",
+        "create",
+        Scope::Exec,
+        None,
+    )
+    .run(|app| async move {
+        let network = crate::cli::NetworkArg {
+            network: body.network,
+        };
+        if !["none", "bridge", "host"].contains(&network.network.as_str()) {
+            return Err(crate::errors::CliError::invalid(
+                format!("unknown network `{}`", network.network),
+                "network is none, bridge or host",
+            )
+            .into());
+        }
+        let args = crate::cli::CreateArgs {
+            provider: body.provider,
+            fallback: body.fallback,
+            image: body.image,
+            network,
+            limits: crate::cli::LimitArgs {
+                cpus: None,
+                memory_mib: None,
+                pids: None,
+            },
+            ttl: crate::cli::TtlArg { ttl: body.ttl },
+        };
+        crate::commands::sandbox::create(&app, args).await
+    })
+    .await
+}
+
+/// One sandbox: ledger entry, observed state, open forwards.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", security(("bearer" = [])),
+    params(("id" = String, Path, description = "Sandbox id (`bx-…`)")),
+    responses((status = 200, description = "`status` document", body = Document),
+              (status = 404, body = ErrorBody)))]
+async fn show_sandbox(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/sandboxes/{id}",
+        "status",
+        Scope::Read,
+        Some(id.clone()),
+    )
+    .run(|app| async move { crate::commands::sandbox::status(&app, &id).await })
+    .await
+}
+
+/// Destroy a sandbox and verify it gone (scope `exec`).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", security(("bearer" = [])),
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "`destroy` document", body = Document),
+              (status = 404, body = ErrorBody)))]
+async fn destroy_sandbox(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::DELETE,
+        "/v1/sandboxes/{id}",
+        "destroy",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run(|app| async move { crate::commands::sandbox::destroy(&app, &[id]).await })
+    .await
+}
+
+/// Run a command and wait for it (scope `exec`); the document carries its exit code and output.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", request_body = ExecBody,
+    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "`exec` document (any exit code)", body = Document),
+              (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn exec_in_sandbox(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Json(body) = match body {
+        Ok(body) => body,
+        Err(rejected) => return bad_body("exec", rejected),
+    };
+    // Values are passed as NAME=VALUE only: a bare NAME would read the server's environment.
+    if let Some(bad) = body.env.keys().find(|name| !env_name_ok(name)) {
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "exec",
+            "invalid_request",
+            format!(
+                "environment variable name `{}` is not [A-Za-z_][A-Za-z0-9_]*",
+                bad.escape_debug()
+            ),
+            None,
+        );
+    }
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/sandboxes/{id}/exec",
+        "exec",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run(|app| async move {
+        let spec = crate::cli::CommandSpec {
+            timeout: body.timeout,
+            env: body.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            cwd: body.cwd,
+            shell: body.shell,
+            argv: body.argv,
+        };
+        let args = crate::cli::ExecArgs {
+            id,
+            detach: false,
+            spec,
+        };
+        crate::commands::exec::exec(&app, args).await
+    })
+    .await
+}
+
+fn env_name_ok(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b == b'_' || b.is_ascii_alphabetic())
+        && bytes.all(|b| b == b'_' || b.is_ascii_alphanumeric())
+        && name.len() <= 256
+}
+
+fn bad_body(command: &str, rejected: axum::extract::rejection::JsonRejection) -> Response {
+    // 413 for a body over the limit, 415 without a JSON content type, else 400.
+    let status = match rejected.status() {
+        s @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => s,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    failure(
+        status,
+        command,
+        "invalid_request",
+        format!("request body: {}", rejected.body_text()),
+        Some("see /v1/openapi.json for the body's shape"),
+    )
+}
+
+/// This owner's ledger (open entries).
+#[utoipa::path(get, path = "/v1/ledger", security(("bearer" = [])),
+    responses((status = 200, description = "`ledger list` document", body = Document)))]
+async fn ledger(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/ledger",
+        "ledger list",
+        Scope::Read,
+        None,
+    )
+    .run(|app| async move { crate::commands::ledger::list(&app, false).await })
+    .await
+}
+
+/// This owner's missions.
+#[utoipa::path(get, path = "/v1/missions", security(("bearer" = [])),
+    responses((status = 200, description = "`mission list` document", body = Document)))]
+async fn missions(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/missions",
+        "mission list",
+        Scope::Read,
+        None,
+    )
+    .run(|app| async move {
+        crate::commands::mission::run(&app, crate::cli::MissionCommand::List).await
+    })
+    .await
+}
+
+/// One mission: tasks, attempts, facts.
+#[utoipa::path(get, path = "/v1/missions/{id}", security(("bearer" = [])),
+    params(("id" = String, Path, description = "Mission id")),
+    responses((status = 200, description = "`mission status` document", body = Document),
+              (status = 404, body = ErrorBody)))]
+async fn mission(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let token = match authorize(&server, &headers, Scope::Read, "mission status").await {
+        Ok(token) => token,
+        Err(response) => return response,
+    };
+    if let Err(response) = owned_mission(&server, &token, &id, "mission status").await {
+        return response;
+    }
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/missions/{id}",
+        "mission status",
+        Scope::Read,
+        Some(id.clone()),
+    )
+    .run(|app| async move {
+        crate::commands::mission::run(&app, crate::cli::MissionCommand::Status { id }).await
+    })
+    .await
+}
+
+/// The audit log of this token's owner (scope `admin`).
+#[utoipa::path(get, path = "/v1/audit", security(("bearer" = [])),
+    responses((status = 200, description = "`audit` document: `entries`", body = Document),
+              (status = 403, body = ErrorBody)))]
+async fn audit(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
+    let token = match authorize(&server, &headers, Scope::Admin, "audit").await {
+        Ok(token) => token,
+        Err(response) => return response,
+    };
+    match server.store.audit_list(Some(&token.owner)).await {
+        Ok(rows) => {
+            Json(json!({ "schema": SCHEMA, "command": "audit", "entries": rows })).into_response()
+        }
+        Err(err) => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "audit",
+            "internal",
+            err.to_string(),
+            None,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_openapi_is_in_sync() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas/openapi.json");
+        let generated = openapi_json();
+        if std::env::var_os("BERTH_BLESS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+        }
+        assert!(
+            std::fs::read_to_string(&path).unwrap_or_default() == generated,
+            "schemas/openapi.json is out of date; run BERTH_BLESS=1 cargo test -p berth-cli"
+        );
+        for route in [
+            "/v1/sandboxes/{id}/exec",
+            "/v1/missions/{id}/events",
+            "/v1/audit",
+        ] {
+            assert!(generated.contains(route), "{route} is not described");
+        }
+        assert!(generated.contains("\"bearer\""));
+    }
+
+    #[test]
+    fn environment_names_are_plain() {
+        assert!(env_name_ok("API_TOKEN") && env_name_ok("_x1"));
+        for bad in ["", "1A", "A=B", "A B", "A\0"] {
+            assert!(!env_name_ok(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn statuses_follow_the_cli_exit_codes() {
+        assert_eq!(status_for(code::REFUSED), StatusCode::NOT_FOUND);
+        assert_eq!(status_for(code::NOT_FOUND), StatusCode::NOT_FOUND);
+        assert_eq!(
+            status_for(code::UNAVAILABLE),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(status_for(code::INVALID), StatusCode::BAD_REQUEST);
+    }
+}

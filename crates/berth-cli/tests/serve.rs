@@ -1,0 +1,532 @@
+//! `berth serve` from outside, over real HTTP on loopback: tokens and scopes, owner isolation,
+//! the audit log, a canary secret that must never come back, a mission's events over SSE
+//! resumed from an event id, the published OpenAPI description, SIGKILL and restart with
+//! nothing lost, and a short concurrent load with no error and no leaked sandbox.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+mod common;
+
+use common::*;
+
+/// A running `berth serve` and what it printed on stderr.
+struct Served {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(home: &Home) -> Served {
+    let mut child = home
+        .command("server", &["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Served { child, addr }
+}
+
+fn token(home: &Home, owner: &str, scope: &str) -> (String, String) {
+    let (code, doc) = home.json(&["token", "create", "--owner", owner, "--scope", scope]);
+    assert_eq!(code, 0, "{doc}");
+    (
+        doc["token"].as_str().unwrap().to_owned(),
+        doc["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// One HTTP/1.1 request (connection closed after): status and body text.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    if !body.is_empty() {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    request.push_str(&body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status: u16 = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn call(addr: &str, method: &str, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+    let (status, text) = http(addr, method, path, Some(token), body.as_ref());
+    let doc = json_of(&text);
+    assert_eq!(doc["schema"], "berth.cli/v1", "{doc}");
+    (status, doc)
+}
+
+fn create(addr: &str, token: &str) -> String {
+    let (status, doc) = call(addr, "POST", "/v1/sandboxes", token, Some(json!({})));
+    assert_eq!(status, 200, "{doc}");
+    doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn tokens_scopes_owners_and_the_audit_log() {
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (alice_read, _) = token(&home, "alice", "read");
+    let (alice_admin, _) = token(&home, "alice", "admin");
+    let (bob, bob_id) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+
+    // No token, a malformed one, an unknown one: 401.
+    let (status, text) = http(addr, "GET", "/v1/sandboxes", None, None);
+    assert_eq!(status, 401, "{text}");
+    assert_eq!(json_of(&text)["error"]["kind"], "unauthenticated");
+    assert_eq!(
+        http(addr, "GET", "/v1/sandboxes", Some("nonsense"), None).0,
+        401
+    );
+    let forged = format!("berth_{}", "0".repeat(64));
+    assert_eq!(
+        http(addr, "GET", "/v1/sandboxes", Some(&forged), None).0,
+        401
+    );
+
+    // Alice creates; her read token lists it but may not create, exec or destroy (403).
+    let id = create(addr, &alice);
+    let (status, doc) = call(addr, "GET", "/v1/sandboxes", &alice_read, None);
+    assert_eq!(status, 200, "{doc}");
+    assert!(doc.to_string().contains(&id), "{doc}");
+    for (method, path, body) in [
+        ("POST", "/v1/sandboxes".to_owned(), Some(json!({}))),
+        (
+            "POST",
+            format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"argv": ["true"]})),
+        ),
+        ("DELETE", format!("/v1/sandboxes/{id}"), None),
+    ] {
+        let (status, doc) = call(addr, method, &path, &alice_read, body);
+        assert_eq!(status, 403, "{method} {path}: {doc}");
+        assert_eq!(doc["error"]["kind"], "forbidden");
+    }
+    // The audit log is admin's.
+    assert_eq!(call(addr, "GET", "/v1/audit", &alice, None).0, 403);
+
+    // Bob sees nothing of Alice's: her id answers 404 everywhere, like one that never existed.
+    let (_, doc) = call(addr, "GET", "/v1/sandboxes", &bob, None);
+    assert!(!doc.to_string().contains(&id), "{doc}");
+    for (method, path, body) in [
+        ("GET", format!("/v1/sandboxes/{id}"), None),
+        (
+            "POST",
+            format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"argv": ["true"]})),
+        ),
+        ("DELETE", format!("/v1/sandboxes/{id}"), None),
+        ("GET", "/v1/sandboxes/bx-000000000000".to_owned(), None),
+    ] {
+        let (status, doc) = call(addr, method, &path, &bob, body);
+        assert_eq!(status, 404, "{method} {path}: {doc}");
+        assert!(
+            !doc.to_string().contains("alice"),
+            "the other owner leaked: {doc}"
+        );
+    }
+    // Hostile input is a clean 400.
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &alice,
+        Some(json!({"argv": ["true"], "env": {"A=B": "x"}})),
+    );
+    assert_eq!(status, 400, "{doc}");
+    let (status, doc) = call(
+        addr,
+        "POST",
+        "/v1/sandboxes",
+        &alice,
+        Some(json!({"surprise": 1})),
+    );
+    assert_eq!(status, 400, "{doc}");
+    let (status, _) = http(
+        addr,
+        "POST",
+        "/v1/sandboxes",
+        Some(&alice),
+        Some(&json!("x".repeat(2 << 20))),
+    );
+    assert_eq!(status, 413, "an oversized body is refused");
+
+    // Alice's exec and destroy work; the exit code is the command's.
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &alice,
+        Some(json!({"argv": ["sh", "-c", "echo out; exit 3"]})),
+    );
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["exit_code"], 3, "{doc}");
+    assert_eq!(doc["stdout"], "out\n", "{doc}");
+    let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
+    assert_eq!(status, 200, "{doc}");
+
+    // A revoked token answers 401 at once.
+    let (code, doc) = home.json(&["token", "revoke", &bob_id]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(call(addr, "GET", "/v1/sandboxes", &bob, None).0, 401);
+
+    // Every mutating request of Alice's is in her audit log (forbidden ones too); reads are not.
+    let (status, doc) = call(addr, "GET", "/v1/audit", &alice_admin, None);
+    assert_eq!(status, 200, "{doc}");
+    let entries = doc["entries"].as_array().unwrap();
+    let seen: Vec<(String, String, u64)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["method"].as_str().unwrap().to_owned(),
+                e["route"].as_str().unwrap().to_owned(),
+                e["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        seen.contains(&("POST".into(), "/v1/sandboxes".into(), 200)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&("POST".into(), "/v1/sandboxes/{id}/exec".into(), 200)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&("DELETE".into(), "/v1/sandboxes/{id}".into(), 200)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&("DELETE".into(), "/v1/sandboxes/{id}".into(), 403)),
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|(m, _, _)| m != "GET"), "{seen:?}");
+    assert!(entries.iter().all(|e| e["owner"] == "alice"), "{doc}");
+    // Bob's 404s are his own, not in Alice's log.
+    assert!(entries.iter().all(|e| e["status"] != 404), "{doc}");
+}
+
+#[test]
+fn a_canary_secret_never_comes_back() {
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "admin");
+    let mut server = serve(&home);
+    let addr = server.addr.clone();
+    let id = create(&addr, &alice);
+    let mut answers = String::new();
+    // The secret goes in; the command proves it arrived without printing it.
+    let (status, doc) = call(
+        &addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &alice,
+        Some(
+            json!({"argv": ["sh", "-c", "test \"$TOKEN\" = \"$EXPECTED\" && echo matched"],
+                    "env": {"TOKEN": CANARY, "EXPECTED": CANARY}}),
+        ),
+    );
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["stdout"], "matched\n", "{doc}");
+    answers.push_str(&doc.to_string());
+    // Failing requests carrying it too.
+    for body in [
+        json!({"argv": ["no-such-command-berth"], "env": {"TOKEN": CANARY}}),
+        json!({"argv": ["true"], "env": {"TOKEN": CANARY}, "timeout": "soon"}),
+        json!({"argv": ["true"], "env": {"BAD NAME": CANARY}}),
+    ] {
+        let (_, text) = http(
+            &addr,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&alice),
+            Some(&body),
+        );
+        answers.push_str(&text);
+    }
+    for path in [
+        "/v1/sandboxes",
+        "/v1/ledger",
+        "/v1/audit",
+        &format!("/v1/sandboxes/{id}"),
+    ] {
+        answers.push_str(&http(&addr, "GET", path, Some(&alice), None).1);
+    }
+    let (status, _) = call(
+        &addr,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200);
+    assert!(!answers.contains(CANARY), "a response carried the canary");
+    let _ = server.child.kill();
+    let mut logs = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    assert!(
+        !logs.contains(CANARY),
+        "the server's log carried the canary"
+    );
+    home.assert_no_canary_persisted();
+}
+
+#[test]
+fn the_served_openapi_is_the_published_one() {
+    let home = Home::new();
+    let server = serve(&home);
+    let (status, text) = http(&server.addr, "GET", "/v1/openapi.json", None, None);
+    assert_eq!(status, 200);
+    let published = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas/openapi.json"),
+    )
+    .unwrap();
+    assert_eq!(json_of(&text), json_of(&published));
+}
+
+/// Reads server-sent events until `end`: (id, event name) pairs.
+fn sse(addr: &str, path: &str, token: &str, last_event_id: Option<&str>) -> Vec<(String, String)> {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n"
+    );
+    if let Some(id) = last_event_id {
+        request.push_str(&format!("Last-Event-ID: {id}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let reader = BufReader::new(stream);
+    let (mut events, mut id, mut name) = (Vec::new(), String::new(), String::new());
+    for line in reader.lines() {
+        let line = line.unwrap();
+        if let Some(v) = line.strip_prefix("id: ").or(line.strip_prefix("id:")) {
+            id = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("event: ").or(line.strip_prefix("event:")) {
+            name = v.trim().to_owned();
+        } else if line.is_empty() && !name.is_empty() {
+            events.push((std::mem::take(&mut id), std::mem::take(&mut name)));
+            if events.last().unwrap().1 == "end" {
+                break;
+            }
+        }
+    }
+    events
+}
+
+#[test]
+fn mission_events_stream_and_resume_from_an_event_id() {
+    let home = Home::new();
+    let repo = home.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(repo.join("README"), "x\n").unwrap();
+    let file = home.path().join("m.toml");
+    std::fs::write(
+        &file,
+        r#"schema_version = 1
+name = "served"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "host"
+[harness]
+kind = "script"
+command = "echo done > out.txt"
+[[tasks]]
+id = "one"
+instructions = "write out.txt"
+max_attempts = 1
+agent_timeout = "30s"
+[tasks.validator]
+command = "test -f out.txt"
+timeout = "30s"
+evidence = ["out.txt"]
+"#,
+    )
+    .unwrap();
+    let (code, doc) = home.json_as("alice", &["mission", "run", &file.to_string_lossy()]);
+    assert_eq!(code, 0, "{doc}");
+    let mission = doc["mission"]["id"]
+        .as_str()
+        .or(doc["id"].as_str())
+        .unwrap_or_else(|| panic!("no mission id in {doc}"))
+        .to_owned();
+    let (alice, _) = token(&home, "alice", "read");
+    let (bob, _) = token(&home, "bob", "read");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let path = format!("/v1/missions/{mission}/events");
+    let all = sse(addr, &path, &alice, None);
+    assert!(all.len() >= 3, "{all:?}");
+    assert_eq!(all.last().unwrap().1, "end");
+    let ids: Vec<i64> = all
+        .iter()
+        .filter(|(_, name)| name == "mission")
+        .map(|(id, _)| id.parse().unwrap())
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "ids not consecutive: {ids:?}"
+    );
+    // Reconnecting with Last-Event-ID gets exactly what came after it.
+    let middle = ids[ids.len() / 2];
+    let resumed = sse(addr, &path, &alice, Some(&middle.to_string()));
+    let resumed_ids: Vec<i64> = resumed
+        .iter()
+        .filter(|(_, name)| name == "mission")
+        .map(|(id, _)| id.parse().unwrap())
+        .collect();
+    assert_eq!(
+        resumed_ids,
+        ids.iter()
+            .copied()
+            .filter(|i| *i > middle)
+            .collect::<Vec<_>>()
+    );
+    // The mission is alice's: bob gets 404 for it and its events; alice reads its status.
+    assert_eq!(http(addr, "GET", &path, Some(&bob), None).0, 404);
+    assert_eq!(
+        call(addr, "GET", &format!("/v1/missions/{mission}"), &bob, None).0,
+        404
+    );
+    let (status, doc) = call(
+        addr,
+        "GET",
+        &format!("/v1/missions/{mission}"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200, "{doc}");
+    let (status, doc) = call(addr, "GET", "/v1/missions", &alice, None);
+    assert_eq!(status, 200, "{doc}");
+    assert!(doc.to_string().contains(&mission), "{doc}");
+}
+
+#[test]
+fn the_server_survives_sigkill_and_restart_with_nothing_lost() {
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let mut first = serve(&home);
+    let ids: Vec<String> = (0..3).map(|_| create(&first.addr, &alice)).collect();
+    signal(&first.child, nix::sys::signal::Signal::SIGKILL);
+    let _ = first.child.wait();
+    let second = serve(&home);
+    let (status, doc) = call(&second.addr, "GET", "/v1/sandboxes", &alice, None);
+    assert_eq!(status, 200, "{doc}");
+    for id in &ids {
+        assert!(doc.to_string().contains(id.as_str()), "{id} lost: {doc}");
+        let (status, doc) = call(
+            &second.addr,
+            "DELETE",
+            &format!("/v1/sandboxes/{id}"),
+            &alice,
+            None,
+        );
+        assert_eq!(status, 200, "{doc}");
+    }
+}
+
+/// A bounded load on loopback: clients listing and creating-then-destroying host sandboxes at
+/// once. No request fails and nothing is left behind. (`berth bench serve` measures the same
+/// at full size and reports percentiles; this only proves correctness under concurrency.)
+#[test]
+fn concurrent_clients_leave_no_error_and_no_sandbox() {
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let server = serve(&home);
+    let until = Instant::now() + Duration::from_secs(5);
+    let workers: Vec<_> = (0..10)
+        .map(|n| {
+            let (addr, token) = (server.addr.clone(), alice.clone());
+            std::thread::spawn(move || {
+                let mut done = 0;
+                while Instant::now() < until {
+                    if n % 2 == 0 {
+                        let (status, doc) = call(&addr, "GET", "/v1/sandboxes", &token, None);
+                        assert_eq!(status, 200, "{doc}");
+                    } else {
+                        let id = create(&addr, &token);
+                        let (status, doc) = call(
+                            &addr,
+                            "DELETE",
+                            &format!("/v1/sandboxes/{id}"),
+                            &token,
+                            None,
+                        );
+                        assert_eq!(status, 200, "{doc}");
+                    }
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let total: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(total > 10, "only {total} requests in 5 s");
+    let (_, doc) = call(&server.addr, "GET", "/v1/sandboxes", &alice, None);
+    assert_eq!(doc["sandboxes"].as_array().map(Vec::len), Some(0), "{doc}");
+    let left = std::fs::read_dir(home.path().join("state/host/sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "sandbox directories left behind");
+}
