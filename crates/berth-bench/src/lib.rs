@@ -24,6 +24,7 @@ pub mod lifecycle;
 pub mod mission;
 pub mod monitor;
 pub mod raw;
+pub mod serve;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -422,6 +422,9 @@ pub struct BenchArgs {
     /// Also write the results JSON (ComputeSDK-compatible shape) to this file.
     #[arg(long)]
     pub out: Option<std::path::PathBuf>,
+    /// How long `bench serve`'s load runs (default 30s; `--concurrency` clients).
+    #[arg(long)]
+    pub duration: Option<String>,
 }
 
 #[derive(Debug, Args)]

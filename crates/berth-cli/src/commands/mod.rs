@@ -97,6 +97,16 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             )
             .await?,
         ),
+        Command::Bench(args) if args.providers == ["serve"] => report(
+            &app,
+            "bench",
+            berth_bench::serve::bench(
+                &app.bench_context()?,
+                args.concurrency,
+                crate::duration::parse(args.duration.as_deref().unwrap_or("30s"))?,
+            )
+            .await?,
+        ),
         Command::Bench(args) if args.providers.first().is_some_and(|p| p == "monitor") => report(
             &app,
             "bench",
