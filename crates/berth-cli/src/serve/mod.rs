@@ -12,10 +12,12 @@
 //! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
 //! - `routes` — the handlers and the OpenAPI description (utoipa).
 //! - `events` — a mission's event log as server-sent events, resumable by event id.
+//! - `ui` — the web dashboard: missions, attempts, live events, ledger, catalog, benchmarks.
 
 pub mod auth;
 mod events;
 mod routes;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -46,6 +46,17 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             get(super::events::mission_events),
         )
         .route("/v1/audit", get(audit))
+        .route("/", get(|| async { axum::response::Redirect::to("/ui") }))
+        .route("/ui", get(super::ui::missions))
+        .route(
+            "/ui/login",
+            get(super::ui::login_form).post(super::ui::login),
+        )
+        .route("/ui/logout", get(super::ui::logout))
+        .route("/ui/missions/{id}", get(super::ui::mission))
+        .route("/ui/ledger", get(super::ui::ledger))
+        .route("/ui/catalog", get(super::ui::catalog))
+        .route("/ui/bench", get(super::ui::bench))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(server)
 }
@@ -210,10 +221,16 @@ pub(crate) async fn authorize_as(
     needed: Scope,
     command: &str,
 ) -> Result<ApiToken, (Response, Option<ApiToken>)> {
+    // A browser's cookie (the dashboard, its event stream) authorizes reads only: a page can
+    // never be made to send a mutation on its user's behalf.
+    let cookie = (needed == Scope::Read)
+        .then(|| session_cookie(headers))
+        .flatten();
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or(cookie.as_deref());
     let unauthenticated = |message: &str| {
         failure(
             StatusCode::UNAUTHORIZED,
@@ -254,6 +271,21 @@ pub(crate) async fn authorize_as(
             None,
         )),
     }
+}
+
+/// The dashboard's session cookie, if the request carries one.
+fn session_cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            pair.trim()
+                .strip_prefix(super::ui::COOKIE)
+                .and_then(|rest| rest.strip_prefix('='))
+                .map(str::to_owned)
+        })
 }
 
 /// [`authorize_as`] for reads, which are not audited.
