@@ -530,3 +530,130 @@ fn concurrent_clients_leave_no_error_and_no_sandbox() {
         .unwrap_or(0);
     assert_eq!(left, 0, "sandbox directories left behind");
 }
+
+/// Server-sent events with their data: (id, event, data).
+fn sse_data(
+    addr: &str,
+    path: &str,
+    token: &str,
+    last_event_id: Option<&str>,
+    until: &str,
+) -> Vec<(String, String, String)> {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n"
+    );
+    if let Some(id) = last_event_id {
+        request.push_str(&format!("Last-Event-ID: {id}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let reader = BufReader::new(stream);
+    let (mut events, mut id, mut name, mut data) =
+        (Vec::new(), String::new(), String::new(), String::new());
+    for line in reader.lines() {
+        let line = line.unwrap();
+        if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim().to_owned();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        } else if line.is_empty() && !name.is_empty() {
+            let done = name == until;
+            events.push((
+                std::mem::take(&mut id),
+                std::mem::take(&mut name),
+                std::mem::take(&mut data),
+            ));
+            if done {
+                break;
+            }
+        }
+    }
+    events
+}
+
+fn unbase64(text: &str) -> Vec<u8> {
+    let table = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let clean: Vec<u8> = text.bytes().filter(|c| *c != b'=').collect();
+    let mut out = Vec::new();
+    for chunk in clean.chunks(4) {
+        let v: Vec<u32> = chunk.iter().map(|c| u32::from(table(*c))).collect();
+        let n = v.iter().fold(0u32, |acc, x| (acc << 6) | x) << (6 * (4 - v.len()));
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..v.len() - 1]);
+    }
+    out
+}
+
+#[test]
+fn exec_output_streams_over_sse_and_resumes_from_an_event_id() {
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (bob, _) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let id = create(addr, &alice);
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/execs"),
+        &alice,
+        Some(json!({
+            "argv": ["sh", "-c", "echo one; sleep 0.5; printf '\\000\\377'; echo two >&2; exit 4"],
+            "env": {"TOKEN": CANARY},
+        })),
+    );
+    assert_eq!(status, 202, "{doc}");
+    let events_path = doc["events"].as_str().unwrap().to_owned();
+    let job = doc["job"].as_str().unwrap().to_owned();
+    let all = sse_data(addr, &events_path, &alice, None, "exit");
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    for (_, name, data) in &all {
+        match name.as_str() {
+            "stdout" => stdout.extend(unbase64(data)),
+            "stderr" => stderr.extend(unbase64(data)),
+            _ => {}
+        }
+    }
+    assert_eq!(stdout, b"one\n\x00\xff", "{all:?}");
+    assert_eq!(stderr, b"two\n", "{all:?}");
+    let (last_id, last_name, last_data) = all.last().unwrap();
+    assert_eq!(last_name, "exit");
+    let exit = json_of(last_data);
+    assert_eq!(exit["exit"]["exit_code"], 4, "{exit}");
+    let ids: Vec<usize> = all.iter().map(|(id, _, _)| id.parse().unwrap()).collect();
+    assert_eq!(ids, (1..=ids.len()).collect::<Vec<_>>());
+    // Resumed after the first event: exactly the rest.
+    let rest = sse_data(addr, &events_path, &alice, Some("1"), "exit");
+    assert_eq!(rest.len(), all.len() - 1, "{rest:?}");
+    assert_eq!(rest.first().unwrap().0, "2");
+    assert_eq!(&rest.last().unwrap().0, last_id);
+    // Another owner: 404, for the job and for the sandbox.
+    let other = format!("/v1/sandboxes/{id}/execs/{job}/events");
+    assert_eq!(http(addr, "GET", &other, Some(&bob), None).0, 404);
+    assert_eq!(
+        call(
+            addr,
+            "POST",
+            &format!("/v1/sandboxes/{id}/execs"),
+            &bob,
+            Some(json!({"argv": ["true"]}))
+        )
+        .0,
+        404
+    );
+    assert!(!format!("{all:?}").contains(CANARY));
+    let (status, _) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
+    assert_eq!(status, 200);
+}

@@ -17,7 +17,7 @@ use crate::output::emit;
 
 /// Builds the request. `--env NAME` takes the value from berth's own environment, so a secret
 /// never has to appear in argv.
-fn request(app: &App, spec: &CommandSpec) -> Result<ExecRequest> {
+pub(crate) fn request(app: &App, spec: &CommandSpec) -> Result<ExecRequest> {
     let mut req = match (&spec.shell, spec.argv.is_empty()) {
         (Some(line), _) => ExecRequest::shell(line.clone()),
         (None, false) => ExecRequest::argv(spec.argv.clone()),

@@ -12,10 +12,12 @@
 //! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
 //! - `routes` — the handlers and the OpenAPI description (utoipa).
 //! - `events` — a mission's event log as server-sent events, resumable by event id.
+//! - `jobs` — execs started over the API, their output as server-sent events.
 //! - `ui` — the web dashboard: missions, attempts, live events, ledger, catalog, benchmarks.
 
 pub mod auth;
 mod events;
+mod jobs;
 mod routes;
 mod ui;
 
@@ -31,11 +33,12 @@ use crate::config::Config;
 pub use routes::openapi_json;
 
 /// What every request starts from.
-#[derive(Clone)]
 pub(crate) struct Server {
     /// The server's own configuration (home, the provider credentials in its environment).
     pub config: Config,
     pub store: Store,
+    /// Execs started over the API, their output kept for their event streams.
+    pub jobs: jobs::Jobs,
 }
 
 impl std::fmt::Debug for Server {
@@ -61,6 +64,7 @@ pub async fn run(app: &App, listen: SocketAddr) -> Result<i32> {
     let server = Arc::new(Server {
         config: app.config.clone(),
         store: app.ledger.store().clone(),
+        jobs: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await

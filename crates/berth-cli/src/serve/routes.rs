@@ -38,6 +38,14 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             "/v1/sandboxes/{id}/exec",
             axum::routing::post(exec_in_sandbox),
         )
+        .route(
+            "/v1/sandboxes/{id}/execs",
+            axum::routing::post(super::jobs::start),
+        )
+        .route(
+            "/v1/sandboxes/{id}/execs/{job}/events",
+            get(super::jobs::events),
+        )
         .route("/v1/ledger", get(ledger))
         .route("/v1/missions", get(missions))
         .route("/v1/missions/{id}", get(mission))
@@ -147,6 +155,8 @@ pub(crate) struct ExecBody {
         show_sandbox,
         destroy_sandbox,
         exec_in_sandbox,
+        super::jobs::start,
+        super::jobs::events,
         ledger,
         missions,
         mission,
@@ -476,7 +486,7 @@ pub(crate) async fn owned_mission(
     }
 }
 
-fn call<'a>(
+pub(crate) fn call<'a>(
     server: &'a Server,
     headers: &'a HeaderMap,
     method: Method,
@@ -523,9 +533,10 @@ async fn create_sandbox(
     headers: HeaderMap,
     body: Result<Json<CreateBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let Json(body) = match body {
-        Ok(body) => body,
-        Err(rejected) => return bad_body("create", rejected),
+    // A refused body is answered only once the caller is authorized (and then audited).
+    let (body, refused) = match body {
+        Ok(Json(body)) => (Some(body), None),
+        Err(rejected) => (None, Some(bad_body("create", rejected))),
     };
     call(
         &server,
@@ -536,7 +547,8 @@ async fn create_sandbox(
         Scope::Exec,
         None,
     )
-    .run(|app| async move {
+    .run_refusing(refused, |app| async move {
+        let body = body.expect("a refused body never runs");
         let network = crate::cli::NetworkArg {
             network: body.network,
         };
@@ -621,23 +633,7 @@ async fn exec_in_sandbox(
     headers: HeaderMap,
     body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let Json(body) = match body {
-        Ok(body) => body,
-        Err(rejected) => return bad_body("exec", rejected),
-    };
-    // Values are passed as NAME=VALUE only: a bare NAME would read the server's environment.
-    if let Some(bad) = body.env.keys().find(|name| !env_name_ok(name)) {
-        return failure(
-            StatusCode::BAD_REQUEST,
-            "exec",
-            "invalid_request",
-            format!(
-                "environment variable name `{}` is not [A-Za-z_][A-Za-z0-9_]*",
-                bad.escape_debug()
-            ),
-            None,
-        );
-    }
+    let (body, refused) = checked_exec_body("exec", body);
     call(
         &server,
         &headers,
@@ -647,14 +643,9 @@ async fn exec_in_sandbox(
         Scope::Exec,
         Some(id.clone()),
     )
-    .run(|app| async move {
-        let spec = crate::cli::CommandSpec {
-            timeout: body.timeout,
-            env: body.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-            cwd: body.cwd,
-            shell: body.shell,
-            argv: body.argv,
-        };
+    .run_refusing(refused, |app| async move {
+        let body = body.expect("a refused body never runs");
+        let spec = command_spec(body);
         let args = crate::cli::ExecArgs {
             id,
             detach: false,
@@ -663,6 +654,44 @@ async fn exec_in_sandbox(
         crate::commands::exec::exec(&app, args).await
     })
     .await
+}
+
+/// An exec body, checked: environment names must be plain (values travel only as
+/// `NAME=VALUE`: a bare name would read the server's own environment).
+pub(crate) fn checked_exec_body(
+    command: &str,
+    body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
+) -> (Option<ExecBody>, Option<Response>) {
+    match body {
+        Ok(Json(body)) => match body.env.keys().find(|name| !env_name_ok(name)) {
+            Some(bad) => {
+                let refused = failure(
+                    StatusCode::BAD_REQUEST,
+                    command,
+                    "invalid_request",
+                    format!(
+                        "environment variable name `{}` is not [A-Za-z_][A-Za-z0-9_]*",
+                        bad.escape_debug()
+                    ),
+                    None,
+                );
+                (None, Some(refused))
+            }
+            None => (Some(body), None),
+        },
+        Err(rejected) => (None, Some(bad_body(command, rejected))),
+    }
+}
+
+/// The CLI's command spec for an exec body.
+pub(crate) fn command_spec(body: ExecBody) -> crate::cli::CommandSpec {
+    crate::cli::CommandSpec {
+        timeout: body.timeout,
+        env: body.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        cwd: body.cwd,
+        shell: body.shell,
+        argv: body.argv,
+    }
 }
 
 fn env_name_ok(name: &str) -> bool {
