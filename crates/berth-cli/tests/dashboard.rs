@@ -230,37 +230,6 @@ impl Drop for Browser {
     }
 }
 
-struct Served {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(home: &Home) -> Served {
-    let mut child = home
-        .command("server", &["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
-    Served { child, base }
-}
-
 fn example_mission() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test/mission.toml")
 }
@@ -332,7 +301,7 @@ fn the_dashboard_in_a_real_browser() {
     assert_eq!(code, 0, "{doc}");
     let token = doc["token"].as_str().unwrap().to_owned();
     let served = serve(&home);
-    let base = served.base.clone();
+    let base = format!("http://{}", served.addr);
     let browser = Browser::start();
 
     // Unsigned, the dashboard asks for a token.

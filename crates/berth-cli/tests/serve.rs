@@ -5,7 +5,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -13,38 +12,6 @@ use serde_json::{json, Value};
 mod common;
 
 use common::*;
-
-/// A running `berth serve` and what it printed on stderr.
-struct Served {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(home: &Home) -> Served {
-    let mut child = home
-        .command("server", &["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    Served { child, addr }
-}
 
 fn token(home: &Home, owner: &str, scope: &str) -> (String, String) {
     let (code, doc) = home.json(&["token", "create", "--owner", owner, "--scope", scope]);
@@ -343,34 +310,10 @@ fn the_served_openapi_is_the_published_one() {
 
 /// Reads server-sent events until `end`: (id, event name) pairs.
 fn sse(addr: &str, path: &str, token: &str, last_event_id: Option<&str>) -> Vec<(String, String)> {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n"
-    );
-    if let Some(id) = last_event_id {
-        request.push_str(&format!("Last-Event-ID: {id}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let reader = BufReader::new(stream);
-    let (mut events, mut id, mut name) = (Vec::new(), String::new(), String::new());
-    for line in reader.lines() {
-        let line = line.unwrap();
-        if let Some(v) = line.strip_prefix("id: ").or(line.strip_prefix("id:")) {
-            id = v.trim().to_owned();
-        } else if let Some(v) = line.strip_prefix("event: ").or(line.strip_prefix("event:")) {
-            name = v.trim().to_owned();
-        } else if line.is_empty() && !name.is_empty() {
-            events.push((std::mem::take(&mut id), std::mem::take(&mut name)));
-            if events.last().unwrap().1 == "end" {
-                break;
-            }
-        }
-    }
-    events
+    sse_data(addr, path, token, last_event_id, "end")
+        .into_iter()
+        .map(|(id, name, _)| (id, name))
+        .collect()
 }
 
 #[test]

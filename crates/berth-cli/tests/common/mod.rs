@@ -256,3 +256,37 @@ pub fn which(program: &str) -> Result<PathBuf, ()> {
         })
         .ok_or(())
 }
+
+/// A running `berth serve` on a free loopback port (killed on drop); `addr` is `HOST:PORT`.
+pub struct Served {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `berth serve --listen 127.0.0.1:0` and reads the address it printed.
+pub fn serve(home: &Home) -> Served {
+    use std::io::BufRead;
+    let mut child = home
+        .command("server", &["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    Served { child, addr }
+}
