@@ -400,6 +400,8 @@ fn port_refuses_non_loopback_addresses_and_unknown_sandboxes() {
             .contains("not a loopback"),
         "{doc}"
     );
+    let (code, doc) = home.json(&["port", &id, "0"]);
+    assert_eq!(code, 5, "{doc}");
     let (code, doc) = home.json(&["port", "bx-000000000000", "80"]);
     assert_eq!(code, 3, "{doc}");
     // ssh passes its command's code through, so Berth's own failures are 125 (as with exec),

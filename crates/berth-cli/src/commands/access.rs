@@ -279,6 +279,13 @@ fn loopback_only(local: &SocketAddr) -> Result<()> {
 /// `berth port ID PORT [--local ADDR]`: until interrupted.
 pub async fn port(app: &App, args: PortArgs) -> Result<i32> {
     loopback_only(&args.local)?;
+    if args.port == 0 {
+        return Err(CliError::invalid(
+            "port 0 names no port in the sandbox",
+            "give the port the sandbox's service listens on, e.g. `berth port ID 8080`",
+        )
+        .into());
+    }
     let (_row, provider, native) = app.sandbox(&args.id).await?;
     provider.require_access()?;
     let listener =
