@@ -75,8 +75,9 @@ pub enum Command {
         /// Process handle.
         handle: String,
     },
-    /// An interactive terminal in a sandbox: a shell, or `-- CMD…`; exits with its exit code.
-    #[command(alias = "connect")]
+    /// An interactive terminal in a sandbox (also `connect`, `shell`): a shell, or `-- CMD…`;
+    /// exits with its exit code.
+    #[command(visible_aliases = ["connect", "shell"])]
     Ssh(SshArgs),
     /// Forward a port of a sandbox to this machine's loopback until interrupted; prints the
     /// local address. Works with network `none` (through the sandbox's supervisor).

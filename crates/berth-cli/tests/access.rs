@@ -202,6 +202,10 @@ fn ssh_runs_a_command_on_a_terminal_without_one() {
     let id = home.create("tester");
     let out = home.run(&["ssh", &id, "--", "sh", "-c", "tty; exit 3"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    for alias in ["connect", "shell"] {
+        let out = home.run(&[alias, &id, "--", "sh", "-c", "exit 4"]);
+        assert_eq!(out.status.code(), Some(4), "{alias}: {}", text(&out.stderr));
+    }
     assert!(
         text(&out.stdout).contains("/dev/pts/"),
         "{}",
