@@ -27,7 +27,7 @@ pub(crate) struct After {
 }
 
 /// A mission's events, live.
-#[utoipa::path(get, path = "/v1/missions/{id}/events", security(("bearer" = [])),
+#[utoipa::path(get, path = "/v1/missions/{id}/events", tag = "missions", security(("bearer" = [])),
     params(("id" = String, Path, description = "Mission id"),
            ("after" = Option<i64>, Query, description = "Only events after this sequence number (also `Last-Event-ID`)")),
     responses((status = 200, description = "`text/event-stream`: one `mission` event per logged event, `id` = its sequence number; `end` when the mission is over"),

@@ -25,7 +25,8 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::auth::Scope;
-use super::routes::{authorize, failure, ExecBody};
+use super::resources::ExecBody;
+use super::routes::{authorize, failure};
 use super::Server;
 use crate::output::SCHEMA;
 
@@ -122,7 +123,7 @@ fn job_id() -> String {
 }
 
 /// Start a command; its output follows on the job's event stream (scope `exec`).
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/execs", request_body = ExecBody,
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/execs", tag = "sandboxes", request_body = ExecBody,
     security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 202, description = "`exec start` document: `job`, `events` (the SSE route)", body = super::routes::Document),
               (status = 404, body = super::routes::ErrorBody), (status = 503, body = super::routes::ErrorBody)))]
@@ -132,7 +133,7 @@ pub(crate) async fn start(
     headers: HeaderMap,
     body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let (body, refused) = super::routes::checked_exec_body("exec start", body);
+    let (body, refused) = super::resources::checked_exec_body("exec start", body);
     let target = Some(id.clone());
     super::routes::call(
         &server,
@@ -147,7 +148,7 @@ pub(crate) async fn start(
         let server = server.clone();
         async move {
             let body = body.expect("a refused body never runs");
-            let spec = super::routes::command_spec(body);
+            let spec = super::resources::command_spec(body);
             let request = crate::commands::exec::request(&app, &spec)?;
             let (_row, provider, native) = app.sandbox(&id).await?;
             let job = Arc::new(Job {
@@ -233,7 +234,7 @@ impl MapStatus for Response {
 }
 
 /// A job's output and exit, live; resumable with `Last-Event-ID`.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}/execs/{job}/events", security(("bearer" = [])),
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/execs/{job}/events", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = String, Path, description = "Sandbox id"), ("job" = String, Path, description = "Job id (`ej-…`)")),
     responses((status = 200, description = "`text/event-stream`: `stdout` / `stderr` events (data: base64 bytes), then one `exit` event (data: JSON status); ids count from 1"),
               (status = 404, body = super::routes::ErrorBody)))]

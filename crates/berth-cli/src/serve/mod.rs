@@ -10,7 +10,8 @@
 //! route template, target, status, outcome — never a body, so never a secret).
 //!
 //! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
-//! - `routes` — the handlers and the OpenAPI description (utoipa).
+//! - `routes` — the router, authorization, the command runner and the OpenAPI description.
+//! - `resources` — the handlers: sandboxes, ledger, missions, audit.
 //! - `events` — a mission's event log as server-sent events, resumable by event id.
 //! - `jobs` — execs started over the API, their output as server-sent events.
 //! - `ui` — the web dashboard: missions, attempts, live events, ledger, catalog, benchmarks.
@@ -18,6 +19,7 @@
 pub mod auth;
 mod events;
 mod jobs;
+mod resources;
 mod routes;
 mod ui;
 

@@ -3,21 +3,20 @@
 //! declarations (`berth serve` publishes it at `/v1/openapi.json`; `schemas/openapi.json` is
 //! the committed copy).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use berth_store::{AccessStore, ApiToken, MissionStore, NewAudit, StoreError};
-use serde::Deserialize;
 use serde_json::json;
 use utoipa::{OpenApi, ToSchema};
 
 use super::auth::{self, Scope};
+use super::resources;
 use super::Server;
 use crate::app::App;
 use crate::errors::code;
@@ -29,14 +28,17 @@ const MAX_BODY: usize = 1 << 20;
 pub(crate) fn router(server: Arc<Server>) -> Router {
     Router::new()
         .route("/v1/openapi.json", get(openapi))
-        .route("/v1/sandboxes", get(list_sandboxes).post(create_sandbox))
+        .route(
+            "/v1/sandboxes",
+            get(resources::list_sandboxes).post(resources::create_sandbox),
+        )
         .route(
             "/v1/sandboxes/{id}",
-            get(show_sandbox).delete(destroy_sandbox),
+            get(resources::show_sandbox).delete(resources::destroy_sandbox),
         )
         .route(
             "/v1/sandboxes/{id}/exec",
-            axum::routing::post(exec_in_sandbox),
+            axum::routing::post(resources::exec_in_sandbox),
         )
         .route(
             "/v1/sandboxes/{id}/execs",
@@ -46,14 +48,14 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             "/v1/sandboxes/{id}/execs/{job}/events",
             get(super::jobs::events),
         )
-        .route("/v1/ledger", get(ledger))
-        .route("/v1/missions", get(missions))
-        .route("/v1/missions/{id}", get(mission))
+        .route("/v1/ledger", get(resources::ledger))
+        .route("/v1/missions", get(resources::missions))
+        .route("/v1/missions/{id}", get(resources::mission))
         .route(
             "/v1/missions/{id}/events",
             get(super::events::mission_events),
         )
-        .route("/v1/audit", get(audit))
+        .route("/v1/audit", get(resources::audit))
         .route("/", get(|| async { axum::response::Redirect::to("/ui") }))
         .route("/ui", get(super::ui::missions))
         .route(
@@ -93,54 +95,6 @@ pub(crate) struct ErrorBody {
     hint: Option<String>,
 }
 
-/// Create a sandbox.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CreateBody {
-    /// Provider (default `host`).
-    #[serde(default = "default_provider")]
-    provider: String,
-    /// Providers to try next when the first is unavailable, at capacity or out of quota.
-    #[serde(default)]
-    fallback: Vec<String>,
-    /// Image or template, for providers that have them.
-    image: Option<String>,
-    /// `none` (default), `bridge` or `host`.
-    #[serde(default = "default_network")]
-    network: String,
-    /// Expiry (`30m`, `24h`, `7d`; default `24h`).
-    #[serde(default = "default_ttl")]
-    ttl: String,
-}
-
-fn default_provider() -> String {
-    "host".into()
-}
-fn default_network() -> String {
-    "none".into()
-}
-fn default_ttl() -> String {
-    "24h".into()
-}
-
-/// Run a command in a sandbox: `argv` or `shell`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ExecBody {
-    /// Program and arguments.
-    #[serde(default)]
-    argv: Vec<String>,
-    /// A line for `sh -c` (instead of `argv`).
-    shell: Option<String>,
-    /// Environment values for the command (values are never logged, stored or echoed).
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    /// Deadline (`500ms`, `30s`, `5m`).
-    timeout: Option<String>,
-    /// Working directory inside the sandbox.
-    cwd: Option<String>,
-}
-
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -150,20 +104,20 @@ pub(crate) struct ExecBody {
             Scopes nest: read ⊂ exec ⊂ admin. Another owner's resources answer 404."
     ),
     paths(
-        list_sandboxes,
-        create_sandbox,
-        show_sandbox,
-        destroy_sandbox,
-        exec_in_sandbox,
+        resources::list_sandboxes,
+        resources::create_sandbox,
+        resources::show_sandbox,
+        resources::destroy_sandbox,
+        resources::exec_in_sandbox,
         super::jobs::start,
         super::jobs::events,
-        ledger,
-        missions,
-        mission,
+        resources::ledger,
+        resources::missions,
+        resources::mission,
         super::events::mission_events,
-        audit
+        resources::audit
     ),
-    components(schemas(Document, ErrorBody, CreateBody, ExecBody)),
+    components(schemas(Document, ErrorBody, resources::CreateBody, resources::ExecBody)),
     modifiers(&Bearer)
 )]
 struct ApiDoc;
@@ -506,202 +460,10 @@ pub(crate) fn call<'a>(
     }
 }
 
-/// This owner's sandboxes.
-#[utoipa::path(get, path = "/v1/sandboxes", security(("bearer" = [])),
-    responses((status = 200, description = "`list` document", body = Document),
-              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
-async fn list_sandboxes(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
-    call(
-        &server,
-        &headers,
-        Method::GET,
-        "/v1/sandboxes",
-        "list",
-        Scope::Read,
-        None,
-    )
-    .run(|app| async move { crate::commands::sandbox::list(&app, false).await })
-    .await
-}
-
-/// Create a sandbox (scope `exec`).
-#[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateBody, security(("bearer" = [])),
-    responses((status = 200, description = "`create` document", body = Document),
-              (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
-async fn create_sandbox(
-    State(server): State<Arc<Server>>,
-    headers: HeaderMap,
-    body: Result<Json<CreateBody>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    // A refused body is answered only once the caller is authorized (and then audited).
-    let (body, refused) = match body {
-        Ok(Json(body)) => (Some(body), None),
-        Err(rejected) => (None, Some(bad_body("create", rejected))),
-    };
-    call(
-        &server,
-        &headers,
-        Method::POST,
-        "/v1/sandboxes",
-        "create",
-        Scope::Exec,
-        None,
-    )
-    .run_refusing(refused, |app| async move {
-        let body = body.expect("a refused body never runs");
-        let network = crate::cli::NetworkArg {
-            network: body.network,
-        };
-        if !["none", "bridge", "host"].contains(&network.network.as_str()) {
-            return Err(crate::errors::CliError::invalid(
-                format!("unknown network `{}`", network.network),
-                "network is none, bridge or host",
-            )
-            .into());
-        }
-        let args = crate::cli::CreateArgs {
-            provider: body.provider,
-            fallback: body.fallback,
-            image: body.image,
-            network,
-            limits: crate::cli::LimitArgs {
-                cpus: None,
-                memory_mib: None,
-                pids: None,
-            },
-            ttl: crate::cli::TtlArg { ttl: body.ttl },
-        };
-        crate::commands::sandbox::create(&app, args).await
-    })
-    .await
-}
-
-/// One sandbox: ledger entry, observed state, open forwards.
-#[utoipa::path(get, path = "/v1/sandboxes/{id}", security(("bearer" = [])),
-    params(("id" = String, Path, description = "Sandbox id (`bx-…`)")),
-    responses((status = 200, description = "`status` document", body = Document),
-              (status = 404, body = ErrorBody)))]
-async fn show_sandbox(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    call(
-        &server,
-        &headers,
-        Method::GET,
-        "/v1/sandboxes/{id}",
-        "status",
-        Scope::Read,
-        Some(id.clone()),
-    )
-    .run(|app| async move { crate::commands::sandbox::status(&app, &id).await })
-    .await
-}
-
-/// Destroy a sandbox and verify it gone (scope `exec`).
-#[utoipa::path(delete, path = "/v1/sandboxes/{id}", security(("bearer" = [])),
-    params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "`destroy` document", body = Document),
-              (status = 404, body = ErrorBody)))]
-async fn destroy_sandbox(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    call(
-        &server,
-        &headers,
-        Method::DELETE,
-        "/v1/sandboxes/{id}",
-        "destroy",
-        Scope::Exec,
-        Some(id.clone()),
-    )
-    .run(|app| async move { crate::commands::sandbox::destroy(&app, &[id]).await })
-    .await
-}
-
-/// Run a command and wait for it (scope `exec`); the document carries its exit code and output.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", request_body = ExecBody,
-    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "`exec` document (any exit code)", body = Document),
-              (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn exec_in_sandbox(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let (body, refused) = checked_exec_body("exec", body);
-    call(
-        &server,
-        &headers,
-        Method::POST,
-        "/v1/sandboxes/{id}/exec",
-        "exec",
-        Scope::Exec,
-        Some(id.clone()),
-    )
-    .run_refusing(refused, |app| async move {
-        let body = body.expect("a refused body never runs");
-        let spec = command_spec(body);
-        let args = crate::cli::ExecArgs {
-            id,
-            detach: false,
-            spec,
-        };
-        crate::commands::exec::exec(&app, args).await
-    })
-    .await
-}
-
-/// An exec body, checked: environment names must be plain (values travel only as
-/// `NAME=VALUE`: a bare name would read the server's own environment).
-pub(crate) fn checked_exec_body(
+pub(crate) fn bad_body(
     command: &str,
-    body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
-) -> (Option<ExecBody>, Option<Response>) {
-    match body {
-        Ok(Json(body)) => match body.env.keys().find(|name| !env_name_ok(name)) {
-            Some(bad) => {
-                let refused = failure(
-                    StatusCode::BAD_REQUEST,
-                    command,
-                    "invalid_request",
-                    format!(
-                        "environment variable name `{}` is not [A-Za-z_][A-Za-z0-9_]*",
-                        bad.escape_debug()
-                    ),
-                    None,
-                );
-                (None, Some(refused))
-            }
-            None => (Some(body), None),
-        },
-        Err(rejected) => (None, Some(bad_body(command, rejected))),
-    }
-}
-
-/// The CLI's command spec for an exec body.
-pub(crate) fn command_spec(body: ExecBody) -> crate::cli::CommandSpec {
-    crate::cli::CommandSpec {
-        timeout: body.timeout,
-        env: body.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        cwd: body.cwd,
-        shell: body.shell,
-        argv: body.argv,
-    }
-}
-
-fn env_name_ok(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    matches!(bytes.next(), Some(b) if b == b'_' || b.is_ascii_alphabetic())
-        && bytes.all(|b| b == b'_' || b.is_ascii_alphanumeric())
-        && name.len() <= 256
-}
-
-fn bad_body(command: &str, rejected: axum::extract::rejection::JsonRejection) -> Response {
+    rejected: axum::extract::rejection::JsonRejection,
+) -> Response {
     // 413 for a body over the limit, 415 without a JSON content type, else 400.
     let status = match rejected.status() {
         s @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => s,
@@ -714,97 +476,6 @@ fn bad_body(command: &str, rejected: axum::extract::rejection::JsonRejection) ->
         format!("request body: {}", rejected.body_text()),
         Some("see /v1/openapi.json for the body's shape"),
     )
-}
-
-/// This owner's ledger (open entries).
-#[utoipa::path(get, path = "/v1/ledger", security(("bearer" = [])),
-    responses((status = 200, description = "`ledger list` document", body = Document)))]
-async fn ledger(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
-    call(
-        &server,
-        &headers,
-        Method::GET,
-        "/v1/ledger",
-        "ledger list",
-        Scope::Read,
-        None,
-    )
-    .run(|app| async move { crate::commands::ledger::list(&app, false).await })
-    .await
-}
-
-/// This owner's missions.
-#[utoipa::path(get, path = "/v1/missions", security(("bearer" = [])),
-    responses((status = 200, description = "`mission list` document", body = Document)))]
-async fn missions(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
-    call(
-        &server,
-        &headers,
-        Method::GET,
-        "/v1/missions",
-        "mission list",
-        Scope::Read,
-        None,
-    )
-    .run(|app| async move {
-        crate::commands::mission::run(&app, crate::cli::MissionCommand::List).await
-    })
-    .await
-}
-
-/// One mission: tasks, attempts, facts.
-#[utoipa::path(get, path = "/v1/missions/{id}", security(("bearer" = [])),
-    params(("id" = String, Path, description = "Mission id")),
-    responses((status = 200, description = "`mission status` document", body = Document),
-              (status = 404, body = ErrorBody)))]
-async fn mission(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let token = match authorize(&server, &headers, Scope::Read, "mission status").await {
-        Ok(token) => token,
-        Err(response) => return response,
-    };
-    if let Err(response) = owned_mission(&server, &token, &id, "mission status").await {
-        return response;
-    }
-    call(
-        &server,
-        &headers,
-        Method::GET,
-        "/v1/missions/{id}",
-        "mission status",
-        Scope::Read,
-        Some(id.clone()),
-    )
-    .run(|app| async move {
-        crate::commands::mission::run(&app, crate::cli::MissionCommand::Status { id }).await
-    })
-    .await
-}
-
-/// The audit log of this token's owner (scope `admin`).
-#[utoipa::path(get, path = "/v1/audit", security(("bearer" = [])),
-    responses((status = 200, description = "`audit` document: `entries`", body = Document),
-              (status = 403, body = ErrorBody)))]
-async fn audit(State(server): State<Arc<Server>>, headers: HeaderMap) -> Response {
-    let token = match authorize(&server, &headers, Scope::Admin, "audit").await {
-        Ok(token) => token,
-        Err(response) => return response,
-    };
-    match server.store.audit_list(Some(&token.owner)).await {
-        Ok(rows) => {
-            Json(json!({ "schema": SCHEMA, "command": "audit", "entries": rows })).into_response()
-        }
-        Err(err) => failure(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "audit",
-            "internal",
-            err.to_string(),
-            None,
-        ),
-    }
 }
 
 #[cfg(test)]
@@ -835,9 +506,9 @@ mod tests {
 
     #[test]
     fn environment_names_are_plain() {
-        assert!(env_name_ok("API_TOKEN") && env_name_ok("_x1"));
+        assert!(resources::env_name_ok("API_TOKEN") && resources::env_name_ok("_x1"));
         for bad in ["", "1A", "A=B", "A B", "A\0"] {
-            assert!(!env_name_ok(bad), "{bad:?}");
+            assert!(!resources::env_name_ok(bad), "{bad:?}");
         }
     }
 
