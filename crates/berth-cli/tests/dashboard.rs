@@ -391,8 +391,9 @@ fn the_dashboard_in_a_real_browser() {
     browser.screenshot("ledger");
     browser.open(&format!("{base}/ui/catalog"));
     browser.wait_until(
-        "verified capabilities",
-        "return document.querySelectorAll('#catalog td.VERIFIED').length > 0",
+        "verified capabilities and their signed evidence",
+        "return document.querySelectorAll('#catalog td.VERIFIED').length > 0 \
+         && document.body.innerText.includes('signed by')",
     );
     browser.screenshot("catalog");
     browser.open(&format!("{base}/ui/bench"));

@@ -390,10 +390,13 @@ pub(crate) async fn catalog(State(server): State<Arc<Server>>, headers: HeaderMa
             "none".to_owned()
         } else {
             format!(
-                "{} · {} · adapter {}",
-                text(&evidence["verified_at"]),
-                text(&evidence["engine"]),
-                text(&evidence["adapter_hash"])
+                "verified {} · {} · kernel {} · adapter {} · signed by {} ({})",
+                text(&evidence["finished_at"]),
+                text(&evidence["observed"]),
+                text(&evidence["kernel"]),
+                text(&evidence["adapter_source_hash"]),
+                text(&evidence["signed_by"]),
+                text(&evidence["origin"]["kind"]),
             )
         };
         let _ = write!(
