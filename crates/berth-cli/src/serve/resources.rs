@@ -1,5 +1,5 @@
 //! The API's resource routes: sandboxes (list, create, show, destroy, exec), the ledger,
-//! missions and the audit log. Each runs the CLI's own command through [`Call`].
+//! missions and the audit log. Each runs the CLI's own command through `routes::Call`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
