@@ -100,6 +100,7 @@ impl Raw {
                     cwd_in_sandbox: berth_provider_bwrap::WORKSPACE,
                     command: &berth_contract::Command::Argv(vec!["true".into()]),
                     network: berth_contract::NetworkMode::None,
+                    terminal: false,
                 };
                 let mut cmd = Command::new(bwrap.program());
                 cmd.args(bwrap.arguments(&ctx)).args(["--", "true"]);

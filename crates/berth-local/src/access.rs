@@ -1,16 +1,17 @@
-//! Interactive access for launchers that run commands directly on this machine (`host`): a
-//! terminal session served in-process by the supervisor's terminal code, and connections to
-//! loopback ports — which, with no network namespace of its own, are the host's.
+//! Interactive access for local launchers: a terminal session served in-process by the
+//! supervisor's terminal code around the launcher's own command line (directly on the host, or
+//! bwrap's), and connections to loopback ports where the sandbox's loopback is this machine's.
 
 use std::collections::BTreeMap;
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 
 use async_trait::async_trait;
 use berth_contract::{Access, ErrorKind, NativeId, ProviderError, PtyRequest, Result};
 
 use crate::classify::io_error;
 use crate::process::{DEFAULT_PATH, MARKER};
-use crate::provider::{Launcher, LocalProvider};
+use crate::provider::{LaunchContext, Launcher, LocalProvider};
 use crate::PROVIDER_ID;
 
 impl<L: Launcher> LocalProvider<L> {
@@ -24,15 +25,20 @@ impl<L: Launcher> LocalProvider<L> {
         }
         berth_contract::check_env(&req.env)
             .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, m))?;
-        let helper = self.config().reaper.clone().ok_or_else(|| {
-            ProviderError::new(
-                ErrorKind::Setup,
-                PROVIDER_ID,
-                "a terminal needs Berth's helper binary (the reaper), and none is configured",
-            )
-        })?;
-        let (name, workspace) = self.ready_named(id)?;
-        let home = workspace.to_string_lossy().into_owned();
+        let helper = self
+            .config()
+            .reaper
+            .clone()
+            .or_else(|| self.launcher().terminal_helper().map(Path::to_path_buf))
+            .ok_or_else(|| {
+                ProviderError::new(
+                    ErrorKind::Setup,
+                    PROVIDER_ID,
+                    "a terminal needs Berth's helper binary (the reaper), and none is configured",
+                )
+            })?;
+        let (name, workspace, network) = self.ready_named(id)?;
+        let home = self.home_in_sandbox(&workspace);
         let mut env = BTreeMap::from([
             ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
             ("HOME".to_owned(), home.clone()),
@@ -40,9 +46,33 @@ impl<L: Launcher> LocalProvider<L> {
         ]);
         env.extend(req.env.clone());
         // Destroy finds every process of the sandbox by this marker.
-        env.insert(MARKER.to_owned(), name);
-        berth_supervisor::pty::serve_local(&helper, req.argv.clone(), home, env, req.cols, req.rows)
-            .map_err(|e| io_error("open a terminal", e))
+        env.insert(MARKER.to_owned(), name.clone());
+        // The launcher's own command line (bwrap and its arguments, or the command itself),
+        // started on the terminal by the helper.
+        let command =
+            berth_contract::Command::Argv(self.launcher().terminal_argv(req.argv.clone()));
+        let launched = self.launcher().command(&LaunchContext {
+            sandbox: &name,
+            workspace: &workspace,
+            cwd_in_sandbox: &home,
+            command: &command,
+            network,
+            terminal: true,
+        })?;
+        let launched = launched.as_std();
+        let argv: Vec<String> = std::iter::once(launched.get_program())
+            .chain(launched.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        berth_supervisor::pty::serve_local(
+            &helper,
+            argv,
+            workspace.to_string_lossy().into_owned(),
+            env,
+            req.cols,
+            req.rows,
+        )
+        .map_err(|e| io_error("open a terminal", e))
     }
 
     async fn connect_port_inner(&self, id: &NativeId, port: u16) -> Result<UnixStream> {
@@ -53,7 +83,18 @@ impl<L: Launcher> LocalProvider<L> {
                 "connect to a port other than 0",
             ));
         }
-        self.ready_named(id)?;
+        let (_, _, network) = self.ready_named(id)?;
+        if !self.launcher().shares_host_loopback(network) {
+            return Err(ProviderError::new(
+                ErrorKind::Unavailable,
+                PROVIDER_ID,
+                format!(
+                    "nothing listens on 127.0.0.1:{port} in this sandbox: without network \
+                     `host`, every command runs in a network namespace of its own that ends with \
+                     it, so no port can be waiting for a connection"
+                ),
+            ));
+        }
         let tcp = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             Ok(tcp) => tcp,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {

@@ -32,6 +32,9 @@ pub struct LaunchContext<'a> {
     pub command: &'a Command,
     /// The sandbox's network mode.
     pub network: NetworkMode,
+    /// The command runs on a terminal Berth allocated for `berth ssh` (its controlling
+    /// terminal): a launcher must not start a session of its own around it.
+    pub terminal: bool,
 }
 
 /// How a local adapter starts commands.
@@ -59,11 +62,29 @@ pub trait Launcher: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
-    /// Whether commands run directly on this machine, where a terminal session and port
-    /// connections can be served in-process (`host`). Launchers that wrap every command in a
-    /// fresh namespace (bwrap) have no place to reach a port or hold a terminal's session.
+    /// Whether this launcher can run a command on a terminal (`berth ssh`) and reach the
+    /// sandbox's loopback ports (`berth port`).
     fn interactive(&self) -> bool {
         false
+    }
+
+    /// The binary with the `__pty` helper mode, when the launcher keeps one of its own (the
+    /// local config's reaper is used first).
+    fn terminal_helper(&self) -> Option<&Path> {
+        None
+    }
+
+    /// How `argv` runs on a terminal inside the sandbox (a launcher whose own process would
+    /// share the terminal's foreground group wraps the command so Ctrl-C reaches only it).
+    fn terminal_argv(&self, argv: Vec<String>) -> Vec<String> {
+        argv
+    }
+
+    /// Whether the sandbox's loopback is this machine's (`host`, and bwrap with network
+    /// `host`); otherwise every command has a network namespace of its own that ends with it,
+    /// and no port of the sandbox can be listening for a later connection.
+    fn shares_host_loopback(&self, network: NetworkMode) -> bool {
+        network == NetworkMode::Host
     }
 
     /// Turns a finished process into the command's result. Launchers that wrap the command
@@ -127,11 +148,23 @@ impl<L: Launcher> LocalProvider<L> {
         &self.config
     }
 
-    /// The name and host-side workspace of a ready sandbox.
-    pub(crate) fn ready_named(&self, id: &NativeId) -> Result<(String, PathBuf)> {
+    /// The name, host-side workspace and network of a ready sandbox.
+    pub(crate) fn ready_named(&self, id: &NativeId) -> Result<(String, PathBuf, NetworkMode)> {
         let meta = self.ready(id)?;
         let workspace = self.layout.workspace(&meta.name);
-        Ok((meta.name.to_string(), workspace))
+        Ok((meta.name.to_string(), workspace, meta.network))
+    }
+
+    pub(crate) fn launcher(&self) -> &L {
+        &self.launcher
+    }
+
+    /// Where the workspace appears to commands (`HOME`).
+    pub(crate) fn home_in_sandbox(&self, workspace: &Path) -> String {
+        match self.launcher.workspace_alias() {
+            Some(alias) => alias.to_owned(),
+            None => workspace.to_string_lossy().into_owned(),
+        }
     }
 
     /// Errors from the shared machinery carry a placeholder id; name this provider instead.
@@ -203,6 +236,7 @@ impl<L: Launcher> LocalProvider<L> {
             cwd_in_sandbox: &cwd_in_sandbox,
             command: &req.command,
             network: meta.network,
+            terminal: false,
         })?;
         let finished = process::run(
             command,

@@ -31,6 +31,9 @@ pub struct Bwrap {
     /// When Berth runs as root: the helper that enters the sandbox as [`SANDBOX_USER`] (see
     /// `berth_supervisor::enter`), run as `HELPER __enter …`.
     enter: Option<PathBuf>,
+    /// The helper binary (`berth` or `berth-supervisor`), which also starts `berth ssh`'s
+    /// terminal sessions (`__pty`).
+    helper: Option<PathBuf>,
 }
 
 /// The unprivileged user (and group) bwrap sandboxes run as when Berth runs as root, so that
@@ -65,6 +68,7 @@ impl Bwrap {
     /// Finds `bwrap` in the usual places. As root, `helper` (a program that understands
     /// `__enter`: `berth` or `berth-supervisor`) is required: bwrap is never run as root.
     pub fn locate(helper: Option<PathBuf>) -> Result<Bwrap> {
+        let terminal_helper = helper.clone();
         let enter = if rustix::process::geteuid().is_root() {
             let helper = helper.ok_or_else(|| {
                 ProviderError::new(
@@ -86,7 +90,9 @@ impl Bwrap {
         } else {
             None
         };
-        Self::find(enter)
+        let mut bwrap = Self::find(enter)?;
+        bwrap.helper = terminal_helper;
+        Ok(bwrap)
     }
 
     /// The bwrap binary this launcher runs (benchmarks run the same one).
@@ -108,7 +114,11 @@ impl Bwrap {
             .map(PathBuf::from)
             .chain(on_path)
             .find(|p| p.is_file())
-            .map(|program| Bwrap { program, enter })
+            .map(|program| Bwrap {
+                program,
+                enter,
+                helper: None,
+            })
             .ok_or_else(|| {
                 ProviderError::new(
                     ErrorKind::Setup,
@@ -160,8 +170,13 @@ impl Bwrap {
             "--hostname",
             "berth",
             "--die-with-parent",
-            "--new-session",
         ]);
+        // A new session keeps the sandbox away from the caller's terminal (TIOCSTI). A
+        // terminal session's terminal is one Berth allocated for it alone, and the sandbox must
+        // keep it as its controlling terminal (Ctrl-C, job control).
+        if !ctx.terminal {
+            push(&["--new-session"]);
+        }
         if !network {
             push(&["--unshare-net"]);
         }
@@ -209,6 +224,27 @@ impl Launcher for Bwrap {
             Command::Shell(line) => cmd.args(["/bin/sh", "-c", line]),
         };
         Ok(cmd)
+    }
+
+    fn interactive(&self) -> bool {
+        true
+    }
+
+    fn terminal_helper(&self) -> Option<&Path> {
+        self.helper.as_deref()
+    }
+
+    /// bwrap's own process holds the terminal's foreground group: a job-control shell moves
+    /// the command into a group of its own and gives it the terminal, so Ctrl-C reaches the
+    /// command and never bwrap (whose death would end the session). The `exit` after the
+    /// command keeps bash from replacing itself with it (which would skip the job).
+    fn terminal_argv(&self, argv: Vec<String>) -> Vec<String> {
+        let mut wrapped: Vec<String> = ["bash", "-c", "set -m; \"$@\"; exit $?", "berth"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        wrapped.extend(argv);
+        wrapped
     }
 
     fn check_network(&self, network: NetworkMode) -> Result<()> {

@@ -33,6 +33,11 @@ impl Launcher for Direct {
     fn interactive(&self) -> bool {
         true
     }
+
+    /// The host provider has no network of its own: its loopback is this machine's.
+    fn shares_host_loopback(&self, _network: berth_contract::NetworkMode) -> bool {
+        true
+    }
 }
 
 /// The host provider.

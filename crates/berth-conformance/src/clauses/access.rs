@@ -1,4 +1,4 @@
-//! The interactive-access clause: a terminal that is a real terminal (its device, its size,
+//! The interactive-access clause: a terminal that is a real terminal (a tty, its size,
 //! Ctrl-C delivered as SIGINT inside the sandbox, the command's own exit code), and a port
 //! connection that fails as `unavailable` when nothing listens.
 
@@ -17,8 +17,8 @@ pub(super) async fn access(s: &Subject) -> Outcome {
     on_sandbox(s, |id| async move {
         let access = s.provider.require_access().map_err(|e| fail("access", e))?;
         let script = format!(
-            "trap 'echo berth-got-int; exit 9' INT; tty; stty size; echo {READY}; \
-             while :; do sleep 0.1; done"
+            "trap 'echo berth-got-int; exit 9' INT; test -t 0 && echo berth-on-a-terminal; \
+             stty size; echo {READY}; while :; do sleep 0.1; done"
         );
         let request = PtyRequest {
             argv: vec!["/bin/sh".into(), "-c".into(), script],
@@ -57,8 +57,8 @@ pub(super) async fn access(s: &Subject) -> Outcome {
         .await
         .map_err(|e| format!("the terminal reader panicked: {e}"))??;
         check!(
-            screen.contains("/dev/pts/"),
-            "`tty` in the session did not name a terminal device: {screen:?}"
+            screen.contains("berth-on-a-terminal"),
+            "the session's standard input is not a terminal: {screen:?}"
         );
         check!(
             screen.contains("17 91"),
@@ -84,7 +84,7 @@ pub(super) async fn access(s: &Subject) -> Outcome {
             Ok(_) => return Err("connecting to port 1, where nothing listens, succeeded".into()),
         }
         Ok(vec![
-            "terminal: /dev/pts device, 91×17, Ctrl-C → SIGINT in the sandbox, exit 9 passed \
+            "terminal: stdin a terminal, 91×17, Ctrl-C → SIGINT in the sandbox, exit 9 passed \
              through; a closed port → unavailable"
                 .into(),
         ])
