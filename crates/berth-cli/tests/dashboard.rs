@@ -227,6 +227,21 @@ impl Drop for Browser {
         );
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        // Whatever of the browser outlived its driver (a session that could not be deleted)
+        // is found by its own profile directory and killed: the suite leaves nothing running.
+        let profile = self._profile.path().to_string_lossy().into_owned();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&profile) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
 }
 
