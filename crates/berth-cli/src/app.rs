@@ -67,6 +67,12 @@ impl App {
         private_home(&config.home, &config.state_dir())?;
         let store = Store::open(&config.database()).await?;
         private_store(&config.home)?;
+        App::with_store(config, store, json)
+    }
+
+    /// An app over an open store: the builtin registry, providers configured from `config`
+    /// (its environment carries their credentials), a ledger with a run id of its own.
+    fn with_store(config: Config, store: Store, json: bool) -> Result<App> {
         let registry = Registry::builtin()?;
         let provider_config = ProviderConfig {
             state_dir: config.state_dir(),
@@ -89,22 +95,10 @@ impl App {
     /// run id of its own, JSON documents. The providers get the server's environment (their
     /// credentials); the request's own `--env NAME` lookups get an empty one, so no caller can
     /// read the server's variables into a sandbox.
-    pub fn for_request(mut config: Config, store: Store) -> Result<App> {
-        let registry = Registry::builtin()?;
-        let provider_config = ProviderConfig {
-            state_dir: config.state_dir(),
-            env: config.env.clone(),
-            reaper: std::env::current_exe().ok(),
-        };
-        config.env = berth_factory::Environment::empty();
-        let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
-        Ok(App {
-            config,
-            registry,
-            provider_config,
-            ledger,
-            json: true,
-        })
+    pub fn for_request(config: Config, store: Store) -> Result<App> {
+        let mut app = App::with_store(config, store, true)?;
+        app.config.env = berth_factory::Environment::empty();
+        Ok(app)
     }
 
     /// What a benchmark reads: this invocation's providers, ledger and home.
