@@ -366,6 +366,24 @@ pub struct Listed {
 pub trait Listing: Send + Sync {
     /// Lists sandboxes passing `filter`.
     async fn list(&self, filter: &LabelFilter) -> Result<Vec<Listed>>;
+
+    /// Who else can put sandboxes where this listing looks.
+    fn scope(&self) -> ListingScope {
+        ListingScope::Shared
+    }
+}
+
+/// Who else can put sandboxes where a [`Listing`] looks — what a labelled sandbox without a
+/// ledger row can be.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListingScope {
+    /// Other Berth homes, other tools, anyone with the provider's credentials: a labelled
+    /// sandbox without a row may be someone else's (or carry a forged label).
+    #[default]
+    Shared,
+    /// Only this provider instance, in state private to one Berth home (host and bwrap: its
+    /// `state/` directory, mode 0700): everything listed was made by this home.
+    ThisHome,
 }
 
 /// What an interactive terminal runs (`berth ssh`).

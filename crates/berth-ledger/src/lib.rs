@@ -3,7 +3,8 @@
 //! Invariants:
 //! - **Intent before side effect.** The ledger row (state `intent`, with the labels the
 //!   resource will carry) is durable before the provider is asked to create, so a crash at any
-//!   point leaves a row a sweep can act on.
+//!   point leaves a row a sweep can act on — flushed to disk, except where a sweep can find
+//!   the resource without it ([`intent_durability`]).
 //! - **Must fire.** A create that fails is followed by a destroy of the same name; a command
 //!   that errors, panics or is signalled destroys what its run created ([`Ledger::cleanup_run`]);
 //!   a killed command leaves rows that [`Ledger::sweep`] destroys and verifies.
@@ -22,12 +23,13 @@ pub use sweep::{SweepAction, SweepEntry, SweepReport, SweepScope};
 
 use berth_contract::labels::{LEDGER_TOKEN, OWNER};
 use berth_contract::{
-    CreateRequest, Created, DestroyOutcome, Labels, NativeId, Observation, Provider, ProviderError,
-    ProviderExt, SandboxName, SnapshotRef,
+    CreateRequest, Created, DestroyOutcome, Labels, ListingScope, NativeId, Observation, Provider,
+    ProviderError, ProviderExt, SandboxName, SnapshotRef,
 };
 use berth_store::LedgerStore as _;
 use berth_store::{
-    LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind, Store, StoreError,
+    IntentDurability, LedgerQuery, LedgerRow, LedgerState, NewLedgerRow, ResourceKind, Store,
+    StoreError,
 };
 use chrono::Utc;
 use serde::Serialize;
@@ -95,6 +97,18 @@ pub fn new_sandbox_name() -> SandboxName {
     SandboxName(format!("bx-{}", random_hex(6)))
 }
 
+/// What a sandbox's intent row must survive before `provider` may create it. Flushing to disk
+/// (power loss) is the rule. A provider whose listing shows only what this Berth home made
+/// (host, bwrap) needs less: power loss ends its sandboxes' processes, and the directory left
+/// behind is listed, so a sweep adopts it even if the row was lost — the intent need only
+/// survive a crash of the process (`kill -9`), which costs no flush.
+pub fn intent_durability(provider: &dyn Provider) -> IntentDurability {
+    match provider.listing().map(|listing| listing.scope()) {
+        Some(ListingScope::ThisHome) => IntentDurability::ProcessCrash,
+        Some(ListingScope::Shared) | None => IntentDurability::PowerLoss,
+    }
+}
+
 impl Ledger {
     /// A ledger for `owner`, recording under `run_id`.
     pub fn new(store: Store, owner: impl Into<String>, run_id: impl Into<String>) -> Self {
@@ -118,6 +132,16 @@ impl Ledger {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// A fresh ledger token: this store's identity, then random. The prefix tells a sweep
+    /// which labelled sandboxes without a row this store made.
+    async fn new_token(&self) -> Result<String, LedgerError> {
+        Ok(format!(
+            "{}{}",
+            self.store.store_identity().await?,
+            random_hex(8)
+        ))
     }
 
     /// Creates a sandbox under the ledger: records intent, calls `make` with the labelled
@@ -158,7 +182,7 @@ impl Ledger {
         let labels = Labels {
             owner: self.owner.clone(),
             run_id: self.run_id.clone(),
-            ledger_token: random_hex(8),
+            ledger_token: self.new_token().await?,
             expires_at_unix: expires_at.map(|t| t.timestamp()),
         };
         let mut req = CreateRequest::new(name.clone(), labels.clone());
@@ -174,6 +198,7 @@ impl Ledger {
                 origin: origin.to_owned(),
                 kind: Default::default(),
                 expires_at,
+                durability: intent_durability(provider),
             })
             .await?;
         match make(req).await {
@@ -353,7 +378,7 @@ impl Ledger {
                 let labels = Labels {
                     owner: self.owner.clone(),
                     run_id: self.run_id.clone(),
-                    ledger_token: random_hex(8),
+                    ledger_token: self.new_token().await?,
                     expires_at_unix: None,
                 };
                 self.store
@@ -367,6 +392,8 @@ impl Ledger {
                         origin: origin.to_owned(),
                         kind: ResourceKind::Snapshot,
                         expires_at: retention.map(|r| Utc::now() + r),
+                        // A snapshot is not found by any listing: a lost row would leak it.
+                        durability: IntentDurability::PowerLoss,
                     })
                     .await?;
             }

@@ -3,9 +3,14 @@
 
 use std::collections::BTreeSet;
 
-use berth_contract::labels::{LEDGER_TOKEN, OWNER, SANDBOX};
-use berth_contract::{DestroyOutcome, LabelFilter, Observation, Provider, ProviderLookup};
-use berth_store::{LedgerRow, LedgerState, ResourceKind};
+use berth_contract::labels::{EXPIRES, LEDGER_TOKEN, OWNER, RUN, SANDBOX};
+use berth_contract::{
+    DestroyOutcome, LabelFilter, ListingScope, Observation, Provider, ProviderLookup,
+};
+use berth_store::LedgerStore as _;
+use berth_store::{
+    IntentDurability, LedgerRow, LedgerState, NewLedgerRow, ResourceKind, StoreError,
+};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -39,6 +44,13 @@ pub enum SweepAction {
     /// Ours, and still held (by a running mission, or a snapshot's retention): kept.
     Held {
         /// By what.
+        reason: String,
+    },
+    /// Found by listing with this owner's label and no row, where only this Berth home makes
+    /// sandboxes (its intent was lost to a power failure): recorded now, then swept like any
+    /// row in scope.
+    Adopted {
+        /// Why it is provably ours.
         reason: String,
     },
 }
@@ -84,6 +96,7 @@ impl SweepReport {
                     | SweepAction::AlreadyGone
                     | SweepAction::SkippedForeign { .. }
                     | SweepAction::Held { .. }
+                    | SweepAction::Adopted { .. }
             )
         })
     }
@@ -113,6 +126,13 @@ impl Ledger {
         providers: &dyn ProviderLookup,
         scope: &SweepScope,
     ) -> Result<SweepReport, LedgerError> {
+        let mut report = SweepReport::default();
+        // Listing first: a sandbox it adopts gets a row, which the sweep below then considers.
+        for provider_id in &scope.discover {
+            report
+                .entries
+                .extend(self.discover(providers, provider_id).await?);
+        }
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
         if scope.expired_only {
@@ -120,7 +140,6 @@ impl Ledger {
                 row.expires_at.is_some_and(|t| t <= now) || orphan_snapshot(row, now)
             });
         }
-        let mut report = SweepReport::default();
         // What a mission that is still running will adopt on resume is not swept from under
         // it: `berth mission resume` continues with it (a finished mission's rows are swept).
         let mut kept = Vec::new();
@@ -141,11 +160,6 @@ impl Ledger {
             }
         }
         report.entries.extend(kept);
-        for provider_id in &scope.discover {
-            report
-                .entries
-                .extend(self.discover(providers, provider_id).await?);
-        }
         let mut constructed: Vec<(String, std::sync::Arc<dyn Provider>)> = Vec::new();
         for row in rows {
             let provider = match constructed.iter().find(|(id, _)| *id == row.provider) {
@@ -200,10 +214,14 @@ impl Ledger {
         }
     }
 
-    /// Resources listed under this owner's label that this ledger has no row for. They are
-    /// reported, never destroyed: a label can be forged, and another `BERTH_HOME` with the same
-    /// owner holds live resources with tokens this store never issued. (Intent is recorded
-    /// before every create, so a crash cannot produce a resource without a row.)
+    /// Resources listed under this owner's label that this ledger has no row for. Where the
+    /// listing is shared they are reported, never destroyed: a label can be forged, and another
+    /// `BERTH_HOME` with the same owner holds live resources with tokens this store never
+    /// issued. (An intent flushed before every such create means a crash cannot produce one.)
+    /// Where only this home makes sandboxes ([`ListingScope::ThisHome`]) and the token starts
+    /// with this store's identity, such a sandbox is this store's, left by a power failure
+    /// that took its unflushed intent: it is adopted — a row recorded from its labels — and
+    /// swept like any other.
     async fn discover(
         &self,
         providers: &dyn ProviderLookup,
@@ -234,6 +252,10 @@ impl Ledger {
             .into_iter()
             .map(|row| row.ledger_token)
             .collect();
+        // Adoptable: listed where only this home makes sandboxes, with a token this store
+        // issued (another store pointed at the same state would have its own identity).
+        let identity = self.store.store_identity().await?;
+        let this_home = listing.scope() == ListingScope::ThisHome;
         let mut found = Vec::new();
         for item in listed {
             let Observation::Present { labels, .. } = &item.observation else {
@@ -249,6 +271,13 @@ impl Ledger {
                 .get(SANDBOX)
                 .cloned()
                 .unwrap_or_else(|| item.native_id.0.clone());
+            if this_home && token.starts_with(&identity) {
+                found.push(
+                    self.adopt(provider_id, &item.native_id, berth_id, labels)
+                        .await?,
+                );
+                continue;
+            }
             found.push(SweepEntry {
                 berth_id,
                 provider: provider_id.to_owned(),
@@ -261,6 +290,65 @@ impl Ledger {
             });
         }
         Ok(found)
+    }
+}
+
+impl Ledger {
+    /// Records a row for a sandbox found in this home's own listing without one.
+    async fn adopt(
+        &self,
+        provider_id: &str,
+        native_id: &berth_contract::NativeId,
+        berth_id: String,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<SweepEntry, LedgerError> {
+        let token = labels.get(LEDGER_TOKEN).cloned().unwrap_or_default();
+        let row = NewLedgerRow {
+            berth_id: berth_id.clone(),
+            provider: provider_id.to_owned(),
+            owner: self.owner.clone(),
+            run_id: labels
+                .get(RUN)
+                .cloned()
+                .unwrap_or_else(|| self.run_id.clone()),
+            ledger_token: token,
+            labels: labels.clone(),
+            origin: "adopted by sweep".into(),
+            kind: ResourceKind::Sandbox,
+            expires_at: labels
+                .get(EXPIRES)
+                .and_then(|t| t.parse::<i64>().ok())
+                .and_then(|t| DateTime::from_timestamp(t, 0)),
+            durability: IntentDurability::ProcessCrash,
+        };
+        let action = match self.store.ledger_get(&berth_id).await {
+            // A row of this name with another token: not provably the same sandbox.
+            Ok(_) => SweepAction::SkippedForeign {
+                reason: "its name is taken in this ledger by a row with another token; not \
+                         adopted"
+                    .into(),
+            },
+            Err(StoreError::NotFound(_)) => {
+                self.store.ledger_insert_intent(&row).await?;
+                self.store
+                    .ledger_mark_created(&berth_id, &native_id.0)
+                    .await?;
+                SweepAction::Adopted {
+                    reason: format!(
+                        "labelled with owner `{}` and a token this store issued, in \
+                         {provider_id}'s state private to this Berth home, without a row (its \
+                         intent was lost, as to a power failure): recorded",
+                        self.owner
+                    ),
+                }
+            }
+            Err(other) => return Err(other.into()),
+        };
+        Ok(SweepEntry {
+            berth_id,
+            provider: provider_id.to_owned(),
+            action,
+        })
     }
 }
 

@@ -179,6 +179,7 @@ async fn a_forged_row_pointing_at_a_foreign_resource_is_refused() {
             origin: "create".into(),
             kind: Default::default(),
             expires_at: None,
+            durability: Default::default(),
         })
         .await
         .unwrap();
@@ -342,6 +343,7 @@ async fn snapshot_rows_are_deleted_by_key_even_without_a_handle() {
             origin: "snapshot".into(),
             kind: berth_store::ResourceKind::Snapshot,
             expires_at: None,
+            durability: Default::default(),
         })
         .await
         .unwrap();
@@ -389,4 +391,87 @@ async fn snapshot_rows_are_deleted_by_key_even_without_a_handle() {
     let row = alice.row("sn-tracked").await.unwrap();
     alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
     assert_eq!(archives(), 0);
+}
+
+/// A power failure can take an intent that was only safe against a process crash (host and
+/// bwrap intents are not flushed): the sandbox directory it leaves carries this store's token
+/// but has no row. Discovery adopts it — records a row — and the sweep destroys it.
+#[tokio::test]
+async fn discovery_adopts_this_stores_sandbox_whose_row_was_lost() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let identity = alice.store().store_identity().await.unwrap();
+    // What create leaves when its row never reached the disk.
+    w.host
+        .create(&CreateRequest::new(
+            SandboxName("bx-lost".into()),
+            Labels {
+                owner: "alice".into(),
+                run_id: "run-gone".into(),
+                ledger_token: format!("{identity}0123456789abcdef"),
+                expires_at_unix: None,
+            },
+        ))
+        .await
+        .unwrap();
+    assert!(alice.row("bx-lost").await.is_err());
+    let report = alice
+        .sweep(
+            &w.registry.bind(&w.config),
+            &SweepScope {
+                discover: vec!["host".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let actions: Vec<_> = report
+        .entries
+        .iter()
+        .filter(|e| e.berth_id == "bx-lost")
+        .map(|e| &e.action)
+        .collect();
+    assert!(
+        matches!(
+            actions.as_slice(),
+            [SweepAction::Adopted { .. }, SweepAction::Destroyed]
+        ),
+        "{report:?}"
+    );
+    assert!(!present(&w.host, "bx-lost").await);
+    let row = alice.row("bx-lost").await.unwrap();
+    assert_eq!(row.state, LedgerState::VerifiedGone);
+    assert_eq!(row.origin, "adopted by sweep");
+    assert_eq!(row.run_id, "run-gone");
+}
+
+/// The durability an intent asks for follows the provider's listing: host's shows only this
+/// home's sandboxes (no flush needed); docker's is shared (flushed).
+#[tokio::test]
+async fn intents_are_flushed_unless_the_listing_is_this_homes() {
+    use berth_store::IntentDurability;
+    let w = world().await;
+    assert_eq!(
+        berth_ledger::intent_durability(w.host.as_ref()),
+        IntentDurability::ProcessCrash
+    );
+    let docker = w.registry.construct("docker", &w.config).unwrap();
+    assert_eq!(
+        berth_ledger::intent_durability(docker.as_ref()),
+        IntentDurability::PowerLoss
+    );
+    // A ledger token starts with the store's identity.
+    let alice = ledger(&w, "alice", "run-a").await;
+    let id = create(&alice, &w.host).await;
+    let identity = alice.store().store_identity().await.unwrap();
+    assert!(alice
+        .row(&id)
+        .await
+        .unwrap()
+        .ledger_token
+        .starts_with(&identity));
+    alice
+        .cleanup_run(&w.registry.bind(&w.config))
+        .await
+        .unwrap();
 }

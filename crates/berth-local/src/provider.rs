@@ -557,6 +557,12 @@ impl<L: Launcher> Listing for LocalProvider<L> {
     async fn list(&self, filter: &LabelFilter) -> Result<Vec<Listed>> {
         self.list_sandboxes(filter).await.map_err(|e| self.own(e))
     }
+
+    /// The sandboxes are directories under this provider's state directory, which is private
+    /// to one Berth home (the CLI keeps it 0700): nothing else makes them.
+    fn scope(&self) -> berth_contract::ListingScope {
+        berth_contract::ListingScope::ThisHome
+    }
 }
 
 fn observation(meta: &SandboxMeta) -> Observation {

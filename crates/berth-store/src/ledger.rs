@@ -93,6 +93,22 @@ pub struct NewLedgerRow {
     pub kind: ResourceKind,
     /// Expiry.
     pub expires_at: Option<DateTime<Utc>>,
+    /// What the intent must survive before the resource may be created.
+    pub durability: IntentDurability,
+}
+
+/// What an intent row must survive once `ledger_insert_intent` returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentDurability {
+    /// Power loss and kernel crashes (flushed to disk before returning): the default, for any
+    /// resource a lost row could leave unfindable — a container, a cloud sandbox, a snapshot.
+    #[default]
+    PowerLoss,
+    /// A crash of the Berth process (`kill -9`), not power loss. Enough only where whatever
+    /// the resource leaves after power loss is found by listing a place nothing but this Berth
+    /// home writes, so a sweep can adopt it without a row (see the ledger's sweep).
+    ProcessCrash,
 }
 
 /// A stored ledger row.
@@ -169,14 +185,16 @@ pub struct LedgerQuery {
 /// What the ledger needs from durable storage, typed: rows in, rows out. The SQLite [`crate::Store`]
 /// implements it; a PostgreSQL backend is one more implementation passing [`contract`]:
 ///
-/// - an intent is durable (across power loss) when `ledger_insert_intent` returns, and a second
-///   intent under the same `berth_id` is refused;
+/// - an intent is durable when `ledger_insert_intent` returns — across power loss, or across
+///   a process crash where the row asks only for [`IntentDurability::ProcessCrash`] — and a
+///   second intent under the same `berth_id` is refused;
 /// - updates of a row that does not exist fail with [`StoreError::NotFound`] naming it;
 /// - `ledger_mark_destroy_requested` keeps the first request time and never moves a verified
 ///   gone row back;
 /// - `ledger_retire` frees only a verified-gone name (the row is kept as `NAME~TOKEN`);
 /// - a ledger token is unique across all rows (it proves a resource is this row's);
-/// - `ledger_list` filters by owner and run, hides verified-gone rows unless asked, oldest first.
+/// - `ledger_list` filters by owner and run, hides verified-gone rows unless asked, oldest first;
+/// - `store_identity` is fixed for the store's life and differs between stores.
 #[async_trait::async_trait]
 pub trait LedgerStore: Send + Sync + fmt::Debug {
     /// Records the intent to create, before any provider call.
@@ -205,6 +223,9 @@ pub trait LedgerStore: Send + Sync + fmt::Debug {
     async fn ledger_get(&self, berth_id: &str) -> Result<LedgerRow, StoreError>;
     /// Rows matching `query`, oldest first.
     async fn ledger_list(&self, query: &LedgerQuery) -> Result<Vec<LedgerRow>, StoreError>;
+    /// This store's identity: random, fixed when the store was made, the same on every call
+    /// and reopen, different for every store.
+    async fn store_identity(&self) -> Result<String, StoreError>;
 }
 
 /// The suite any [`LedgerStore`] backend must pass, each check against a fresh, empty store
@@ -229,6 +250,7 @@ pub mod contract {
             origin: "create".into(),
             kind: Default::default(),
             expires_at: Some(Utc::now()),
+            durability: Default::default(),
         }
     }
 
@@ -243,6 +265,26 @@ pub mod contract {
         list_filters_by_owner_and_hides_gone_rows(&fresh().await).await;
         duplicates_and_missing_rows_are_errors(&fresh().await).await;
         retire_frees_only_verified_gone_names(&fresh().await).await;
+        identity_is_fixed_and_distinct(&fresh().await, &fresh().await).await;
+        a_process_crash_intent_is_a_row_like_any(&fresh().await).await;
+    }
+
+    async fn identity_is_fixed_and_distinct(one: &dyn LedgerStore, other: &dyn LedgerStore) {
+        let id = one.store_identity().await.unwrap();
+        assert!(!id.is_empty());
+        assert_eq!(one.store_identity().await.unwrap(), id);
+        assert_ne!(other.store_identity().await.unwrap(), id);
+    }
+
+    async fn a_process_crash_intent_is_a_row_like_any(store: &dyn LedgerStore) {
+        let mut row = new_row("bx-pc", "alice");
+        row.durability = super::IntentDurability::ProcessCrash;
+        store.ledger_insert_intent(&row).await.unwrap();
+        assert_eq!(
+            store.ledger_get("bx-pc").await.unwrap().state,
+            LedgerState::Intent
+        );
+        assert!(store.ledger_insert_intent(&row).await.is_err());
     }
 
     async fn row_walks_through_its_states(store: &dyn LedgerStore) {

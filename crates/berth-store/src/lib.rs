@@ -4,13 +4,18 @@
 //! Durability is tiered by what a lost row would cost. An **intent** — a row written before
 //! the thing it names exists (a sandbox or snapshot about to be created, a mission being
 //! registered, a mission's final state) — is committed with `synchronous=FULL`: it survives
-//! power loss, so nothing Berth makes can exist unrecorded. Every other write (what happened
+//! power loss, so nothing Berth makes can exist unrecorded. The one exception asks for it
+//! ([`IntentDurability::ProcessCrash`]): a sandbox of a provider whose listing shows only what
+//! this Berth home made (host, bwrap: directories under its private state). Power loss ends
+//! such a sandbox's processes, and what is left is found by that listing and adopted by a sweep
+//! — so its intent needs to survive only a process crash. Every other write (what happened
 //! after an intent: created, destroyed, a mission step) is committed with WAL
 //! `synchronous=NORMAL`: durable across process crashes (`kill -9`), and after power loss or a
 //! kernel crash the log loses at most a suffix of such writes — the same state as a crash a
 //! moment earlier, which recovery already handles (rows are re-observed, steps are
-//! repeatable). A FULL commit flushes the whole WAL, so order is never lost. This crate stores and fetches; the rules about what a row may become live in
-//! the families that own them (the ledger crate for ledger rows).
+//! repeatable). A FULL commit flushes the whole WAL, so order is never lost. This crate stores
+//! and fetches; the rules about what a row may become live in the families that own them (the
+//! ledger crate for ledger rows).
 //!
 //! - [`Store`] — opening, migrating, schema version.
 //! - [`ledger`] — ledger rows ([`LedgerRow`], [`LedgerState`], [`NewLedgerRow`]), the typed
@@ -37,7 +42,9 @@ pub use access::{AccessStore, ApiToken, AuditRow, NewAudit};
 pub use artifacts::{
     ArtifactQuery, ArtifactRow, ArtifactStore, NewPublication, PublicationRow, PublicationState,
 };
-pub use ledger::{LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind};
+pub use ledger::{
+    IntentDurability, LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind,
+};
 pub use missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
 
 /// A store operation failed.
@@ -92,6 +99,8 @@ pub struct Store {
     /// Intents: the same database through connections with `synchronous=FULL`, opened on first
     /// use (a read-only command never pays for them).
     durable: SqlitePool,
+    /// The store's identity, read on first use.
+    identity: std::sync::Arc<tokio::sync::OnceCell<String>>,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
@@ -123,7 +132,11 @@ impl Store {
                 .await
             {
                 if schema_is_current(&pool).await {
-                    return Ok(Store { pool, durable });
+                    return Ok(Store {
+                        pool,
+                        durable,
+                        identity: Default::default(),
+                    });
                 }
                 pool.close().await;
             }
@@ -158,7 +171,11 @@ impl Store {
             path: shown,
             source,
         })?;
-        Ok(Store { pool, durable })
+        Ok(Store {
+            pool,
+            durable,
+            identity: Default::default(),
+        })
     }
 
     /// The schema version: the newest applied migration.
@@ -194,6 +211,14 @@ impl Store {
     /// returns, and flushes every earlier write with it).
     pub(crate) fn durable(&self) -> &SqlitePool {
         &self.durable
+    }
+
+    /// The connections that give an intent the durability it asks for.
+    pub(crate) fn pool_for(&self, durability: IntentDurability) -> &SqlitePool {
+        match durability {
+            IntentDurability::PowerLoss => &self.durable,
+            IntentDurability::ProcessCrash => &self.pool,
+        }
     }
 }
 
@@ -242,6 +267,11 @@ mod durability_tests {
         };
         assert_eq!(level(store.durable()).await, 2, "FULL");
         assert_eq!(level(store.pool()).await, 1, "NORMAL");
+        assert_eq!(level(store.pool_for(IntentDurability::PowerLoss)).await, 2);
+        assert_eq!(
+            level(store.pool_for(IntentDurability::ProcessCrash)).await,
+            1
+        );
         let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
             .fetch_one(store.durable())
             .await

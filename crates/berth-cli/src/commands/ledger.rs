@@ -132,6 +132,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
                 SweepAction::Failed { kind, message } => format!("FAILED ({kind}): {message}"),
                 SweepAction::SkippedForeign { reason } => format!("skipped, not ours: {reason}"),
                 SweepAction::Held { reason } => format!("kept: {reason}"),
+                SweepAction::Adopted { reason } => format!("adopted: {reason}"),
             };
             println!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
         }

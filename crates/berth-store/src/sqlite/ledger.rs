@@ -63,8 +63,9 @@ fn row_to_ledger(row: sqlx::sqlite::SqliteRow) -> Result<LedgerRow, StoreError> 
 
 #[async_trait::async_trait]
 impl LedgerStore for Store {
-    /// Records the intent to create, before any provider call. Durable when this returns, even
-    /// across power loss.
+    /// Records the intent to create, before any provider call. Durable when this returns:
+    /// through a `synchronous=FULL` connection (power loss), or a `NORMAL` one where the row
+    /// asks only to survive a process crash.
     async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError> {
         let now = ts(Utc::now());
         sqlx::query(
@@ -83,7 +84,7 @@ impl LedgerStore for Store {
         .bind(row.expires_at.map(ts))
         .bind(&now)
         .bind(&now)
-        .execute(self.durable())
+        .execute(self.pool_for(row.durability))
         .await
         .map_err(query_err("record create intent"))?;
         Ok(())
@@ -189,6 +190,11 @@ impl LedgerStore for Store {
         row_to_ledger(row)
     }
 
+    /// Read once per process: it never changes.
+    async fn store_identity(&self) -> Result<String, StoreError> {
+        self.identity().await
+    }
+
     /// Rows matching `query`, oldest first.
     async fn ledger_list(&self, query: &LedgerQuery) -> Result<Vec<LedgerRow>, StoreError> {
         let rows = sqlx::query(
@@ -206,6 +212,19 @@ impl LedgerStore for Store {
 }
 
 impl Store {
+    async fn identity(&self) -> Result<String, StoreError> {
+        let found = self
+            .identity
+            .get_or_try_init(|| async {
+                sqlx::query_scalar::<_, String>("SELECT id FROM store_identity WHERE singleton = 1")
+                    .fetch_one(self.pool())
+                    .await
+                    .map_err(query_err("read the store's identity"))
+            })
+            .await?;
+        Ok(found.clone())
+    }
+
     async fn update(
         &self,
         what: &'static str,
@@ -241,6 +260,7 @@ mod tests {
             origin: "create".into(),
             kind: Default::default(),
             expires_at: Some(Utc::now()),
+            durability: Default::default(),
         }
     }
 
