@@ -104,6 +104,7 @@ pub(crate) fn orchestrator(ctx: &BenchContext) -> berth_orchestrator::Orchestrat
         boundary: None,
         lease: Default::default(),
         gateways: Default::default(),
+        settled: Default::default(),
     }
 }
 

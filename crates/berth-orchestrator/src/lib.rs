@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 use berth_factory::{ProviderConfig, Registry};
 use berth_ledger::Ledger;
-use berth_mission::authority::{self, Event, MissionRecord, MissionState, Next};
+use berth_mission::authority::{self, AttemptKey, Event, MissionRecord, MissionState, Next};
 use berth_mission::file::MissionFile;
 use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
@@ -149,6 +149,42 @@ pub struct Orchestrator<'a> {
     pub lease: MissionLease,
     /// The model gateways of agent-CLI missions, one per mission, started on first use.
     pub gateways: Gateways,
+    /// Attempts whose sandboxes this orchestrator has seen verified gone (or kept): every tick
+    /// reconciles finished attempts, and these need it no more.
+    pub settled: SettledAttempts,
+}
+
+/// Attempts an orchestrator has torn down completely (see [`Orchestrator::settled`]), and those
+/// it claimed itself (no other runner ever worked on them).
+#[derive(Debug, Default)]
+pub struct SettledAttempts(std::sync::Mutex<Attempts>);
+
+#[derive(Debug, Default)]
+struct Attempts {
+    settled: std::collections::HashSet<String>,
+    claimed_here: std::collections::HashSet<String>,
+}
+
+impl SettledAttempts {
+    fn contains(&self, key: &AttemptKey) -> bool {
+        self.0.lock().is_ok_and(|a| a.settled.contains(&key.0))
+    }
+
+    fn settle(&self, key: &AttemptKey) {
+        if let Ok(mut a) = self.0.lock() {
+            a.settled.insert(key.0.clone());
+        }
+    }
+
+    fn claimed(&self, key: &AttemptKey) {
+        if let Ok(mut a) = self.0.lock() {
+            a.claimed_here.insert(key.0.clone());
+        }
+    }
+
+    fn claimed_here(&self, key: &AttemptKey) -> bool {
+        self.0.lock().is_ok_and(|a| a.claimed_here.contains(&key.0))
+    }
 }
 
 /// The fencing token of a held mission lease; events are appended under it.
@@ -578,6 +614,7 @@ impl Orchestrator<'_> {
                     &[],
                 )
                 .await?;
+                self.settled.claimed(&key);
                 Ok(Step::Claimed { task, key })
             }
             Next::Continue { key, status } => {

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_contract::{
-    CanonicalState, ExecOutput, ExecRequest, NativeId, Observation, Provider, ProviderExt,
-    SandboxName,
+    CanonicalState, DestroyOutcome, ExecOutput, ExecRequest, NativeId, Observation, Provider,
+    ProviderExt, SandboxName,
 };
 use berth_ledger::LedgerError;
 use berth_mission::authority::{
@@ -388,19 +388,35 @@ pub(crate) async fn reconcile(
         return Ok(());
     }
     for (key, keep_main) in over {
-        teardown(orch, spec, &key, keep_main).await;
+        // Once per runner for an attempt it saw fully torn down: the first pass (also after a
+        // restart) repeats destroys a killed runner may have left to an engine.
+        if !orch.settled.contains(&key) {
+            teardown(orch, spec, &key, keep_main, Recheck::GoneToo).await;
+        }
     }
     Ok(())
 }
 
+/// Which of an attempt's rows a teardown destroys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recheck {
+    /// Those not verified gone: right after a step of this runner.
+    OpenOnly,
+    /// Verified-gone ones again too (see below): [`reconcile`], once per runner.
+    GoneToo,
+}
+
 /// Destroys the attempt's sandboxes on every candidate provider (ledger-verified), unless the
-/// mission keeps the main one.
+/// mission keeps the main one. When every one is verified gone, the attempt is settled for this
+/// orchestrator.
 pub(crate) async fn teardown(
     orch: &Orchestrator<'_>,
     spec: &MissionSpec,
     key: &AttemptKey,
     keep_main: bool,
+    recheck: Recheck,
 ) {
+    let mut all_gone = true;
     for choice in 0..candidates(spec).len() {
         let main = main_name(key, choice);
         let mut rows = frozen_rows(orch, &main).await.unwrap_or_default();
@@ -410,18 +426,29 @@ pub(crate) async fn teardown(
             }
         }
         for row in rows {
+            if row.state == LedgerState::VerifiedGone && recheck == Recheck::OpenOnly {
+                continue;
+            }
             let Ok(provider) = orch.registry.construct(&row.provider, orch.config) else {
+                all_gone = false;
                 continue;
             };
             if row.state != LedgerState::VerifiedGone {
-                let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+                let gone = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+                all_gone &= matches!(gone, Ok(DestroyOutcome::VerifiedGone { .. }));
             } else {
                 // Verified gone, but an engine may finish work a killed runner asked for after
                 // that (a fork's image committed late): destroying again is idempotent and
                 // removes it.
-                let _ = provider.destroy(&berth_ledger::native_id(&row)).await;
+                let again = provider.destroy(&berth_ledger::native_id(&row)).await;
+                all_gone &= matches!(again, Ok(DestroyOutcome::VerifiedGone { .. }));
             }
         }
+    }
+    // Settled for this runner once every row is verified gone — after rechecking gone rows,
+    // unless this runner claimed the attempt (no other runner can have left work for it).
+    if all_gone && (recheck == Recheck::GoneToo || orch.settled.claimed_here(key)) {
+        orch.settled.settle(key);
     }
 }
 
@@ -647,7 +674,7 @@ pub(crate) async fn reject(
         )
         .await?;
     crate::publication::publish_rejected(orch, spec, &after, key, &reason).await;
-    teardown(orch, spec, key, false).await;
+    teardown(orch, spec, key, false, Recheck::OpenOnly).await;
     Ok(Step::Rejected {
         key: key.clone(),
         reason,

@@ -420,7 +420,7 @@ impl Attempt<'_, '_> {
         match status {
             AttemptStatus::Rejected { reason } => {
                 crate::publication::publish_rejected(orch, spec, &next, key, reason).await;
-                teardown(orch, spec, key, false).await;
+                teardown(orch, spec, key, false, Recheck::OpenOnly).await;
                 Ok(Step::Rejected {
                     key: key.clone(),
                     reason: reason.clone(),
@@ -554,7 +554,7 @@ impl Attempt<'_, '_> {
             ],
         )
         .await?;
-        teardown(orch, spec, key, spec.file.sandbox.keep).await;
+        teardown(orch, spec, key, spec.file.sandbox.keep, Recheck::OpenOnly).await;
         Ok(Step::Advanced {
             key: key.clone(),
             what: format!(
@@ -612,7 +612,7 @@ impl Attempt<'_, '_> {
         facts.push(("finalize", json!({ "bundle": path, "bytes": bytes })));
         orch.commit_events(mission, record, seq, &events, &facts)
             .await?;
-        teardown(orch, spec, key, spec.file.sandbox.keep).await;
+        teardown(orch, spec, key, spec.file.sandbox.keep, Recheck::OpenOnly).await;
         Ok(Step::Advanced {
             key: key.clone(),
             what: format!("finalized; task `{}` done", task.id),

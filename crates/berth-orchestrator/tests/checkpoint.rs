@@ -90,6 +90,7 @@ async fn providers_without_snapshots_checkpoint_the_workspace() {
         boundary: None,
         lease: Default::default(),
         gateways: Default::default(),
+        settled: Default::default(),
     };
     let example =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test");

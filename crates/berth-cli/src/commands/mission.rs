@@ -38,6 +38,7 @@ pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
         boundary: Some(crash_at),
         lease: Default::default(),
         gateways: Default::default(),
+        settled: Default::default(),
     }
 }
 
