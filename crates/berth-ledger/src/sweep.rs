@@ -271,7 +271,9 @@ impl Ledger {
                 .get(SANDBOX)
                 .cloned()
                 .unwrap_or_else(|| item.native_id.0.clone());
-            if this_home && token.starts_with(&identity) {
+            // Local providers name a sandbox by its Berth id: a label saying otherwise was not
+            // written by this store, and is never made a row's name.
+            if this_home && token.starts_with(&identity) && berth_id == item.native_id.0 {
                 found.push(
                     self.adopt(provider_id, &item.native_id, berth_id, labels)
                         .await?,

@@ -475,3 +475,75 @@ async fn intents_are_flushed_unless_the_listing_is_this_homes() {
         .await
         .unwrap();
 }
+
+/// Adoption takes nothing on a label's word beyond ownership: a sandbox whose `berth.sandbox`
+/// label names another sandbox (a row that exists, or a path) is reported, not adopted, and a
+/// token without this store's identity is another store's.
+#[tokio::test]
+async fn adoption_refuses_a_label_naming_another_sandbox_or_another_stores_token() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let identity = alice.store().store_identity().await.unwrap();
+    let live = create(&alice, &w.host).await;
+    let planted = CreateRequest::new(
+        SandboxName("bx-planted".into()),
+        Labels {
+            owner: "alice".into(),
+            run_id: "run-x".into(),
+            ledger_token: format!("{identity}fedcba9876543210"),
+            expires_at_unix: None,
+        },
+    );
+    w.host.create(&planted).await.unwrap();
+    // Its metadata rewritten to claim a name with no row.
+    let meta = w
+        .config
+        .state_dir
+        .join("host/sandboxes/bx-planted/sandbox.json");
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    json["labels"]["berth.sandbox"] = serde_json::Value::String("bx-ghost".into());
+    std::fs::write(&meta, serde_json::to_vec(&json).unwrap()).unwrap();
+    w.host
+        .create(&CreateRequest::new(
+            SandboxName("bx-other-store".into()),
+            Labels {
+                owner: "alice".into(),
+                run_id: "run-y".into(),
+                ledger_token: "0000000000000000aaaaaaaaaaaaaaaa".into(),
+                expires_at_unix: None,
+            },
+        ))
+        .await
+        .unwrap();
+    let report = alice
+        .sweep(
+            &w.registry.bind(&w.config),
+            &SweepScope {
+                discover: vec!["host".into()],
+                run_id: Some("run-none".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        report
+            .entries
+            .iter()
+            .all(|e| !matches!(e.action, SweepAction::Adopted { .. })),
+        "{report:?}"
+    );
+    assert!(present(&w.host, "bx-other-store").await);
+    assert!(alice.row("bx-other-store").await.is_err());
+    assert!(present(&w.host, "bx-planted").await);
+    assert!(alice.row("bx-ghost").await.is_err());
+    assert_eq!(alice.row(&live).await.unwrap().state, LedgerState::Created);
+    alice
+        .cleanup_run(&w.registry.bind(&w.config))
+        .await
+        .unwrap();
+    for name in ["bx-planted", "bx-other-store"] {
+        w.host.destroy(&NativeId(name.into())).await.unwrap();
+    }
+}
