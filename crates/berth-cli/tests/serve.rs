@@ -600,3 +600,31 @@ fn exec_output_streams_over_sse_and_resumes_from_an_event_id() {
     let (status, _) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
     assert_eq!(status, 200);
 }
+
+/// A client that opens a connection and never finishes its request (slowloris) is cut off
+/// after the request deadline (10 s), while a well-formed request on another connection is
+/// answered meanwhile.
+#[test]
+fn a_request_never_finished_is_cut_off() {
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "read");
+    let server = serve(&home);
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    slow.write_all(b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let (status, doc) = call(&server.addr, "GET", "/v1/sandboxes", &alice, None);
+    assert_eq!(status, 200, "{doc}");
+    slow.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut rest = Vec::new();
+    // Closed by the server (EOF or reset), not by our read timeout.
+    match slow.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(8) && waited < Duration::from_secs(25),
+        "closed after {waited:?}"
+    );
+}

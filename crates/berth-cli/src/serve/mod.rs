@@ -15,10 +15,13 @@
 //! - `events` — a mission's event log as server-sent events, resumable by event id.
 //! - `jobs` — execs started over the API, their output as server-sent events.
 //! - `ui` — the web dashboard: missions, attempts, live events, ledger, catalog, benchmarks.
+//! - `listener` — the socket: at most 512 connections, a request head due 10 s after its
+//!   first byte, a quiet connection closed after 120 s.
 
 pub mod auth;
 mod events;
 mod jobs;
+mod listener;
 mod resources;
 mod routes;
 mod ui;
@@ -83,8 +86,11 @@ pub async fn run(app: &App, listen: SocketAddr) -> Result<i32> {
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
-    axum::serve(listener, routes::router(server))
-        .await
-        .context("serve HTTP")?;
+    axum::serve(
+        listener::GuardedListener::new(listener),
+        routes::router(server),
+    )
+    .await
+    .context("serve HTTP")?;
     Ok(0)
 }
