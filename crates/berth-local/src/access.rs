@@ -37,7 +37,11 @@ impl<L: Launcher> LocalProvider<L> {
                     "a terminal needs Berth's helper binary (the reaper), and none is configured",
                 )
             })?;
+        // A terminal session is never proven contained (its helper kills the session, not a
+        // subtree): the mark stays, and destroy searches the process table.
+        let mark = self.command_started(id);
         let (name, workspace, network) = self.ready_named(id)?;
+        drop(mark?);
         let home = self.home_in_sandbox(&workspace);
         let mut env = BTreeMap::from([
             ("PATH".to_owned(), DEFAULT_PATH.to_owned()),

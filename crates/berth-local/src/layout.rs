@@ -20,6 +20,9 @@ use crate::PROVIDER_ID;
 const META_SCHEMA_VERSION: u32 = 1;
 const WORKSPACE_DIR: &str = "workspace";
 const META_FILE: &str = "sandbox.json";
+/// One file per command started in the sandbox that has not yet been proven to have left
+/// nothing behind (see [`Layout::command_started`]).
+const RUNNING_DIR: &str = "running";
 
 /// Lifecycle phase recorded in metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +144,8 @@ impl Layout {
             let workspace = staging.join(WORKSPACE_DIR);
             std::fs::create_dir(&workspace)
                 .map_err(|e| io_error("create workspace directory", e))?;
+            std::fs::create_dir(staging.join(RUNNING_DIR))
+                .map_err(|e| io_error("create sandbox directory", e))?;
             if let Some((uid, gid)) = owner {
                 std::os::unix::fs::chown(&workspace, Some(uid), Some(gid))
                     .map_err(|e| io_error("give the workspace to the sandbox's user", e))?;
@@ -172,6 +177,33 @@ impl Layout {
             let _ = force_remove_dir(&staging);
         }
         assembled
+    }
+
+    /// Records, before it starts, that a command is about to run in the sandbox: the file
+    /// stays until [`CommandMark::contained`] proves nothing it started is left. Destroy
+    /// searches the process table for leftovers only while such a file exists (or in a sandbox
+    /// made before these files were kept).
+    pub(crate) fn command_started(&self, name: &str) -> Result<CommandMark> {
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).expect("the OS random source works");
+        let path = self
+            .sandbox(name)
+            .join(RUNNING_DIR)
+            .join(hex::encode(nonce));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io_error("record a command as running", e))?;
+        Ok(CommandMark(path))
+    }
+
+    /// Whether a process started in the sandbox may still be alive.
+    pub(crate) fn may_have_processes(&self, name: &str) -> bool {
+        match std::fs::read_dir(self.sandbox(name).join(RUNNING_DIR)) {
+            Ok(mut entries) => entries.next().is_some(),
+            Err(_) => true,
+        }
     }
 
     pub(crate) fn read_meta(&self, name: &str) -> Result<Option<SandboxMeta>> {
@@ -263,6 +295,17 @@ impl Layout {
         }
         metas.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(metas)
+    }
+}
+
+/// A command recorded as running (see [`Layout::command_started`]).
+#[derive(Debug)]
+pub(crate) struct CommandMark(PathBuf);
+
+impl CommandMark {
+    /// Nothing the command started is left: forget it.
+    pub(crate) fn contained(self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

@@ -58,6 +58,9 @@ pub struct Finished {
     stdout_total: u64,
     stderr_total: u64,
     duration: Duration,
+    /// Nothing the command started is left: its reaper reported the command's end, which it
+    /// does only once its whole subtree is reaped.
+    pub(crate) contained: bool,
 }
 
 impl Finished {
@@ -357,6 +360,10 @@ pub(crate) async fn run(
         Some(control) => Some(control.report().await),
         None => None,
     };
+    let contained = matches!(
+        reported,
+        Some(Some(Report::Exited(_) | Report::Signalled(_)))
+    );
     let status = if timed_out {
         ExitStatus::TimedOut
     } else if let Some(report) = reported {
@@ -386,6 +393,7 @@ pub(crate) async fn run(
         stdout_total: collector.stdout_total,
         stderr_total: collector.stderr_total,
         duration: exited_at - started,
+        contained,
     })
 }
 

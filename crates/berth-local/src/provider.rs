@@ -149,6 +149,11 @@ impl<L: Launcher> LocalProvider<L> {
     }
 
     /// The name, host-side workspace and network of a ready sandbox.
+    /// Records a command about to start in the sandbox ([`Layout::command_started`]).
+    pub(crate) fn command_started(&self, id: &NativeId) -> Result<layout::CommandMark> {
+        self.layout.command_started(&layout::checked_name(&id.0)?)
+    }
+
     pub(crate) fn ready_named(&self, id: &NativeId) -> Result<(String, PathBuf, NetworkMode)> {
         let meta = self.ready(id)?;
         let workspace = self.layout.workspace(&meta.name);
@@ -208,7 +213,11 @@ impl<L: Launcher> LocalProvider<L> {
         req: &ExecRequest,
         sink: process::Sink<'_>,
     ) -> Result<process::Finished> {
+        // Recorded before the readiness check: a destroy that has already marked the sandbox
+        // destroying (and so found no running command) makes that check fail.
+        let mark = self.command_started(id);
         let meta = self.ready(id)?;
+        let mark = mark?;
         let workspace = self.layout.workspace(&meta.name);
         let (cwd, relative) = match &req.cwd {
             None => (workspace.clone(), String::new()),
@@ -250,8 +259,11 @@ impl<L: Launcher> LocalProvider<L> {
             },
             sink,
         )
-        .await?;
-        self.launcher.interpret(finished)
+        .await;
+        if finished.as_ref().is_ok_and(|f| f.contained) {
+            mark.contained();
+        }
+        self.launcher.interpret(finished?)
     }
 
     /// Creates the sandbox directory, optionally filled from an archive.
@@ -330,7 +342,11 @@ impl<L: Launcher> LocalProvider<L> {
         blocking(move || {
             // Best effort: a sandbox without metadata is still destroyed.
             let _ = layout.set_phase(&name, SandboxPhase::Destroying);
-            process::kill_leftovers(&name, &layout.workspace(&name));
+            // The process table is searched only when a command may have left something: one
+            // still running, or one whose reaper never reported it contained.
+            if layout.may_have_processes(&name) {
+                process::kill_leftovers(&name, &layout.workspace(&name));
+            }
             layout.remove_sandbox(&name)
         })
         .await?;

@@ -232,6 +232,54 @@ async fn destroy_kills_processes_that_left_the_group() {
     assert!(wait_gone(escaped), "destroy left process {escaped} running");
 }
 
+/// Commands still running or never proven contained by their reaper, as destroy sees them.
+fn running_marks(f: &Fixture, name: &str) -> usize {
+    std::fs::read_dir(f._state.path().join("sandboxes").join(name).join("running"))
+        .unwrap()
+        .count()
+}
+
+/// Destroy searches the process table only while a command may have left something: every
+/// exec is recorded before it starts and forgotten once its reaper reports it contained. One
+/// that kills its own reaper is never forgotten, and what it left is killed at destroy.
+#[tokio::test]
+async fn a_command_that_killed_its_reaper_is_searched_for_at_destroy() {
+    let f = fixture();
+    let id = create(&f.host, "bx-reaperkill").await;
+    assert_eq!(running_marks(&f, "bx-reaperkill"), 0);
+    sh(&f.host, &id, "true").await;
+    sh(&f.host, &id, "sleep 0.01 & echo $! > bg.pid").await;
+    assert_eq!(
+        running_marks(&f, "bx-reaperkill"),
+        0,
+        "a contained exec left its mark"
+    );
+    let out = sh(
+        &f.host,
+        &id,
+        "setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' </dev/null >/dev/null 2>&1 & \
+         while [ ! -s escaped.pid ]; do sleep 0.01; done; kill -9 $PPID",
+    )
+    .await;
+    assert!(
+        !matches!(out.status, ExitStatus::Exited { code: 0 }),
+        "{:?}",
+        out.status
+    );
+    let escaped = read_pid(&f.host, &id, "escaped.pid");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !process_gone(escaped),
+        "the escaped process should outlive its killed reaper"
+    );
+    assert_eq!(running_marks(&f, "bx-reaperkill"), 1);
+    assert!(matches!(
+        f.host.destroy(&id).await.unwrap(),
+        DestroyOutcome::VerifiedGone { .. }
+    ));
+    assert!(wait_gone(escaped), "destroy left process {escaped} running");
+}
+
 #[tokio::test]
 async fn signalled_and_missing_program_are_not_fabricated_exit_codes() {
     let f = fixture();
