@@ -615,7 +615,8 @@ fn a_request_never_finished_is_cut_off() {
     let started = Instant::now();
     let (status, doc) = call(&server.addr, "GET", "/v1/sandboxes", &alice, None);
     assert_eq!(status, 200, "{doc}");
-    slow.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     let mut rest = Vec::new();
     // Closed by the server (EOF or reset), not by our read timeout.
     match slow.read_to_end(&mut rest) {
