@@ -28,6 +28,21 @@ use serde_json::json;
 /// The control-plane target (issue 10): at most 5 ms per attempt (median).
 const TARGET_OVERHEAD_MS: f64 = 5.0;
 
+/// The phases of one accepted attempt, as the pipeline steps through them (one durable step
+/// each) and as the raw path does the same provider work: claiming it; making the sandbox and
+/// staging the repository; the agent; capturing the workspace and committing it; the validator
+/// in a fresh sandbox staged with that commit, and removing that sandbox; the checkpoint, the
+/// attempt's evidence and removing its sandbox; the mission's end.
+const PHASES: [&str; 7] = [
+    "claim",
+    "stage",
+    "agent",
+    "capture",
+    "validate",
+    "checkpoint",
+    "finish",
+];
+
 /// Tasks in the several-task mission: its per-mission work (the work repository, the lease,
 /// the final state) is shared by this many attempts, as in a real mission.
 const TASKS_PER_MISSION: usize = 5;
@@ -102,7 +117,8 @@ async fn stage(provider: &dyn Provider, id: &NativeId, commit: &str) -> Result<(
     Ok(())
 }
 
-/// The provider operations of one attempt, without the control plane.
+/// The provider operations of one attempt, without the control plane: the whole, and each
+/// phase of [`PHASES`].
 async fn raw_attempt(
     ctx: &BenchContext,
     provider: &Arc<dyn Provider>,
@@ -110,8 +126,10 @@ async fn raw_attempt(
     base: &str,
     evidence: &Path,
     n: usize,
-) -> Result<Duration> {
+) -> Result<(Duration, Vec<f64>)> {
     let started = Instant::now();
+    let mut laps = Laps::new(started);
+    laps.lap(); // claim: nothing to do without a control plane
     let labels = berth_contract::Labels {
         owner: ctx.ledger.owner().to_owned(),
         run_id: ctx.ledger.run_id().to_owned(),
@@ -127,7 +145,9 @@ async fn raw_attempt(
     let files = provider.require_files()?;
     files.write(&id, ".berth-input.bundle", bundle).await?;
     stage(provider.as_ref(), &id, base).await?;
+    laps.lap();
     sh(provider.as_ref(), &id, "true", Some("repo")).await?;
+    laps.lap();
     // The capture: the same archive exec the pipeline runs.
     let mut capture = ExecRequest::shell(berth_orchestrator::CAPTURE_SCRIPT);
     capture.cwd = Some("repo".into());
@@ -149,6 +169,7 @@ async fn raw_attempt(
     }
     let made = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let committed = files.read(&id, ".berth-output.bundle").await?;
+    laps.lap();
     // The validator's clean sandbox, staged with the commit.
     let frozen_req = berth_contract::CreateRequest::new(
         berth_contract::SandboxName(format!("{name}-v")),
@@ -167,6 +188,9 @@ async fn raw_attempt(
     )
     .await?;
     let verdict = files.read(&frozen, "repo/.berth-out").await?;
+    // Removed once judged, as the pipeline does.
+    provider.destroy(&frozen).await?;
+    laps.lap();
     provider.require_snapshots()?.snapshot(&id).await?;
     // The attempt's evidence kept the way a script would: the files copied into a directory
     // with their checksums (the pipeline publishes a bundle: redacted, hashed, indexed).
@@ -183,22 +207,47 @@ async fn raw_attempt(
         let _ = writeln!(sums, "{}  {name}", hex::encode(sha2::Sha256::digest(bytes)));
     }
     std::fs::write(kept.join("SHA256SUMS"), sums)?;
-    provider.destroy(&frozen).await?;
     provider.destroy(&id).await?;
-    Ok(started.elapsed())
+    laps.lap();
+    laps.lap(); // finish: nothing to do without a control plane
+    Ok((started.elapsed(), laps.phases))
+}
+
+/// Phase durations in milliseconds, each from the end of the one before.
+struct Laps {
+    last: Instant,
+    phases: Vec<f64>,
+}
+
+impl Laps {
+    fn new(started: Instant) -> Self {
+        Laps {
+            last: started,
+            phases: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self) {
+        let now = Instant::now();
+        self.phases.push(ms(now - self.last));
+        self.last = now;
+    }
 }
 
 /// One mission through the pipeline, one accepted attempt per task. Registration (bundling the
 /// repository) is not part of an attempt and is not timed.
-async fn mission_run(ctx: &BenchContext, file: &Path) -> Result<Duration> {
+/// Returns the whole and the time of each step the runner reports (for one task: the phases of
+/// [`PHASES`]).
+async fn mission_run(ctx: &BenchContext, file: &Path) -> Result<(Duration, Vec<f64>)> {
     let orch = crate::orchestrator(ctx);
     let id = orch.create(file).await?;
     let started = Instant::now();
-    let state = orch.run(&id, &mut |_| {}).await?;
+    let mut laps = Laps::new(started);
+    let state = orch.run(&id, &mut |_| laps.lap()).await?;
     if state != MissionState::Succeeded {
         bail!("bench mission {id} ended {state:?}");
     }
-    Ok(started.elapsed())
+    Ok((started.elapsed(), laps.phases))
 }
 
 /// `berth mission bench`.
@@ -218,25 +267,46 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
     let evidence = scratch.path().join("raw-evidence");
 
     let (mut raw, mut through) = (Vec::new(), Vec::new());
+    // Per phase: each pair's difference, and each side.
+    let mut phase_pairs = vec![Vec::new(); PHASES.len()];
+    let mut phase_sides = vec![(Vec::new(), Vec::new()); PHASES.len()];
     for n in 0..attempts {
         ctx.progress
             .say(&format!("mission bench: paired attempts {n}/{attempts}"));
         // Which of the pair goes first alternates, so neither always follows the other.
         let raw_first = n % 2 == 0;
+        let mut raw_run = None;
         if raw_first {
-            raw.push(ms(raw_attempt(
-                &ctx, &provider, &bundle, &base, &evidence, n,
-            )
-            .await?));
+            raw_run = Some(raw_attempt(&ctx, &provider, &bundle, &base, &evidence, n).await?);
         }
-        through.push(ms(mission_run(&ctx, &file).await?));
+        let (mission, mission_phases) = mission_run(&ctx, &file).await?;
         if !raw_first {
-            raw.push(ms(raw_attempt(
-                &ctx, &provider, &bundle, &base, &evidence, n,
-            )
-            .await?));
+            raw_run = Some(raw_attempt(&ctx, &provider, &bundle, &base, &evidence, n).await?);
+        }
+        let (raw_whole, raw_phases) = raw_run.expect("run on one side of the mission");
+        raw.push(ms(raw_whole));
+        through.push(ms(mission));
+        if mission_phases.len() == PHASES.len() && raw_phases.len() == PHASES.len() {
+            for (i, (m, r)) in mission_phases.iter().zip(&raw_phases).enumerate() {
+                phase_pairs[i].push(m - r);
+                phase_sides[i].0.push(*m);
+                phase_sides[i].1.push(*r);
+            }
         }
     }
+    let phases: Vec<serde_json::Value> = PHASES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            json!({
+                "phase": name,
+                "mission_ms_median": median(&mut phase_sides[i].0),
+                "raw_ms_median": median(&mut phase_sides[i].1),
+                "overhead_ms_median": median(&mut phase_pairs[i]),
+                "n": phase_pairs[i].len(),
+            })
+        })
+        .collect();
     // The overhead is the median of each pair's difference
     // (robust to the machine's drift during the run, unlike a difference of two medians).
     let mut pairs: Vec<f64> = through.iter().zip(&raw).map(|(m, r)| m - r).collect();
@@ -255,15 +325,17 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
             let mut total = 0.0;
             for n in 0..TASKS_PER_MISSION {
                 let tag = 1000 + round * 100 + n;
-                total += ms(raw_attempt(&ctx, &provider, &bundle, &base, &evidence, tag).await?);
+                total += ms(raw_attempt(&ctx, &provider, &bundle, &base, &evidence, tag)
+                    .await?
+                    .0);
             }
             Ok::<f64, crate::BenchError>(total)
         };
         let (mission, raws) = if round % 2 == 0 {
             let raws = raw_batch().await?;
-            (ms(mission_run(&ctx, &several).await?), raws)
+            (ms(mission_run(&ctx, &several).await?.0), raws)
         } else {
-            let mission = ms(mission_run(&ctx, &several).await?);
+            let mission = ms(mission_run(&ctx, &several).await?.0);
             (mission, raw_batch().await?)
         };
         shared.push((mission - raws) / TASKS_PER_MISSION as f64);
@@ -284,7 +356,7 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
             while launched < total && set.len() < level {
                 let ctx = ctx.clone();
                 let file = file.clone();
-                set.spawn(async move { mission_run(&ctx, &file).await });
+                set.spawn(async move { mission_run(&ctx, &file).await.map(|(whole, _)| whole) });
                 launched += 1;
             }
             if let Some(done) = set.join_next().await {
@@ -308,6 +380,8 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
         "attempt_ms": { "mission_median": median(&mut through.clone()), "mission_p95": p95(&mut through.clone()), "raw_median": median(&mut raw.clone()), "raw_p95": p95(&mut raw.clone()), "n": attempts },
         "control_plane_overhead_ms_median": overhead,
         "overhead_statistic": "median of paired differences (each mission attempt minus the raw attempt paired with it; which runs first alternates)",
+        "phases": phases,
+        "phases_note": "one accepted attempt's steps as the runner reports them, against the raw path's same provider work; medians of paired differences per phase (they need not add up to the whole's median)",
         "target_overhead_ms": TARGET_OVERHEAD_MS,
         "meets_target": overhead <= TARGET_OVERHEAD_MS,
         "several_tasks": {
@@ -333,6 +407,24 @@ pub async fn bench(ctx: BenchContext, attempts: usize, concurrency: Vec<usize>) 
             text,
             "control-plane overhead per attempt (median of paired differences): {overhead:.1} ms — target ≤ {TARGET_OVERHEAD_MS} ms: {}",
             if overhead <= TARGET_OVERHEAD_MS { "met" } else { "NOT met" }
+        );
+        let _ = writeln!(
+            text,
+            "  per phase (medians; overhead = median of paired differences): {}",
+            doc["phases"]
+                .as_array()
+                .map(|phases| phases
+                    .iter()
+                    .map(|p| format!(
+                        "{} {:.1} vs {:.1} ({:+.1})",
+                        p["phase"].as_str().unwrap_or("?"),
+                        p["mission_ms_median"].as_f64().unwrap_or(f64::NAN),
+                        p["raw_ms_median"].as_f64().unwrap_or(f64::NAN),
+                        p["overhead_ms_median"].as_f64().unwrap_or(f64::NAN)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; "))
+                .unwrap_or_default()
         );
         let _ = writeln!(
             text,
