@@ -404,6 +404,56 @@ fn port_forwards_a_web_server_on_docker_with_network_none() {
     assert_eq!(code, 0, "{doc}");
 }
 
+/// bwrap with network `host` shares this machine's loopback, so a forward reaches a server in
+/// it; without it, every command has a network namespace of its own, and a connection through
+/// the forward is closed with the reason.
+#[test]
+fn port_forwards_a_web_server_on_bwrap_with_network_host_only() {
+    let home = Home::new();
+    let (code, doc) = home.json(&["create", "-p", "bwrap", "--network", "host"]);
+    if code != 0 && std::env::var_os("BERTH_SKIP_BWRAP").is_some() {
+        eprintln!("SKIPPED (BERTH_SKIP_BWRAP set): {doc}");
+        return;
+    }
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    serve_through_port(&home, &id, port);
+    let (code, doc) = home.json(&["destroy", &id]);
+    assert_eq!(code, 0, "{doc}");
+
+    // Without network `host`: the forward listens, and each connection is closed with the
+    // reason on berth's stderr.
+    let (code, doc) = home.json(&["create", "-p", "bwrap"]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let mut fwd = forward(&home, &id, 8080, None);
+    let mut stream = TcpStream::connect(&fwd.local).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let _ = write!(stream, "GET / HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    assert!(answer.is_empty(), "{}", text(&answer));
+    let mut stderr = fwd.child.stderr.take().unwrap();
+    let _ = fwd.child.kill();
+    let _ = fwd.child.wait();
+    let mut said = String::new();
+    stderr.read_to_string(&mut said).unwrap();
+    assert!(
+        said.contains("without network `host`"),
+        "berth port said: {said}"
+    );
+    drop(fwd);
+    let (code, doc) = home.json(&["destroy", &id]);
+    assert_eq!(code, 0, "{doc}");
+}
+
 /// A forward answers on loopback only, and a hostile or wrong target is refused cleanly.
 #[test]
 fn port_refuses_non_loopback_addresses_and_unknown_sandboxes() {
