@@ -181,21 +181,25 @@ impl Layout {
 
     /// Records, before it starts, that a command is about to run in the sandbox: the file
     /// stays until [`CommandMark::contained`] proves nothing it started is left. Destroy
-    /// searches the process table for leftovers only while such a file exists (or in a sandbox
-    /// made before these files were kept).
+    /// searches the process table for leftovers only while such a file exists, or in a sandbox
+    /// made before these files were kept (no `running/`: nothing is recorded, and destroy
+    /// always searches).
     pub(crate) fn command_started(&self, name: &str) -> Result<CommandMark> {
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce).expect("the OS random source works");
-        let path = self
-            .sandbox(name)
-            .join(RUNNING_DIR)
-            .join(hex::encode(nonce));
-        std::fs::OpenOptions::new()
+        let running = self.sandbox(name).join(RUNNING_DIR);
+        let path = running.join(hex::encode(nonce));
+        match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(|e| io_error("record a command as running", e))?;
-        Ok(CommandMark(path))
+        {
+            Ok(_) => Ok(CommandMark(Some(path))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && self.sandbox(name).is_dir() => {
+                Ok(CommandMark(None))
+            }
+            Err(e) => Err(io_error("record a command as running", e)),
+        }
     }
 
     /// Whether a process started in the sandbox may still be alive.
@@ -298,14 +302,17 @@ impl Layout {
     }
 }
 
-/// A command recorded as running (see [`Layout::command_started`]).
+/// A command recorded as running (see [`Layout::command_started`]); `None` in a sandbox that
+/// keeps no records.
 #[derive(Debug)]
-pub(crate) struct CommandMark(PathBuf);
+pub(crate) struct CommandMark(Option<PathBuf>);
 
 impl CommandMark {
     /// Nothing the command started is left: forget it.
     pub(crate) fn contained(self) {
-        let _ = std::fs::remove_file(&self.0);
+        if let Some(path) = self.0 {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

@@ -148,12 +148,12 @@ impl<L: Launcher> LocalProvider<L> {
         &self.config
     }
 
-    /// The name, host-side workspace and network of a ready sandbox.
     /// Records a command about to start in the sandbox ([`Layout::command_started`]).
     pub(crate) fn command_started(&self, id: &NativeId) -> Result<layout::CommandMark> {
         self.layout.command_started(&layout::checked_name(&id.0)?)
     }
 
+    /// The name, host-side workspace and network of a ready sandbox.
     pub(crate) fn ready_named(&self, id: &NativeId) -> Result<(String, PathBuf, NetworkMode)> {
         let meta = self.ready(id)?;
         let workspace = self.layout.workspace(&meta.name);

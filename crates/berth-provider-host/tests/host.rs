@@ -280,6 +280,27 @@ async fn a_command_that_killed_its_reaper_is_searched_for_at_destroy() {
     assert!(wait_gone(escaped), "destroy left process {escaped} running");
 }
 
+/// A sandbox made before commands were recorded (no `running/`) still runs commands, and its
+/// destroy always searches the process table.
+#[tokio::test]
+async fn a_sandbox_without_command_records_still_works_and_is_searched() {
+    let f = fixture_with(None);
+    let id = create(&f.host, "bx-oldstyle").await;
+    std::fs::remove_dir(f._state.path().join("sandboxes/bx-oldstyle/running")).unwrap();
+    let out = sh(
+        &f.host,
+        &id,
+        "setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' </dev/null >/dev/null 2>&1 & \
+         while [ ! -s escaped.pid ]; do sleep 0.01; done",
+    )
+    .await;
+    assert_eq!(out.status, ExitStatus::Exited { code: 0 });
+    let escaped = read_pid(&f.host, &id, "escaped.pid");
+    assert!(!process_gone(escaped));
+    f.host.destroy(&id).await.unwrap();
+    assert!(wait_gone(escaped), "destroy left process {escaped} running");
+}
+
 #[tokio::test]
 async fn signalled_and_missing_program_are_not_fabricated_exit_codes() {
     let f = fixture();
