@@ -367,16 +367,22 @@ fn serve_through_port(home: &Home, id: &str, port: u16) {
     assert_eq!(doc["forwards"].as_array().unwrap().len(), 0, "{doc}");
 }
 
+/// A port nothing listens on at this moment on this machine's loopback (which host sandboxes,
+/// and bwrap ones with network `host`, share).
+fn free_loopback_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 #[test]
 fn port_forwards_a_web_server_on_host() {
     let home = Home::new();
     let id = home.create("tester");
     // A free port on this machine (the host sandbox shares its loopback).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_loopback_port();
     serve_through_port(&home, &id, port);
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");
@@ -417,11 +423,7 @@ fn port_forwards_a_web_server_on_bwrap_with_network_host_only() {
     }
     assert_eq!(code, 0, "{doc}");
     let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_loopback_port();
     serve_through_port(&home, &id, port);
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");

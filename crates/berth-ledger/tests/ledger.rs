@@ -45,6 +45,14 @@ async fn ledger(world: &World, owner: &str, run: &str) -> Ledger {
     Ledger::new(Store::open(&world.db).await.unwrap(), owner, run)
 }
 
+/// A sweep that also lists the host provider by owner label.
+fn discovering_host() -> SweepScope {
+    SweepScope {
+        discover: vec!["host".into()],
+        ..Default::default()
+    }
+}
+
 async fn create(ledger: &Ledger, host: &Arc<dyn Provider>) -> String {
     let provider = host.clone();
     ledger
@@ -225,13 +233,7 @@ async fn sandboxes_without_berth_labels_survive_discovery() {
         .unwrap();
     let alice = ledger(&w, "alice", "run-a").await;
     let report = alice
-        .sweep(
-            &w.registry.bind(&w.config),
-            &SweepScope {
-                discover: vec!["host".into()],
-                ..Default::default()
-            },
-        )
+        .sweep(&w.registry.bind(&w.config), &discovering_host())
         .await
         .unwrap();
     assert!(report.entries.is_empty(), "{report:?}");
@@ -259,13 +261,7 @@ async fn discovery_never_destroys_what_no_row_of_this_store_names() {
         .unwrap();
     assert!(plain.entries.is_empty());
     let report = other_home
-        .sweep(
-            &w.registry.bind(&w.config),
-            &SweepScope {
-                discover: vec!["host".into()],
-                ..Default::default()
-            },
-        )
+        .sweep(&w.registry.bind(&w.config), &discovering_host())
         .await
         .unwrap();
     assert_eq!(report.entries.len(), 1);
@@ -416,13 +412,7 @@ async fn discovery_adopts_this_stores_sandbox_whose_row_was_lost() {
         .unwrap();
     assert!(alice.row("bx-lost").await.is_err());
     let report = alice
-        .sweep(
-            &w.registry.bind(&w.config),
-            &SweepScope {
-                discover: vec!["host".into()],
-                ..Default::default()
-            },
-        )
+        .sweep(&w.registry.bind(&w.config), &discovering_host())
         .await
         .unwrap();
     let actions: Vec<_> = report
@@ -520,9 +510,8 @@ async fn adoption_refuses_a_label_naming_another_sandbox_or_another_stores_token
         .sweep(
             &w.registry.bind(&w.config),
             &SweepScope {
-                discover: vec!["host".into()],
                 run_id: Some("run-none".into()),
-                ..Default::default()
+                ..discovering_host()
             },
         )
         .await
