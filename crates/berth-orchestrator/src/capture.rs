@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::hostgit::{git, git_with_input, Transport};
+use crate::hostgit::{git, git_with_input, spawn_git, RunningGit, Transport};
 use crate::OrchestratorError;
 
 /// Run in the attempt's repository (`sh -c`, a constant: nothing is interpolated). Writes a tar
@@ -374,6 +374,56 @@ pub(crate) fn bundle(repo: &Path, refname: &str, path: &Path) -> Result<u64, Orc
     let size = std::fs::metadata(&temp).map_err(fail)?.len();
     std::fs::rename(&temp, path).map_err(fail)?;
     Ok(size)
+}
+
+/// Starts `git diff` of `refname` against the mission's `base` (the attempt's patch, binary
+/// changes included), running beside the caller's other work on the same repository.
+pub(crate) fn start_patch(
+    repo: &Path,
+    base: &str,
+    refname: &str,
+) -> Result<RunningGit, OrchestratorError> {
+    if !is_commit_id(base) {
+        return Err(OrchestratorError::Corrupt(format!(
+            "`{}` is not a commit id",
+            base.escape_debug()
+        )));
+    }
+    spawn_git(
+        repo,
+        Transport::None,
+        &[
+            "diff",
+            "--no-color",
+            "--no-ext-diff",
+            "--binary",
+            base,
+            refname,
+            "--",
+        ],
+        None,
+    )
+}
+
+/// Writes the patch `running` produces to `path`, mode 0600, atomically: git's exact bytes
+/// (every changed line, trailing whitespace included).
+pub(crate) fn write_patch(running: RunningGit, path: &Path) -> Result<(), OrchestratorError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let patch = running.finish()?;
+    let temp = path.with_extension("patch.partial");
+    let fail = |e: std::io::Error| {
+        OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
+    };
+    let _ = std::fs::remove_file(&temp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .and_then(|mut f| f.write_all(&patch))
+        .map_err(fail)?;
+    std::fs::rename(&temp, path).map_err(fail)
 }
 
 #[cfg(test)]

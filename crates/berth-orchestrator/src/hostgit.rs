@@ -57,6 +57,25 @@ pub(crate) fn git_with_input(
     args: &[&str],
     input: Option<&[u8]>,
 ) -> Result<Vec<u8>, OrchestratorError> {
+    spawn_git(dir, transport, args, input)?.finish()
+}
+
+/// A hardened git process started by [`spawn_git`], running beside the caller until
+/// [`RunningGit::finish`].
+pub(crate) struct RunningGit {
+    child: std::process::Child,
+    feeder: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    what: String,
+}
+
+/// Starts hardened git (see [`git_over`]) and returns without waiting for it, so independent
+/// git work on Berth's own repository can run at once.
+pub(crate) fn spawn_git(
+    dir: &Path,
+    transport: Transport<'_>,
+    args: &[&str],
+    input: Option<&[u8]>,
+) -> Result<RunningGit, OrchestratorError> {
     let mut cmd = std::process::Command::new("git");
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -92,8 +111,7 @@ pub(crate) fn git_with_input(
             Some(_) => std::process::Stdio::piped(),
             None => std::process::Stdio::null(),
         });
-    let cannot = |e: std::io::Error| OrchestratorError::Repository(format!("cannot run git: {e}"));
-    let mut child = cmd.spawn().map_err(cannot)?;
+    let mut child = cmd.spawn().map_err(cannot_run)?;
     // stdin is written from another thread so a large input cannot deadlock against output.
     let feeder = match (input, child.stdin.take()) {
         (Some(bytes), Some(mut stdin)) => {
@@ -102,19 +120,33 @@ pub(crate) fn git_with_input(
         }
         _ => None,
     };
-    let out = child.wait_with_output().map_err(cannot)?;
-    if let Some(feeder) = feeder {
-        let _ = feeder.join();
+    Ok(RunningGit {
+        child,
+        feeder,
+        what: format!("git {} in {}", args.join(" "), dir.display()),
+    })
+}
+
+fn cannot_run(e: std::io::Error) -> OrchestratorError {
+    OrchestratorError::Repository(format!("cannot run git: {e}"))
+}
+
+impl RunningGit {
+    /// Waits for the process; its stdout, or its failure with its stderr.
+    pub(crate) fn finish(self) -> Result<Vec<u8>, OrchestratorError> {
+        let out = self.child.wait_with_output().map_err(cannot_run)?;
+        if let Some(feeder) = self.feeder {
+            let _ = feeder.join();
+        }
+        if !out.status.success() {
+            return Err(OrchestratorError::Repository(format!(
+                "{}: {}",
+                self.what,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(out.stdout)
     }
-    if !out.status.success() {
-        return Err(OrchestratorError::Repository(format!(
-            "git {} in {}: {}",
-            args.join(" "),
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(out.stdout)
 }
 
 /// Copies a source tree, never a `.git` entry of any type or case (a `.git` *file* —

@@ -617,6 +617,19 @@ pub(crate) fn attempt_bundle(
         .join(format!("{}.attempt-{ordinal}.bundle", task.id))
 }
 
+/// Where an attempt's patch against the mission's base is kept, made at capture. Named by the
+/// commit it describes, so a patch is never read for a different commit.
+pub(crate) fn attempt_patch(
+    orch: &Orchestrator<'_>,
+    mission: &str,
+    task: &Task,
+    ordinal: u32,
+    commit: &str,
+) -> std::path::PathBuf {
+    orch.mission_dir(mission)
+        .join(format!("{}.attempt-{ordinal}.{commit}.patch", task.id))
+}
+
 /// The staging command: `.berth-input.bundle` checked out at `$BERTH_COMMIT` as `repo/`.
 pub const STAGE_SCRIPT: &str = "rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q --detach \"$BERTH_COMMIT\" && rm -f .berth-input.bundle";
 

@@ -11,7 +11,6 @@ use berth_harness::Harness;
 use berth_mission::authority::{AttemptKey, AttemptRecord};
 use berth_mission::file::Task;
 
-use crate::hostgit::git;
 use crate::pipeline::{attempt_bundle, attempt_ref};
 use crate::{MissionSpec, Orchestrator, OrchestratorError};
 
@@ -155,6 +154,26 @@ fn read_bounded(path: &Path) -> Option<(Vec<u8>, Option<u64>)> {
     Some((bytes, truncated_from))
 }
 
+/// The attempt's patch against the mission's base: the one made at capture, or — for an
+/// attempt captured before patches were kept, or whose file a crash took — `git diff` now.
+fn patch(
+    orch: &Orchestrator<'_>,
+    spec: &MissionSpec,
+    mission: &str,
+    task: &Task,
+    attempt: &AttemptRecord,
+    commit: &str,
+) -> Result<Vec<u8>, OrchestratorError> {
+    let kept = crate::pipeline::attempt_patch(orch, mission, task, attempt.ordinal, commit);
+    if std::fs::symlink_metadata(&kept).is_ok_and(|m| m.file_type().is_file()) {
+        if let Ok(bytes) = std::fs::read(&kept) {
+            return Ok(bytes);
+        }
+    }
+    let repo = crate::capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+    crate::capture::start_patch(&repo, &spec.base_commit, &attempt_ref(&attempt.key))?.finish()
+}
+
 /// Token usage summed from the gateway's journal (`None`: no journal or no usage reported).
 fn usage(journal: &Path) -> Option<serde_json::Value> {
     let entries = berth_gateway::Journal::read(journal).ok()?;
@@ -186,28 +205,11 @@ async fn gather(
     let (mut files, mut withheld) = (Vec::new(), Vec::new());
     let dir = orch.mission_dir(mission);
     // The patch and the git bundle of the captured commit, when there is one.
-    if lifecycle.commit.is_some() {
-        let repo = crate::capture::work_repo(&dir, &spec.base_bundle)?;
-        let diff = git(
-            &repo,
-            &[
-                "diff",
-                "--no-color",
-                "--no-ext-diff",
-                "--binary",
-                &spec.base_commit,
-                &attempt_ref(&attempt.key),
-                "--",
-            ],
-        )?;
+    if let Some(commit) = &lifecycle.commit {
         files.push(BundleFile {
             path: "patch.diff".into(),
             mime: "text/x-diff".into(),
-            bytes: if diff.is_empty() {
-                diff.into_bytes()
-            } else {
-                format!("{diff}\n").into_bytes()
-            },
+            bytes: patch(orch, spec, mission, task, attempt, commit)?,
             opaque: false,
             truncated_from: None,
         });

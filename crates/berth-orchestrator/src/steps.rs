@@ -245,8 +245,17 @@ impl Attempt<'_, '_> {
             &format!("berth: {} (attempt {})", task.id, attempt.ordinal),
             &captured,
         )?;
+        // The patch the attempt's artifacts carry, made now beside the bundle (two git
+        // processes at once) rather than as a step of its own at publication.
+        let patch = capture::start_patch(&repo, &spec.base_commit, &attempt_ref(key))?;
         let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-        let bytes = capture::bundle(&repo, &attempt_ref(key), &bundle)?;
+        let bytes = capture::bundle(&repo, &attempt_ref(key), &bundle);
+        let patched = capture::write_patch(
+            patch,
+            &attempt_patch(orch, mission, task, attempt.ordinal, &commit),
+        );
+        let bytes = bytes?;
+        patched?;
         self.reached(
             Phase::Frozen,
             format!(
