@@ -105,6 +105,7 @@ pub(crate) fn orchestrator(ctx: &BenchContext) -> berth_orchestrator::Orchestrat
         lease: Default::default(),
         gateways: Default::default(),
         settled: Default::default(),
+        last_stored: Default::default(),
     }
 }
 

@@ -349,6 +349,19 @@ fn a_mission_can_start_from_a_git_url() {
             "-m",
             "upstream",
         ],
+        // The upstream's HEAD moves on to another branch: the mission still starts at trunk.
+        vec!["checkout", "-q", "-b", "later"],
+        vec![
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@l",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "LATER",
+        ],
     ] {
         assert!(Command::new("git")
             .arg("-C")
@@ -376,6 +389,37 @@ fn a_mission_can_start_from_a_git_url() {
     );
     let id = only_mission(home.path());
     assert_example_succeeded(home.path(), &id);
+    // The task's bundle: the accepted commit on trunk, not on `later`.
+    let bundle = home
+        .path()
+        .join("missions")
+        .join(&id)
+        .join("fix-add.bundle");
+    let heads = Command::new("git")
+        .args(["-C", home.path().to_str().unwrap(), "bundle", "list-heads"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    let heads = String::from_utf8_lossy(&heads.stdout);
+    assert_eq!(heads.lines().count(), 1, "{heads}");
+    assert!(heads.trim_end().ends_with(" HEAD"), "{heads}");
+    let clone = home.path().join("final");
+    assert!(Command::new("git")
+        .args(["clone", "-q"])
+        .arg(&bundle)
+        .arg(&clone)
+        .status()
+        .unwrap()
+        .success());
+    let subjects = Command::new("git")
+        .arg("-C")
+        .arg(&clone)
+        .args(["log", "--format=%s"])
+        .output()
+        .unwrap();
+    let subjects = String::from_utf8_lossy(&subjects.stdout);
+    assert!(subjects.contains("upstream"), "{subjects}");
+    assert!(!subjects.contains("LATER"), "{subjects}");
 }
 
 /// A repository cannot run code on the host: a `.git` *file* pointing at a gitdir with a

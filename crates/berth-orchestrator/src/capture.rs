@@ -229,7 +229,7 @@ pub(crate) fn work_repo(
             mission_dir,
             &["init", "-q", "--bare", "--", &temp.to_string_lossy()],
         )?;
-        fetch_bundle(&temp, base_bundle)?;
+        fetch_bundle(&temp, base_bundle, &["+HEAD:refs/imported/HEAD"])?;
         std::fs::rename(&temp, &repo).map_err(|e| {
             OrchestratorError::Repository(format!("cannot create {}: {e}", repo.display()))
         })
@@ -244,21 +244,20 @@ pub(crate) fn work_repo(
     made.map(|()| repo)
 }
 
-fn fetch_bundle(repo: &Path, bundle: &Path) -> Result<(), OrchestratorError> {
-    git_with_input(
-        repo,
-        Transport::Scheme("file"),
-        &[
-            "fetch",
-            "-q",
-            "--no-tags",
-            "--",
-            &bundle.to_string_lossy(),
-            "+refs/*:refs/imported/*",
-        ],
-        None,
-    )
-    .map(|_| ())
+/// Fetches every branch of `bundle` into `repo`, and `also` (refspecs: a task's bundle names
+/// only its `HEAD`).
+fn fetch_bundle(repo: &Path, bundle: &Path, also: &[&str]) -> Result<(), OrchestratorError> {
+    let bundle = bundle.to_string_lossy();
+    let mut args = vec![
+        "fetch",
+        "-q",
+        "--no-tags",
+        "--",
+        &bundle,
+        "+refs/*:refs/imported/*",
+    ];
+    args.extend_from_slice(also);
+    git_with_input(repo, Transport::Scheme("file"), &args, None).map(|_| ())
 }
 
 /// Commits `capture` as a child of `parent` at `refname` in `repo` and returns the commit id.
@@ -291,7 +290,7 @@ pub(crate) fn commit(
     // The parent is normally here already (the base, or the previous task's commit); when it
     // is not (a repository made before it existed), the input bundle brings it.
     if import().is_err() {
-        fetch_bundle(repo, input)?;
+        fetch_bundle(repo, input, &["+HEAD:refs/imported/input-HEAD"])?;
         import()?;
     }
     let exported = std::fs::read_to_string(&marks);
@@ -342,8 +341,10 @@ pub(crate) fn copy_bundle(from: &Path, path: &Path) -> Result<u64, OrchestratorE
     Ok(size)
 }
 
-/// Writes a bundle of `refname` (with its whole history, and as its HEAD so that a plain
-/// `git clone` checks it out) to `path`, mode 0600, atomically. Returns its size.
+/// Writes a bundle of `refname`'s commit with its whole history, as the bundle's only ref,
+/// `HEAD` (a plain `git clone` checks it out, detached), to `path`, mode 0600, atomically.
+/// Returns its size. No branch: cloning a bundle that names one also makes a local branch, a
+/// remote-tracking ref and their configuration, which made each staging about 4 ms slower.
 pub(crate) fn bundle(repo: &Path, refname: &str, path: &Path) -> Result<u64, OrchestratorError> {
     use std::os::unix::fs::PermissionsExt;
     let temp = path.with_extension("bundle.partial");
@@ -358,14 +359,7 @@ pub(crate) fn bundle(repo: &Path, refname: &str, path: &Path) -> Result<u64, Orc
         })?;
     git(
         repo,
-        &[
-            "bundle",
-            "create",
-            "-q",
-            &temp.to_string_lossy(),
-            "HEAD",
-            refname,
-        ],
+        &["bundle", "create", "-q", &temp.to_string_lossy(), "HEAD"],
     )?;
     let fail = |e: std::io::Error| {
         OrchestratorError::Repository(format!("cannot write {}: {e}", path.display()))
@@ -518,5 +512,83 @@ mod tests {
         assert!(is_commit_id(&"a".repeat(40)));
         assert!(!is_commit_id("HEAD; echo INJECTED"));
         assert!(!is_commit_id(&"g".repeat(40)));
+    }
+
+    /// A task's bundle names only `HEAD`; a work repository that lacks the task's commit (made
+    /// again from the base) still gets it from that bundle when the next task commits on it.
+    /// It fails when the bundle's `HEAD` is not fetched.
+    #[test]
+    fn a_commit_on_a_parent_only_a_head_bundle_holds() {
+        use tar::EntryType::Regular;
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("source");
+        std::fs::create_dir_all(&source).unwrap();
+        git(&source, &["init", "-q", "-b", "main"]).unwrap();
+        std::fs::write(source.join("README"), "base\n").unwrap();
+        git(&source, &["add", "README"]).unwrap();
+        git(
+            &source,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "-m",
+                "base",
+            ],
+        )
+        .unwrap();
+        let base = git(&source, &["rev-parse", "HEAD"]).unwrap();
+        let base_bundle = dir.path().join("base.bundle");
+        git(
+            &source,
+            &[
+                "bundle",
+                "create",
+                "-q",
+                &base_bundle.to_string_lossy(),
+                "--all",
+            ],
+        )
+        .unwrap();
+        let capture = |text: &[u8]| parse(&archive(&[(b"README", Regular, 0o644, text)])).unwrap();
+
+        let first = dir.path().join("first");
+        std::fs::create_dir_all(&first).unwrap();
+        let repo = work_repo(&first, &base_bundle).unwrap();
+        let one = commit(
+            &repo,
+            &base_bundle,
+            "refs/heads/berth/a",
+            &base,
+            "one",
+            &capture(b"one\n"),
+        )
+        .unwrap();
+        let task_bundle = dir.path().join("task.bundle");
+        bundle(&repo, "refs/heads/berth/a", &task_bundle).unwrap();
+        let heads = git(
+            dir.path(),
+            &["bundle", "list-heads", &task_bundle.to_string_lossy()],
+        )
+        .unwrap();
+        assert_eq!(heads, format!("{one} HEAD"));
+
+        // A repository made from the base alone: the parent comes from the task's bundle.
+        let second = dir.path().join("second");
+        std::fs::create_dir_all(&second).unwrap();
+        let repo = work_repo(&second, &base_bundle).unwrap();
+        let two = commit(
+            &repo,
+            &task_bundle,
+            "refs/heads/berth/b",
+            &one,
+            "two",
+            &capture(b"two\n"),
+        )
+        .unwrap();
+        assert_eq!(git(&repo, &["rev-parse", &format!("{two}^")]).unwrap(), one);
     }
 }

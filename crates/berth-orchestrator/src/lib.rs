@@ -152,6 +152,79 @@ pub struct Orchestrator<'a> {
     /// Attempts whose sandboxes this orchestrator has seen verified gone (or kept): every tick
     /// reconciles finished attempts, and these need it no more.
     pub settled: SettledAttempts,
+    /// The mission state this orchestrator last stored under its lease, so a tick need not
+    /// read it back.
+    pub last_stored: LastStored,
+}
+
+/// The mission state an orchestrator last stored while holding the mission's lease. As the
+/// mission's only writer it knows that what it appended is what the store holds, so the next
+/// tick starts from it instead of reading and parsing the record again. It is used only under
+/// the fence it was stored with: a lease released, lost or taken again, or an append that
+/// failed, sends the next tick to the store.
+#[derive(Debug, Default)]
+pub struct LastStored(std::sync::Mutex<Option<Stored>>);
+
+#[derive(Debug)]
+struct Stored {
+    mission: String,
+    fence: i64,
+    spec: std::sync::Arc<MissionSpec>,
+    record: MissionRecord,
+    seq: i64,
+}
+
+impl LastStored {
+    fn get(
+        &self,
+        mission: &str,
+        fence: Option<i64>,
+    ) -> Option<(std::sync::Arc<MissionSpec>, MissionRecord, i64)> {
+        let held = self.0.lock().ok()?;
+        let stored = held.as_ref()?;
+        (Some(stored.fence) == fence && stored.mission == mission)
+            .then(|| (stored.spec.clone(), stored.record.clone(), stored.seq))
+    }
+
+    fn loaded(
+        &self,
+        mission: &str,
+        fence: Option<i64>,
+        spec: &std::sync::Arc<MissionSpec>,
+        record: &MissionRecord,
+        seq: i64,
+    ) {
+        if let (Ok(mut held), Some(fence)) = (self.0.lock(), fence) {
+            *held = Some(Stored {
+                mission: mission.to_owned(),
+                fence,
+                spec: spec.clone(),
+                record: record.clone(),
+                seq,
+            });
+        }
+    }
+
+    /// After an append: the new state if it follows the one held, else nothing (`None`: the
+    /// append failed).
+    fn appended(&self, mission: &str, fence: Option<i64>, next: Option<(&MissionRecord, i64)>) {
+        let Ok(mut held) = self.0.lock() else { return };
+        match (held.as_mut(), next) {
+            (Some(stored), Some((record, seq)))
+                if stored.mission == mission && Some(stored.fence) == fence =>
+            {
+                stored.record = record.clone();
+                stored.seq = seq;
+            }
+            _ => *held = None,
+        }
+    }
+
+    fn forget(&self) {
+        if let Ok(mut held) = self.0.lock() {
+            *held = None;
+        }
+    }
 }
 
 /// Attempts an orchestrator has torn down completely (see [`Orchestrator::settled`]), and those
@@ -471,10 +544,22 @@ impl Orchestrator<'_> {
             &source,
             &["rev-parse", "--verify", &format!("{base}^{{commit}}")],
         )?;
+        // The base commit and its history, as the bundle's only ref (`HEAD`): a sandbox gets a
+        // checkout of it, never the source's other branches, and a clone makes no branch of
+        // its own (each one cost a staging about 4 ms). `source` is Berth's own repository.
+        if base != "HEAD" {
+            git(&source, &["update-ref", "--no-deref", "HEAD", &base_commit])?;
+        }
         let base_bundle = dir.join("base.bundle");
         git(
             &source,
-            &["bundle", "create", &base_bundle.to_string_lossy(), "--all"],
+            &[
+                "bundle",
+                "create",
+                "-q",
+                &base_bundle.to_string_lossy(),
+                "HEAD",
+            ],
         )?;
         // The mission's own repository, where attempts are committed on the host.
         capture::work_repo(&dir, &base_bundle)?;
@@ -576,7 +661,7 @@ impl Orchestrator<'_> {
             .iter()
             .map(|e| serde_json::to_string(e).expect("event serializes"))
             .collect();
-        let new_seq = self
+        let appended = self
             .store
             .mission_append(
                 id,
@@ -587,7 +672,20 @@ impl Orchestrator<'_> {
                 state_name(&next.state),
                 &facts,
             )
-            .await??;
+            .await;
+        let new_seq = match appended {
+            Ok(Ok(new_seq)) => new_seq,
+            Ok(Err(e)) => {
+                self.last_stored.appended(id, self.lease.fence(), None);
+                return Err(e.into());
+            }
+            Err(e) => {
+                self.last_stored.appended(id, self.lease.fence(), None);
+                return Err(e.into());
+            }
+        };
+        self.last_stored
+            .appended(id, self.lease.fence(), Some((&next, new_seq)));
         if let Some(hook) = self.boundary {
             (seq + 1..=new_seq).for_each(|n| hook(Boundary::AfterEvent(n)));
         }
@@ -597,7 +695,16 @@ impl Orchestrator<'_> {
     /// One tick: at most one new agent submission, or one recovery/reconciliation/finalization
     /// step. Returns what it did.
     pub async fn tick(&self, id: &str) -> Result<Step, OrchestratorError> {
-        let (spec, record, seq) = self.load(id).await?;
+        let fence = self.lease.fence();
+        let (spec, record, seq) = match self.last_stored.get(id, fence) {
+            Some(stored) => stored,
+            None => {
+                let (spec, record, seq) = self.load(id).await?;
+                let spec = std::sync::Arc::new(spec);
+                self.last_stored.loaded(id, fence, &spec, &record, seq);
+                (spec, record, seq)
+            }
+        };
         pipeline::reconcile(self, &spec, &record).await?;
         match authority::next(&record) {
             Next::Finished(state) => Ok(Step::Finished(state)),
@@ -659,7 +766,11 @@ impl Orchestrator<'_> {
         };
         let work = async {
             // Evidence a crash left unpublished (a rejected attempt's bundle) goes first.
-            let (spec, record, _) = self.load(id).await?;
+            let (spec, record, seq) = self.load(id).await?;
+            // Publication appends no event: the first tick starts from this state.
+            let spec = std::sync::Arc::new(spec);
+            self.last_stored
+                .loaded(id, self.lease.fence(), &spec, &record, seq);
             publication::republish_rejected(self, &spec, &record).await;
             self.run_ticks(id, progress).await
         };
@@ -668,6 +779,7 @@ impl Orchestrator<'_> {
             lost = keep => lost,
         };
         self.lease.0.store(0, std::sync::atomic::Ordering::SeqCst);
+        self.last_stored.forget();
         let released = self.store.mission_lease_release(id, fence).await;
         let state = outcome?;
         released?;
@@ -686,5 +798,71 @@ impl Orchestrator<'_> {
                 return Ok(state);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod last_stored_tests {
+    use super::*;
+
+    fn spec() -> std::sync::Arc<MissionSpec> {
+        let file = berth_mission::file::parse(
+            "m.toml",
+            r#"schema_version = 1
+name = "m"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "host"
+[harness]
+kind = "script"
+command = "true"
+[[tasks]]
+id = "t"
+instructions = "i"
+max_attempts = 1
+agent_timeout = "30s"
+[tasks.validator]
+command = "true"
+timeout = "30s"
+evidence = ["e"]
+"#,
+        )
+        .unwrap();
+        std::sync::Arc::new(MissionSpec {
+            spec_version: SPEC_VERSION,
+            file,
+            base_commit: "0".repeat(40),
+            base_bundle: "base.bundle".into(),
+            model_script: None,
+        })
+    }
+
+    /// What a runner stored is used only by the same mission under the same fence, follows
+    /// each append, and is dropped by a failed append, another mission's append or no lease.
+    #[test]
+    fn the_last_stored_state_is_used_only_under_its_fence() {
+        let last = LastStored::default();
+        let record = MissionRecord::new("m1", vec![("t".into(), 1, vec![])]);
+        last.loaded("m1", None, &spec(), &record, 3);
+        assert!(last.get("m1", None).is_none(), "kept without a lease");
+        last.loaded("m1", Some(7), &spec(), &record, 3);
+        assert_eq!(last.get("m1", Some(7)).map(|s| s.2), Some(3));
+        assert!(last.get("m1", Some(8)).is_none(), "another fence");
+        assert!(last.get("m2", Some(7)).is_none(), "another mission");
+        last.appended("m1", Some(7), Some((&record, 4)));
+        assert_eq!(last.get("m1", Some(7)).map(|s| s.2), Some(4));
+        last.appended("m1", Some(7), None);
+        assert!(last.get("m1", Some(7)).is_none(), "a failed append forgets");
+        last.loaded("m1", Some(7), &spec(), &record, 4);
+        last.appended("m1", Some(9), Some((&record, 5)));
+        assert!(
+            last.get("m1", Some(7)).is_none(),
+            "an append under another fence forgets"
+        );
+        last.loaded("m1", Some(7), &spec(), &record, 5);
+        last.forget();
+        assert!(last.get("m1", Some(7)).is_none());
     }
 }

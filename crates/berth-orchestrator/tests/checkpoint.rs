@@ -91,6 +91,7 @@ async fn providers_without_snapshots_checkpoint_the_workspace() {
         lease: Default::default(),
         gateways: Default::default(),
         settled: Default::default(),
+        last_stored: Default::default(),
     };
     let example =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test");

@@ -39,6 +39,7 @@ pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
         lease: Default::default(),
         gateways: Default::default(),
         settled: Default::default(),
+        last_stored: Default::default(),
     }
 }
 
