@@ -81,6 +81,15 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// A statement made in-process (the mission runner's hot path) failed.
+    #[error("store query failed: {what}")]
+    Direct {
+        /// What was being done.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: rusqlite::Error,
+    },
     /// A row holds a value this Berth cannot read.
     #[error("store row is corrupt: {0}")]
     Corrupt(String),
@@ -101,6 +110,8 @@ pub struct Store {
     durable: SqlitePool,
     /// The store's identity, read on first use.
     identity: std::sync::Arc<tokio::sync::OnceCell<String>>,
+    /// The same database in-process, for a mission runner's appends.
+    direct: std::sync::Arc<sqlite::direct::Direct>,
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
@@ -123,22 +134,21 @@ impl Store {
         let durable = SqlitePoolOptions::new()
             .max_connections(2)
             .connect_lazy_with(options.clone().synchronous(SqliteSynchronous::Full));
-        // Most opens find the schema current: a read-only check, with no lock, no write
-        // transaction and no fsync (a short-lived CLI process pays for each).
+        // Most opens find the schema current: a read-only check in-process, with no lock, no
+        // write transaction, no fsync and no connection thread (a short-lived CLI process pays
+        // for each); the pool then connects on its first query, which a command that only
+        // reads a ledger row never makes.
         if std::fs::metadata(path).is_ok_and(|m| m.len() > 0) {
-            if let Ok(pool) = SqlitePoolOptions::new()
-                .max_connections(4)
-                .connect_with(options.clone())
-                .await
-            {
-                if schema_is_current(&pool).await {
-                    return Ok(Store {
-                        pool,
-                        durable,
-                        identity: Default::default(),
-                    });
-                }
-                pool.close().await;
+            let direct = sqlite::direct::Direct::new(path.to_owned());
+            if schema_is_current(&direct) {
+                return Ok(Store {
+                    pool: SqlitePoolOptions::new()
+                        .max_connections(4)
+                        .connect_lazy_with(options),
+                    durable,
+                    identity: Default::default(),
+                    direct: std::sync::Arc::new(direct),
+                });
             }
         }
         // Two processes opening a new database at once would race on switching it to WAL and on
@@ -175,6 +185,7 @@ impl Store {
             pool,
             durable,
             identity: Default::default(),
+            direct: std::sync::Arc::new(sqlite::direct::Direct::new(path.to_owned())),
         })
     }
 
@@ -207,35 +218,30 @@ impl Store {
         &self.pool
     }
 
+    /// The database in-process (see [`sqlite::direct`]).
+    pub(crate) fn direct(&self) -> &sqlite::direct::Direct {
+        &self.direct
+    }
+
     /// Connections for intents (`synchronous=FULL`: survives power loss when the commit
     /// returns, and flushes every earlier write with it).
     pub(crate) fn durable(&self) -> &SqlitePool {
         &self.durable
     }
-
-    /// The connections that give an intent the durability it asks for.
-    pub(crate) fn pool_for(&self, durability: IntentDurability) -> &SqlitePool {
-        match durability {
-            IntentDurability::PowerLoss => &self.durable,
-            IntentDurability::ProcessCrash => &self.pool,
-        }
-    }
 }
 
 /// Every migration this build knows is applied, successfully, with the same checksum — what
 /// `MIGRATOR.run` would find before doing nothing.
-async fn schema_is_current(pool: &sqlx::SqlitePool) -> bool {
-    let Ok(mut conn) = pool.acquire().await else {
-        return false;
-    };
-    let applied: Result<Vec<(i64, Vec<u8>)>, _> = sqlx::query_as(
-        "SELECT version, checksum FROM _sqlx_migrations WHERE success = 1 ORDER BY version",
-    )
-    .fetch_all(&mut *conn)
-    .await;
-    // Back in the pool before the command's first query, which would otherwise open a second
-    // connection (a dropped connection returns to the pool from a spawned task, later).
-    conn.return_to_pool().await;
+fn schema_is_current(direct: &sqlite::direct::Direct) -> bool {
+    let applied = direct.run("read the schema version", |conn| {
+        conn.prepare(
+            "SELECT version, checksum FROM _sqlx_migrations WHERE success = 1 ORDER BY version",
+        )?
+        .query_map([], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, Vec<u8>>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()
+    });
     let Ok(applied) = applied else {
         return false;
     };
@@ -267,11 +273,19 @@ mod durability_tests {
         };
         assert_eq!(level(store.durable()).await, 2, "FULL");
         assert_eq!(level(store.pool()).await, 1, "NORMAL");
-        assert_eq!(level(store.pool_for(IntentDurability::PowerLoss)).await, 2);
-        assert_eq!(
-            level(store.pool_for(IntentDurability::ProcessCrash)).await,
-            1
-        );
+        // In-process: FULL only while a power-loss write runs, NORMAL again after it.
+        let direct = |full: bool| {
+            store
+                .direct()
+                .run_durable(full, "test", |conn| {
+                    conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))
+                })
+                .unwrap()
+        };
+        assert_eq!(direct(true), 2);
+        assert_eq!(direct(false), 1);
+        assert_eq!(direct(true), 2);
+        assert_eq!(direct(false), 1);
         let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
             .fetch_one(store.durable())
             .await

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::Row;
 
-use crate::ledger::{LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind};
+use crate::ledger::{
+    IntentDurability, LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind,
+};
 use crate::{Store, StoreError};
 
 fn ts(t: DateTime<Utc>) -> String {
@@ -26,13 +28,26 @@ fn query_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
 }
 
 fn row_to_ledger(row: sqlx::sqlite::SqliteRow) -> Result<LedgerRow, StoreError> {
-    let get = |name: &str| -> Result<String, StoreError> {
-        row.try_get::<String, _>(name)
-            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
-    };
-    let opt = |name: &str| -> Result<Option<String>, StoreError> {
+    ledger_row(|name| {
         row.try_get::<Option<String>, _>(name)
             .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
+    })
+}
+
+/// A row read in-process (see `sqlite::direct`).
+fn direct_row_to_ledger(row: &rusqlite::Row<'_>) -> Result<LedgerRow, StoreError> {
+    ledger_row(|name| {
+        row.get::<_, Option<String>>(name)
+            .map_err(|e| StoreError::Corrupt(format!("{name}: {e}")))
+    })
+}
+
+/// A ledger row from its columns, whichever driver read them (`opt`: a text column by name).
+fn ledger_row(
+    opt: impl Fn(&str) -> Result<Option<String>, StoreError>,
+) -> Result<LedgerRow, StoreError> {
+    let get = |name: &str| -> Result<String, StoreError> {
+        opt(name)?.ok_or_else(|| StoreError::Corrupt(format!("{name}: NULL")))
     };
     let labels: BTreeMap<String, String> = serde_json::from_str(&get("labels_json")?)
         .map_err(|e| StoreError::Corrupt(format!("labels_json: {e}")))?;
@@ -68,26 +83,33 @@ impl LedgerStore for Store {
     /// asks only to survive a process crash.
     async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError> {
         let now = ts(Utc::now());
-        sqlx::query(
-            "INSERT INTO ledger (berth_id, provider, owner, run_id, ledger_token, labels_json, \
-             origin, kind, expires_at, state, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent', ?, ?)",
-        )
-        .bind(&row.berth_id)
-        .bind(&row.provider)
-        .bind(&row.owner)
-        .bind(&row.run_id)
-        .bind(&row.ledger_token)
-        .bind(serde_json::to_string(&row.labels).expect("labels serialize"))
-        .bind(&row.origin)
-        .bind(row.kind.as_str())
-        .bind(row.expires_at.map(ts))
-        .bind(&now)
-        .bind(&now)
-        .execute(self.pool_for(row.durability))
-        .await
-        .map_err(query_err("record create intent"))?;
-        Ok(())
+        let labels = serde_json::to_string(&row.labels).expect("labels serialize");
+        let full = row.durability == IntentDurability::PowerLoss;
+        // In-process: every sandbox a mission makes starts here (see `sqlite::direct`).
+        self.direct()
+            .run_durable(full, "record create intent", |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO ledger (berth_id, provider, owner, run_id, ledger_token, \
+                     labels_json, origin, kind, expires_at, state, created_at, updated_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'intent', ?, ?)",
+                )
+                .and_then(|mut insert| {
+                    insert.execute(rusqlite::params![
+                        row.berth_id,
+                        row.provider,
+                        row.owner,
+                        row.run_id,
+                        row.ledger_token,
+                        labels,
+                        row.origin,
+                        row.kind.as_str(),
+                        row.expires_at.map(ts),
+                        now,
+                        now,
+                    ])
+                })
+                .map(|_| ())
+            })
     }
 
     /// Records that create returned `native_id`.
@@ -181,13 +203,12 @@ impl LedgerStore for Store {
 
     /// One row.
     async fn ledger_get(&self, berth_id: &str) -> Result<LedgerRow, StoreError> {
-        let row = sqlx::query("SELECT * FROM ledger WHERE berth_id = ?")
-            .bind(berth_id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(query_err("read ledger entry"))?
-            .ok_or_else(|| StoreError::NotFound(berth_id.to_owned()))?;
-        row_to_ledger(row)
+        let found = self.direct().run("read ledger entry", |conn| {
+            let mut select = conn.prepare_cached("SELECT * FROM ledger WHERE berth_id = ?")?;
+            let mut rows = select.query([berth_id])?;
+            Ok(rows.next()?.map(direct_row_to_ledger))
+        })?;
+        found.ok_or_else(|| StoreError::NotFound(berth_id.to_owned()))?
     }
 
     /// Read once per process: it never changes.
@@ -231,12 +252,12 @@ impl Store {
         sql: &str,
         binds: &[Option<&str>],
     ) -> Result<(), StoreError> {
-        let mut query = sqlx::query(sql);
-        for bind in binds {
-            query = query.bind(*bind);
-        }
-        let done = query.execute(self.pool()).await.map_err(query_err(what))?;
-        if done.rows_affected() == 0 {
+        // In-process: each sandbox's life is several of these (see `sqlite::direct`).
+        let changed = self.direct().run(what, |conn| {
+            conn.prepare_cached(sql)?
+                .execute(rusqlite::params_from_iter(binds))
+        })?;
+        if changed == 0 {
             let id = binds.last().copied().flatten().unwrap_or_default();
             return Err(StoreError::NotFound(id.to_owned()));
         }

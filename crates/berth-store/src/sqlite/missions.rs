@@ -27,6 +27,54 @@ fn row(r: sqlx::sqlite::SqliteRow) -> Result<MissionRow, StoreError> {
     })
 }
 
+/// One append, in one immediate transaction: the record moves on only from `expected_seq` and
+/// under `fence` (when one is given), and its events and facts land with it.
+#[allow(clippy::too_many_arguments)] // the append's parts travel together
+fn append(
+    conn: &mut rusqlite::Connection,
+    id: &str,
+    expected_seq: i64,
+    fence: Option<i64>,
+    events_json: &[String],
+    record_json: &str,
+    state: &str,
+    facts: &[(&str, &str, String)],
+    at: &str,
+) -> rusqlite::Result<Result<i64, Conflict>> {
+    let count = events_json.len() as i64;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let updated = tx
+        .prepare_cached(
+            "UPDATE missions SET record_json = ?1, state = ?2, seq = seq + ?3, updated_at = ?4 \
+             WHERE id = ?5 AND seq = ?6 AND (?7 IS NULL OR (lease_fence = ?7 AND lease_holder IS NOT NULL))",
+        )?
+        .execute(rusqlite::params![record_json, state, count, at, id, expected_seq, fence])?;
+    if updated == 0 {
+        // Dropping the transaction rolls it back.
+        return Ok(Err(Conflict {
+            mission: id.to_owned(),
+            expected: expected_seq,
+        }));
+    }
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO mission_events (mission_id, seq, event_json, at) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        for (n, event_json) in (1..).zip(events_json) {
+            insert.execute(rusqlite::params![id, expected_seq + n, event_json, at])?;
+        }
+        let mut fact = tx.prepare_cached(
+            "INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for (attempt_key, kind, detail_json) in facts {
+            fact.execute(rusqlite::params![id, attempt_key, kind, detail_json, at])?;
+        }
+    }
+    tx.commit()?;
+    Ok(Ok(expected_seq + count))
+}
+
 #[async_trait::async_trait]
 impl MissionStore for Store {
     /// Records a new mission.
@@ -163,70 +211,22 @@ impl MissionStore for Store {
         let at = now();
         // A mission's final state is what its runner reports to the user: it survives power
         // loss. Steps before it are repeatable (see the crate's durability note).
-        let pool = if matches!(state, "running") {
-            self.pool()
-        } else {
-            self.durable()
-        };
-        let mut tx = pool.begin().await.map_err(q("begin transaction"))?;
-        let updated = sqlx::query(
-            "UPDATE missions SET record_json = ?, state = ?, seq = seq + ?, updated_at = ? \
-             WHERE id = ? AND seq = ? AND (? IS NULL OR (lease_fence = ? AND lease_holder IS NOT NULL))",
-        )
-        .bind(record_json)
-        .bind(state)
-        .bind(count)
-        .bind(&at)
-        .bind(id)
-        .bind(expected_seq)
-        .bind(fence)
-        .bind(fence)
-        .execute(&mut *tx)
-        .await
-        .map_err(q("update mission"))?;
-        if updated.rows_affected() == 0 {
-            return Ok(Err(Conflict {
-                mission: id.to_owned(),
-                expected: expected_seq,
-            }));
-        }
-        // One statement for the events and one for the facts: each statement is a round trip
-        // to the connection's thread, and a step appends up to three of each.
-        let mut events = sqlx::QueryBuilder::new(
-            "INSERT INTO mission_events (mission_id, seq, event_json, at) ",
-        );
-        events.push_values((1..).zip(events_json), |mut values, (n, event_json)| {
-            values
-                .push_bind(id)
-                .push_bind(expected_seq + n)
-                .push_bind(event_json)
-                .push_bind(&at);
-        });
-        events
-            .build()
-            .execute(&mut *tx)
-            .await
-            .map_err(q("append mission event"))?;
-        if !facts.is_empty() {
-            let mut insert = sqlx::QueryBuilder::new(
-                "INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) ",
-            );
-            insert.push_values(facts, |mut values, (attempt_key, kind, detail_json)| {
-                values
-                    .push_bind(id)
-                    .push_bind(*attempt_key)
-                    .push_bind(*kind)
-                    .push_bind(detail_json)
-                    .push_bind(&at);
-            });
-            insert
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(q("record attempt fact"))?;
-        }
-        tx.commit().await.map_err(q("commit mission event"))?;
-        Ok(Ok(expected_seq + count))
+        let durable = !matches!(state, "running");
+        // In-process: a runner appends at every step (see `sqlite::direct`).
+        self.direct()
+            .run_durable(durable, "append mission event", |conn| {
+                append(
+                    conn,
+                    id,
+                    expected_seq,
+                    fence,
+                    events_json,
+                    record_json,
+                    state,
+                    facts,
+                    &at,
+                )
+            })
     }
 
     /// One mission.

@@ -2,6 +2,7 @@
 
 mod access;
 mod artifacts;
+pub(crate) mod direct;
 mod ledger;
 mod missions;
 
