@@ -8,9 +8,6 @@ use crate::artifacts::{
 };
 use crate::{Store, StoreError};
 
-/// Index rows per INSERT (12 parameters each; well under SQLite's limit of 32,766).
-const INDEX_ROWS_PER_STATEMENT: usize = 256;
-
 fn corrupt(field: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
     move |e| StoreError::Corrupt(format!("{field}: {e}"))
 }
@@ -65,23 +62,25 @@ fn artifact(r: sqlx::sqlite::SqliteRow) -> Result<ArtifactRow, StoreError> {
 impl ArtifactStore for Store {
     async fn publication_claim(&self, new: &NewPublication) -> Result<PublicationRow, StoreError> {
         let at = now();
-        sqlx::query(
-            "INSERT INTO publications (bundle_id, schema_version, mission_id, task_id, \
-             attempt_key, accepted, state, manifest_json, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT (bundle_id) DO NOTHING",
-        )
-        .bind(&new.bundle_id)
-        .bind(i64::from(new.schema_version))
-        .bind(&new.mission_id)
-        .bind(&new.task_id)
-        .bind(&new.attempt_key)
-        .bind(i64::from(new.accepted))
-        .bind(&new.manifest_json)
-        .bind(&at)
-        .bind(&at)
-        .execute(self.pool())
-        .await
-        .map_err(q("claim publication"))?;
+        // In-process, like the other statements of a mission's step (see `sqlite::direct`).
+        self.direct().run("claim publication", |conn| {
+            conn.prepare_cached(
+                "INSERT INTO publications (bundle_id, schema_version, mission_id, task_id, \
+                 attempt_key, accepted, state, manifest_json, created_at, updated_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT (bundle_id) DO NOTHING",
+            )?
+            .execute(rusqlite::params![
+                new.bundle_id,
+                i64::from(new.schema_version),
+                new.mission_id,
+                new.task_id,
+                new.attempt_key,
+                i64::from(new.accepted),
+                new.manifest_json,
+                at,
+                at,
+            ])
+        })?;
         self.publication_get(&new.bundle_id).await
     }
 
@@ -92,19 +91,20 @@ impl ArtifactStore for Store {
         to: PublicationState,
         error: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE publications SET state = ?, last_error = ?, updated_at = ? \
-             WHERE bundle_id = ? AND state = ?",
-        )
-        .bind(to.as_str())
-        .bind(error)
-        .bind(now())
-        .bind(bundle_id)
-        .bind(from.as_str())
-        .execute(self.pool())
-        .await
-        .map_err(q("advance publication"))?;
-        Ok(done.rows_affected() == 1)
+        let changed = self.direct().run("advance publication", |conn| {
+            conn.prepare_cached(
+                "UPDATE publications SET state = ?, last_error = ?, updated_at = ? \
+                 WHERE bundle_id = ? AND state = ?",
+            )?
+            .execute(rusqlite::params![
+                to.as_str(),
+                error,
+                now(),
+                bundle_id,
+                from.as_str()
+            ])
+        })?;
+        Ok(changed == 1)
     }
 
     async fn publication_index(
@@ -112,57 +112,53 @@ impl ArtifactStore for Store {
         bundle_id: &str,
         rows: &[ArtifactRow],
     ) -> Result<bool, StoreError> {
-        let at = now();
-        let mut tx = self.pool().begin().await.map_err(q("begin index"))?;
-        let moved = sqlx::query(
-            "UPDATE publications SET state = 'indexed', last_error = NULL, updated_at = ? \
-             WHERE bundle_id = ? AND state = 'uploaded'",
-        )
-        .bind(&at)
-        .bind(bundle_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(q("mark publication indexed"))?;
-        if moved.rows_affected() != 1 {
-            tx.rollback().await.map_err(q("roll back index"))?;
-            return Ok(false);
-        }
         if let Some(row) = rows.iter().find(|r| r.bundle_id != bundle_id) {
             return Err(StoreError::Invalid(format!(
                 "index row for bundle `{}` under `{bundle_id}`",
                 row.bundle_id
             )));
         }
-        // Many rows per statement: a thousand-file bundle is a handful of statements.
-        for chunk in rows.chunks(INDEX_ROWS_PER_STATEMENT) {
-            let mut insert = sqlx::QueryBuilder::new(
-                "INSERT INTO artifacts (bundle_id, path, mission_id, task_id, attempt_key, \
-                 accepted, mime, size, blake3, sha256, object_key, indexed_at) ",
-            );
-            insert.push_values(chunk, |mut values, row| {
-                values
-                    .push_bind(&row.bundle_id)
-                    .push_bind(&row.path)
-                    .push_bind(&row.mission_id)
-                    .push_bind(&row.task_id)
-                    .push_bind(&row.attempt_key)
-                    .push_bind(i64::from(row.accepted))
-                    .push_bind(&row.mime)
-                    .push_bind(row.size as i64)
-                    .push_bind(&row.blake3)
-                    .push_bind(&row.sha256)
-                    .push_bind(&row.object_key)
-                    .push_bind(&at);
-            });
-            insert.push(" ON CONFLICT (bundle_id, path) DO NOTHING");
-            insert
-                .build()
-                .execute(&mut *tx)
-                .await
-                .map_err(q("write index rows"))?;
-        }
-        tx.commit().await.map_err(q("commit index"))?;
-        Ok(true)
+        let at = now();
+        // In-process (see `sqlite::direct`): one statement per row costs microseconds here.
+        self.direct().run("write index rows", |conn| {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let moved = tx
+                .prepare_cached(
+                    "UPDATE publications SET state = 'indexed', last_error = NULL, updated_at = ? \
+                     WHERE bundle_id = ? AND state = 'uploaded'",
+                )?
+                .execute(rusqlite::params![at, bundle_id])?;
+            if moved != 1 {
+                // Dropped: rolled back.
+                return Ok(false);
+            }
+            {
+                let mut insert = tx.prepare_cached(
+                    "INSERT INTO artifacts (bundle_id, path, mission_id, task_id, attempt_key, \
+                     accepted, mime, size, blake3, sha256, object_key, indexed_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+                     ON CONFLICT (bundle_id, path) DO NOTHING",
+                )?;
+                for row in rows {
+                    insert.execute(rusqlite::params![
+                        row.bundle_id,
+                        row.path,
+                        row.mission_id,
+                        row.task_id,
+                        row.attempt_key,
+                        i64::from(row.accepted),
+                        row.mime,
+                        row.size as i64,
+                        row.blake3,
+                        row.sha256,
+                        row.object_key,
+                        at,
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(true)
+        })
     }
 
     async fn publication_get(&self, bundle_id: &str) -> Result<PublicationRow, StoreError> {
@@ -322,8 +318,8 @@ mod tests {
             .publication_advance("big", Pending, Uploaded, None)
             .await
             .unwrap();
-        // More rows than one statement holds, and one row of another bundle: nothing written.
-        let mut rows: Vec<ArtifactRow> = (0..INDEX_ROWS_PER_STATEMENT * 2 + 3)
+        // Many rows, and one row of another bundle: nothing written.
+        let mut rows: Vec<ArtifactRow> = (0..515)
             .map(|n| row("big", &format!("f/{n:05}"), "text/plain"))
             .collect();
         rows.push(row("other", "x", "text/plain"));
