@@ -110,7 +110,8 @@ pub struct Store {
     durable: SqlitePool,
     /// The store's identity, read on first use.
     identity: std::sync::Arc<tokio::sync::OnceCell<String>>,
-    /// The same database in-process, for a mission runner's appends.
+    /// The same database in-process, for the statements made at every step (see
+    /// [`sqlite::direct`]).
     direct: std::sync::Arc<sqlite::direct::Direct>,
 }
 
