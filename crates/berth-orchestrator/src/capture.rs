@@ -211,6 +211,18 @@ pub(crate) fn is_commit_id(value: &str) -> bool {
     matches!(value.len(), 40 | 64) && value.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// `value` as a commit id Berth computed, or a corrupt-state error naming it.
+fn require_commit_id(value: &str) -> Result<(), OrchestratorError> {
+    if is_commit_id(value) {
+        Ok(())
+    } else {
+        Err(OrchestratorError::Corrupt(format!(
+            "`{}` is not a commit id",
+            value.escape_debug()
+        )))
+    }
+}
+
 /// The mission's own repository (bare, created by Berth under the mission directory) holding
 /// the base and every captured attempt. Made on first use from the base bundle.
 pub(crate) fn work_repo(
@@ -270,12 +282,7 @@ pub(crate) fn commit(
     message: &str,
     capture: &Capture,
 ) -> Result<String, OrchestratorError> {
-    if !is_commit_id(parent) {
-        return Err(OrchestratorError::Corrupt(format!(
-            "`{}` is not a commit id",
-            parent.escape_debug()
-        )));
-    }
+    require_commit_id(parent)?;
     let stream = import_stream(refname, parent, message, capture);
     let marks = repo.join(format!("import-marks-{}", std::process::id()));
     let marks_arg = format!("--export-marks={}", marks.display());
@@ -377,12 +384,7 @@ pub(crate) fn start_patch(
     base: &str,
     refname: &str,
 ) -> Result<RunningGit, OrchestratorError> {
-    if !is_commit_id(base) {
-        return Err(OrchestratorError::Corrupt(format!(
-            "`{}` is not a commit id",
-            base.escape_debug()
-        )));
-    }
+    require_commit_id(base)?;
     spawn_git(
         repo,
         Transport::None,

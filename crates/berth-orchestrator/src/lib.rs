@@ -20,6 +20,7 @@ mod capture;
 pub mod follow;
 mod hostgit;
 pub mod logins;
+mod memory;
 mod pipeline;
 pub mod publication;
 mod steps;
@@ -31,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use berth_factory::{ProviderConfig, Registry};
 use berth_ledger::Ledger;
-use berth_mission::authority::{self, AttemptKey, Event, MissionRecord, MissionState, Next};
+use berth_mission::authority::{self, Event, MissionRecord, MissionState, Next};
 use berth_mission::file::MissionFile;
 use berth_store::MissionStore;
 use serde::{Deserialize, Serialize};
@@ -41,6 +42,7 @@ pub use agents::{
     AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN_DIR, SANDBOX_GATEWAY_PORT,
 };
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
+pub use memory::{LastStored, MissionLease, SettledAttempts};
 pub use pipeline::Step;
 pub use pipeline::STAGE_SCRIPT;
 
@@ -155,119 +157,6 @@ pub struct Orchestrator<'a> {
     /// The mission state this orchestrator last stored under its lease, so a tick need not
     /// read it back.
     pub last_stored: LastStored,
-}
-
-/// The mission state an orchestrator last stored while holding the mission's lease. As the
-/// mission's only writer it knows that what it appended is what the store holds, so the next
-/// tick starts from it instead of reading and parsing the record again. It is used only under
-/// the fence it was stored with: a lease released, lost or taken again, or an append that
-/// failed, sends the next tick to the store.
-#[derive(Debug, Default)]
-pub struct LastStored(std::sync::Mutex<Option<Stored>>);
-
-#[derive(Debug)]
-struct Stored {
-    mission: String,
-    fence: i64,
-    spec: std::sync::Arc<MissionSpec>,
-    record: MissionRecord,
-    seq: i64,
-}
-
-impl LastStored {
-    fn get(
-        &self,
-        mission: &str,
-        fence: Option<i64>,
-    ) -> Option<(std::sync::Arc<MissionSpec>, MissionRecord, i64)> {
-        let held = self.0.lock().ok()?;
-        let stored = held.as_ref()?;
-        (Some(stored.fence) == fence && stored.mission == mission)
-            .then(|| (stored.spec.clone(), stored.record.clone(), stored.seq))
-    }
-
-    fn loaded(
-        &self,
-        mission: &str,
-        fence: Option<i64>,
-        spec: &std::sync::Arc<MissionSpec>,
-        record: &MissionRecord,
-        seq: i64,
-    ) {
-        if let (Ok(mut held), Some(fence)) = (self.0.lock(), fence) {
-            *held = Some(Stored {
-                mission: mission.to_owned(),
-                fence,
-                spec: spec.clone(),
-                record: record.clone(),
-                seq,
-            });
-        }
-    }
-
-    /// After an append: the new state if it follows the one held, else nothing (`None`: the
-    /// append failed).
-    fn appended(&self, mission: &str, fence: Option<i64>, next: Option<(&MissionRecord, i64)>) {
-        let Ok(mut held) = self.0.lock() else { return };
-        match (held.as_mut(), next) {
-            (Some(stored), Some((record, seq)))
-                if stored.mission == mission && Some(stored.fence) == fence =>
-            {
-                stored.record = record.clone();
-                stored.seq = seq;
-            }
-            _ => *held = None,
-        }
-    }
-
-    fn forget(&self) {
-        if let Ok(mut held) = self.0.lock() {
-            *held = None;
-        }
-    }
-}
-
-/// Attempts an orchestrator has torn down completely (see [`Orchestrator::settled`]), and those
-/// it claimed itself (no other runner ever worked on them).
-#[derive(Debug, Default)]
-pub struct SettledAttempts(std::sync::Mutex<Attempts>);
-
-#[derive(Debug, Default)]
-struct Attempts {
-    settled: std::collections::HashSet<String>,
-    claimed_here: std::collections::HashSet<String>,
-}
-
-impl SettledAttempts {
-    fn contains(&self, key: &AttemptKey) -> bool {
-        self.0.lock().is_ok_and(|a| a.settled.contains(&key.0))
-    }
-
-    fn settle(&self, key: &AttemptKey) {
-        if let Ok(mut a) = self.0.lock() {
-            a.settled.insert(key.0.clone());
-        }
-    }
-
-    fn claimed(&self, key: &AttemptKey) {
-        if let Ok(mut a) = self.0.lock() {
-            a.claimed_here.insert(key.0.clone());
-        }
-    }
-
-    fn claimed_here(&self, key: &AttemptKey) -> bool {
-        self.0.lock().is_ok_and(|a| a.claimed_here.contains(&key.0))
-    }
-}
-
-/// The fencing token of a held mission lease; events are appended under it.
-#[derive(Debug, Default)]
-pub struct MissionLease(std::sync::atomic::AtomicI64);
-
-impl MissionLease {
-    fn fence(&self) -> Option<i64> {
-        Some(self.0.load(std::sync::atomic::Ordering::SeqCst)).filter(|f| *f > 0)
-    }
 }
 
 /// How long a runner's lease lasts without renewal; it renews at a third of this.
@@ -673,19 +562,17 @@ impl Orchestrator<'_> {
                 &facts,
             )
             .await;
-        let new_seq = match appended {
-            Ok(Ok(new_seq)) => new_seq,
-            Ok(Err(e)) => {
-                self.last_stored.appended(id, self.lease.fence(), None);
-                return Err(e.into());
-            }
-            Err(e) => {
-                self.last_stored.appended(id, self.lease.fence(), None);
-                return Err(e.into());
-            }
+        let appended: Result<i64, OrchestratorError> = match appended {
+            Ok(Ok(new_seq)) => Ok(new_seq),
+            Ok(Err(conflict)) => Err(conflict.into()),
+            Err(store) => Err(store.into()),
         };
-        self.last_stored
-            .appended(id, self.lease.fence(), Some((&next, new_seq)));
+        self.last_stored.appended(
+            id,
+            self.lease.fence(),
+            appended.as_ref().ok().map(|new_seq| (&next, *new_seq)),
+        );
+        let new_seq = appended?;
         if let Some(hook) = self.boundary {
             (seq + 1..=new_seq).for_each(|n| hook(Boundary::AfterEvent(n)));
         }
@@ -798,71 +685,5 @@ impl Orchestrator<'_> {
                 return Ok(state);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod last_stored_tests {
-    use super::*;
-
-    fn spec() -> std::sync::Arc<MissionSpec> {
-        let file = berth_mission::file::parse(
-            "m.toml",
-            r#"schema_version = 1
-name = "m"
-[repository]
-path = "repo"
-base = "snapshot"
-[sandbox]
-provider = "host"
-[harness]
-kind = "script"
-command = "true"
-[[tasks]]
-id = "t"
-instructions = "i"
-max_attempts = 1
-agent_timeout = "30s"
-[tasks.validator]
-command = "true"
-timeout = "30s"
-evidence = ["e"]
-"#,
-        )
-        .unwrap();
-        std::sync::Arc::new(MissionSpec {
-            spec_version: SPEC_VERSION,
-            file,
-            base_commit: "0".repeat(40),
-            base_bundle: "base.bundle".into(),
-            model_script: None,
-        })
-    }
-
-    /// What a runner stored is used only by the same mission under the same fence, follows
-    /// each append, and is dropped by a failed append, another mission's append or no lease.
-    #[test]
-    fn the_last_stored_state_is_used_only_under_its_fence() {
-        let last = LastStored::default();
-        let record = MissionRecord::new("m1", vec![("t".into(), 1, vec![])]);
-        last.loaded("m1", None, &spec(), &record, 3);
-        assert!(last.get("m1", None).is_none(), "kept without a lease");
-        last.loaded("m1", Some(7), &spec(), &record, 3);
-        assert_eq!(last.get("m1", Some(7)).map(|s| s.2), Some(3));
-        assert!(last.get("m1", Some(8)).is_none(), "another fence");
-        assert!(last.get("m2", Some(7)).is_none(), "another mission");
-        last.appended("m1", Some(7), Some((&record, 4)));
-        assert_eq!(last.get("m1", Some(7)).map(|s| s.2), Some(4));
-        last.appended("m1", Some(7), None);
-        assert!(last.get("m1", Some(7)).is_none(), "a failed append forgets");
-        last.loaded("m1", Some(7), &spec(), &record, 4);
-        last.appended("m1", Some(9), Some((&record, 5)));
-        assert!(
-            last.get("m1", Some(7)).is_none(),
-            "an append under another fence forgets"
-        );
-        last.loaded("m1", Some(7), &spec(), &record, 5);
-        last.forget();
-        assert!(last.get("m1", Some(7)).is_none());
     }
 }
