@@ -1,11 +1,12 @@
-//! SQLite called in-process, for the statements a mission runner makes at every step.
+//! SQLite called in-process, for the schema check at open and the statements made at every
+//! step (ledger intents, marks and reads, mission appends, artifact claims and index).
 //!
 //! sqlx runs each statement of a connection on that connection's own thread: every statement is
 //! a round trip between threads. On the CI machine kind that round trip measured 85–140 µs per
 //! statement (a mission append of five statements: 330–640 µs), against 4 µs for a read and
 //! 15 µs for a write transaction made in-process. This connection is rusqlite over the same
-//! SQLite library sqlx links; it is opened on first use (a command that never appends never
-//! opens it), after the pool has opened and migrated the database.
+//! SQLite library sqlx links, opened on first use on a database file that already exists (a
+//! new one is created and migrated through the pool first).
 
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -39,7 +40,8 @@ impl Direct {
             what: "open the store in-process",
             source,
         };
-        // The pool created and migrated the file (WAL is a property of the file).
+        // Never creates the file: the pool does, and migrates it (WAL is a property of the
+        // file; a file not yet migrated fails the schema check and goes through the pool).
         let conn = Connection::open_with_flags(
             &self.path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,

@@ -308,14 +308,20 @@ impl MissionStore for Store {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn events_append_atomically_with_optimistic_concurrency() {
+    /// A store holding mission `m1` (owner alice) at seq 0, and the directory it lives in.
+    async fn store_with_m1() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("b.db")).await.unwrap();
         store
             .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
             .await
             .unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn events_append_atomically_with_optimistic_concurrency() {
+        let (_dir, store) = store_with_m1().await;
         let seq = store
             .mission_append(
                 "m1",
@@ -354,16 +360,10 @@ mod tests {
         assert!(store.mission_list("bob").await.unwrap().is_empty());
     }
 
-    /// Several events and facts in one append: numbered and read back in the order given, no
-    /// matter that each kind goes in as one statement.
+    /// Several events and facts in one append: numbered and read back in the order given.
     #[tokio::test]
     async fn an_append_keeps_its_events_and_facts_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
-        store
-            .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
-            .await
-            .unwrap();
+        let (_dir, store) = store_with_m1().await;
         let events: Vec<String> = (1..=3).map(|n| format!("{{\"e\":{n}}}")).collect();
         let facts = [
             ("at-1", "checkpoint", "{\"n\":1}".to_owned()),
@@ -430,12 +430,7 @@ mod tests {
     #[tokio::test]
     async fn one_lease_holder_and_a_fenced_out_writer_changes_nothing() {
         use std::time::Duration;
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("b.db")).await.unwrap();
-        store
-            .mission_insert("m1", "demo", "alice", "{}", "{\"v\":0}", "running")
-            .await
-            .unwrap();
+        let (_dir, store) = store_with_m1().await;
         let ttl = Duration::from_secs(30);
         let first = store
             .mission_lease_acquire("m1", "a", ttl, None)
