@@ -106,6 +106,7 @@ pub(crate) fn orchestrator(ctx: &BenchContext) -> berth_orchestrator::Orchestrat
         gateways: Default::default(),
         settled: Default::default(),
         last_stored: Default::default(),
+        providers: Default::default(),
     }
 }
 

@@ -200,33 +200,6 @@ fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
         stderr.contains("line 1") && stderr.contains("missing field `repository`"),
         "{stderr}"
     );
-
-    // A bridged provider without the file API cannot stage a repository: refused before
-    // anything exists, whether it is the provider or a fallback.
-    let file = write_mission(
-        &dir,
-        "true\n",
-        "echo ok > .berth-out",
-        "10s",
-        "\".berth-out\"",
-        1,
-    );
-    let original = std::fs::read_to_string(&file).unwrap();
-    for replacement in [
-        "provider = \"computesdk:just-bash\"",
-        "provider = \"host\"\nfallback = [\"computesdk:just-bash\"]",
-    ] {
-        std::fs::write(&file, original.replace("provider = \"host\"", replacement)).unwrap();
-        let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(4), "{stderr}");
-        assert!(
-            stderr.contains("computesdk:just-bash") && stderr.contains("does not support `files`"),
-            "{stderr}"
-        );
-        let (_, list) = json(home.path(), &["mission", "list"]);
-        assert_eq!(list["missions"].as_array().map(Vec::len), Some(0), "{list}");
-    }
 }
 
 /// An unavailable provider falls back to the next; a provider that refuses the request (a

@@ -24,6 +24,7 @@ mod memory;
 mod pipeline;
 pub mod publication;
 mod steps;
+mod transport;
 
 use hostgit::{copy_tree, git, git_over, scheme_of, Transport};
 
@@ -42,9 +43,9 @@ pub use agents::{
     AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN_DIR, SANDBOX_GATEWAY_PORT,
 };
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
-pub use memory::{LastStored, MissionLease, SettledAttempts};
+pub use memory::{LastStored, MissionLease, Providers, SettledAttempts};
 pub use pipeline::Step;
-pub use pipeline::STAGE_SCRIPT;
+pub use transport::STAGE_SCRIPT;
 
 /// Schema version of the mission spec stored beside the record.
 pub const SPEC_VERSION: u32 = 1;
@@ -157,6 +158,8 @@ pub struct Orchestrator<'a> {
     /// The mission state this orchestrator last stored under its lease, so a tick need not
     /// read it back.
     pub last_stored: LastStored,
+    /// The providers this orchestrator has constructed, one instance each for its whole run.
+    pub providers: Providers,
 }
 
 /// How long a runner's lease lasts without renewal; it renews at a third of this.
@@ -274,6 +277,14 @@ fn state_name(state: &MissionState) -> &'static str {
 }
 
 impl Orchestrator<'_> {
+    /// This orchestrator's instance of provider `id` (see [`Providers`]).
+    pub(crate) fn provider(
+        &self,
+        id: &str,
+    ) -> Result<std::sync::Arc<dyn berth_contract::Provider>, OrchestratorError> {
+        Ok(self.providers.get(id, self.registry, self.config)?)
+    }
+
     /// The directory of a mission's artifacts.
     pub fn mission_dir(&self, id: &str) -> PathBuf {
         self.home.join("missions").join(id)
@@ -302,19 +313,22 @@ impl Orchestrator<'_> {
             if !self.registry.has_adapter(provider) {
                 return Err(OrchestratorError::UnknownProvider(provider.clone()));
             }
-            // Staging the repository and reading the validator's evidence need the file API;
-            // a provider without it would fail every attempt (and never fall back), so it is
+            // A provider without the file API gets the repository by the text transport
+            // (see transport.rs); an agent CLI's login and session are staged as files, so an
+            // agent harness on such a provider would fail every attempt (and never fall back):
             // refused here, before anything exists.
             let manifest = self
                 .registry
                 .manifest(provider)
                 .map_err(|_| OrchestratorError::UnknownProvider(provider.clone()))?;
-            if manifest.support(berth_contract::Capability::Files)
-                != berth_contract::Support::Supported
+            if agents::harness_of(&file).is_some()
+                && manifest.support(berth_contract::Capability::Files)
+                    != berth_contract::Support::Supported
             {
                 return Err(OrchestratorError::Unsupported(format!(
-                    "provider `{provider}` cannot run missions: it does not support `files`, \
-                     which staging the repository and reading the validator's evidence need"
+                    "provider `{provider}` cannot run an agent harness: it does not support \
+                     `files`, which staging the agent's login and session need (a command \
+                     harness runs there)"
                 )));
             }
         }

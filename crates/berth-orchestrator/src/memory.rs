@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use berth_contract::Provider;
 use berth_mission::authority::{AttemptKey, MissionRecord};
 
 use crate::MissionSpec;
@@ -189,5 +190,44 @@ evidence = ["e"]
         last.loaded("m1", Some(7), &spec(), &record, 5);
         last.forget();
         assert!(last.get("m1", Some(7)).is_none());
+    }
+}
+
+/// The providers a runner has constructed: one instance per provider id for as long as the
+/// runner lives. A bridged provider's sandboxes live in the bridge process its instance
+/// started (just-bash's are in that process's memory), so an instance made again for each step
+/// would find none of them; and constructing once is cheaper.
+#[derive(Default)]
+pub struct Providers(std::sync::Mutex<std::collections::BTreeMap<String, Arc<dyn Provider>>>);
+
+impl std::fmt::Debug for Providers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<String> = self
+            .0
+            .lock()
+            .map(|held| held.keys().cloned().collect())
+            .unwrap_or_default();
+        f.debug_tuple("Providers").field(&ids).finish()
+    }
+}
+
+impl Providers {
+    /// The runner's instance of provider `id`, constructed on first use.
+    pub(crate) fn get(
+        &self,
+        id: &str,
+        registry: &berth_factory::Registry,
+        config: &berth_factory::ProviderConfig,
+    ) -> Result<Arc<dyn Provider>, berth_factory::FactoryError> {
+        let mut held = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(provider) = held.get(id) {
+            return Ok(provider.clone());
+        }
+        let provider = registry.construct(id, config)?;
+        held.insert(id.to_owned(), provider.clone());
+        Ok(provider)
     }
 }

@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_contract::{
-    CanonicalState, DestroyOutcome, ExecOutput, ExecRequest, NativeId, Observation, Provider,
-    ProviderExt, SandboxName,
+    CanonicalState, DestroyOutcome, ExecOutput, NativeId, Observation, Provider, SandboxName,
 };
 use berth_ledger::LedgerError;
 use berth_mission::authority::{
@@ -224,7 +223,7 @@ pub(crate) async fn choose(
             Err(LedgerError::Store(e)) => return Err(e.into()),
             Err(e) => return Ok(Err(e.to_string())),
         }
-        let provider = orch.registry.construct(&provider_id, orch.config)?;
+        let provider = orch.provider(&provider_id)?;
         match ensure(orch, &provider, spec, mission, task, &name, false).await? {
             Ok(id) => return Ok(Ok((provider, name, id, skipped))),
             Err(reason) => match reason.strip_prefix(FALLBACK_MARK) {
@@ -311,7 +310,14 @@ pub(crate) async fn ensure(
         Err(LedgerError::Store(e)) => return Err(e.into()),
         Err(e) => return Ok(Err(e.to_string())),
     }
-    let image = spec.file.sandbox.image.clone();
+    // The mission's image is for providers that take images; one that has none (host,
+    // just-bash: `[images] model = "none"` in its manifest) — a fallback, typically — runs
+    // without it rather than refusing the request.
+    let takes_images = orch
+        .registry
+        .manifest(provider.id())
+        .map_or(true, |manifest| manifest.images.model != "none");
+    let image = spec.file.sandbox.image.clone().filter(|_| takes_images);
     let limits = spec.file.sandbox.limits.overridden_by(&task.limits);
     let resources = berth_contract::Resources {
         cpus: limits.cpus,
@@ -429,7 +435,7 @@ pub(crate) async fn teardown(
             if row.state == LedgerState::VerifiedGone && recheck == Recheck::OpenOnly {
                 continue;
             }
-            let Ok(provider) = orch.registry.construct(&row.provider, orch.config) else {
+            let Ok(provider) = orch.provider(&row.provider) else {
                 all_gone = false;
                 continue;
             };
@@ -517,7 +523,7 @@ pub(crate) async fn advance(
         Some((provider, name)) => (provider.clone(), name.clone()),
         None => (spec.file.sandbox.provider.clone(), main_name(key, 0)),
     };
-    let provider = orch.registry.construct(&provider_id, orch.config)?;
+    let provider = orch.provider(&provider_id)?;
     let (index, task) = task_of(spec, record);
     let attempt = record.tasks[index]
         .attempts
@@ -628,42 +634,6 @@ pub(crate) fn attempt_patch(
 ) -> std::path::PathBuf {
     orch.mission_dir(mission)
         .join(format!("{}.attempt-{ordinal}.{commit}.patch", task.id))
-}
-
-/// The staging command: `.berth-input.bundle` checked out at `$BERTH_COMMIT` as `repo/`.
-pub const STAGE_SCRIPT: &str = "rm -rf repo && git clone -q .berth-input.bundle repo && git -C repo checkout -q --detach \"$BERTH_COMMIT\" && rm -f .berth-input.bundle";
-
-/// Stages a repository bundle at `commit` as `repo/` in the sandbox (replacing what is
-/// there). The commit travels in the environment, never in the command line.
-pub(crate) async fn stage(
-    provider: &dyn Provider,
-    id: &NativeId,
-    bundle: &std::path::Path,
-    commit: &str,
-) -> Result<(), String> {
-    if !capture::is_commit_id(commit) {
-        return Err(format!("`{}` is not a commit id", commit.escape_debug()));
-    }
-    let bytes =
-        std::fs::read(bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
-    provider
-        .require_files()
-        .map_err(|e| e.to_string())?
-        .write(id, ".berth-input.bundle", &bytes)
-        .await
-        .map_err(|e| e.to_string())?;
-    let req = ExecRequest::shell(STAGE_SCRIPT)
-        .with_env("BERTH_COMMIT", commit)
-        .with_timeout(Duration::from_secs(600));
-    let out = provider.exec(id, &req).await.map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "staging failed: {}",
-            tail(out.stderr.as_deref().unwrap_or_default())
-        ))
-    }
 }
 
 pub(crate) async fn reject(

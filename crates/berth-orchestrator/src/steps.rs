@@ -1,9 +1,8 @@
 //! The attempt's named steps: one per durable phase, each ending in one transaction.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use berth_contract::{ExecRequest, ExitStatus, Provider, ProviderExt, SandboxName};
+use berth_contract::{ExecRequest, ExitStatus, Provider, SandboxName};
 use berth_mission::authority::{
     AttemptKey, AttemptRecord, AttemptStatus, Event, MissionRecord, Phase,
 };
@@ -13,7 +12,7 @@ use berth_store::LedgerStore as _;
 use serde_json::json;
 
 use crate::pipeline::*;
-use crate::{capture, MissionSpec, Orchestrator, OrchestratorError};
+use crate::{capture, transport, MissionSpec, Orchestrator, OrchestratorError};
 
 /// A needed sandbox that is provably gone rejects the attempt, with the reason.
 macro_rules! or_reject {
@@ -129,7 +128,8 @@ impl Attempt<'_, '_> {
             (provider.clone(), main.clone(), id, Vec::new())
         };
         let (bundle, commit) = input_of(orch, spec, record, index);
-        let staged = stage(provider.as_ref(), &id, &bundle, &commit).await;
+        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+        let staged = transport::stage(provider.as_ref(), &id, &bundle, &repo, &commit).await;
         match staged {
             Ok(()) => {
                 let event = Event::Reached {
@@ -146,7 +146,13 @@ impl Attempt<'_, '_> {
                             "fallback_skipped": skipped,
                         }),
                     ),
-                    ("stage", json!({ "commit": commit })),
+                    (
+                        "stage",
+                        json!({
+                            "commit": commit,
+                            "transport": transport::name(provider.as_ref()),
+                        }),
+                    ),
                 ];
                 orch.commit_event(mission, record, seq, &event, &facts)
                     .await?;
@@ -212,26 +218,7 @@ impl Attempt<'_, '_> {
         // The workspace leaves the agent's sandbox as data and is committed on the host;
         // the validator judges exactly that commit, in a clean sandbox.
         let main_id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
-        let mut req = ExecRequest::shell(capture::SCRIPT)
-            .with_cwd("repo")
-            .with_timeout(Duration::from_secs(600));
-        req.max_output_bytes = capture::LIMIT + 1;
-        let out = match provider.exec(&main_id, &req).await {
-            Ok(out) if out.status.success() => out,
-            Ok(out) => {
-                let why = format!(
-                    "the workspace could not be captured ({}): {}",
-                    out.status,
-                    tail(out.stderr.as_deref().unwrap_or_default()).trim()
-                );
-                return self.reject(why).await;
-            }
-            Err(e) => {
-                let why = format!("the workspace could not be captured: {e}");
-                return self.reject(why).await;
-            }
-        };
-        let captured = match capture::parse(&out.stdout) {
+        let captured = match transport::capture_workspace(provider.as_ref(), &main_id).await {
             Ok(captured) => captured,
             Err(why) => return self.reject(why).await,
         };
@@ -318,7 +305,9 @@ impl Attempt<'_, '_> {
         let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
         let commit = capture::resolve(&repo, &attempt_ref(key))?;
         let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-        if let Err(why) = stage(provider.as_ref(), &frozen, &bundle, &commit).await {
+        if let Err(why) =
+            transport::stage(provider.as_ref(), &frozen, &bundle, &repo, &commit).await
+        {
             return self.reject(format!("validator {why}")).await;
         }
         let timeout = parse_duration(&task.validator.timeout).expect("validated");
@@ -353,19 +342,10 @@ impl Attempt<'_, '_> {
         let validator_fact = output_json(&out, &redactor);
         let event = match &out.status {
             ExitStatus::Exited { code: 0 } => {
-                let files = provider
-                    .require_files()
-                    .map_err(|e| OrchestratorError::Repository(e.to_string()));
                 let mut present = Vec::new();
-                if let Ok(files) = files {
-                    for evidence in &task.validator.evidence {
-                        if files
-                            .read(&frozen, &format!("repo/{evidence}"))
-                            .await
-                            .is_ok()
-                        {
-                            present.push(evidence.clone());
-                        }
+                for evidence in &task.validator.evidence {
+                    if transport::evidence_present(provider.as_ref(), &frozen, evidence).await {
+                        present.push(evidence.clone());
                     }
                 }
                 Event::ValidatorPassed {

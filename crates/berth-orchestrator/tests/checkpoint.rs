@@ -92,6 +92,7 @@ async fn providers_without_snapshots_checkpoint_the_workspace() {
         gateways: Default::default(),
         settled: Default::default(),
         last_stored: Default::default(),
+        providers: Default::default(),
     };
     let example =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/fix-the-test");

@@ -212,6 +212,28 @@ pub fn command_line(command: &Command) -> String {
     }
 }
 
+/// The command line and the `cwd` option for a request. A relative working directory means
+/// relative to where a command starts (the sandbox's workspace), as on every other provider;
+/// ComputeSDK passes `cwd` to the vendor as given, and just-bash resolves a relative one from
+/// `/`. So a relative one is entered by the line itself, its name carried in the environment
+/// (`BERTH_CWD`), never spliced into the line; an absolute one goes to the vendor.
+fn with_cwd(
+    command: &Command,
+    cwd: Option<&str>,
+    env: &mut BTreeMap<String, String>,
+) -> (String, Option<String>) {
+    match cwd {
+        Some(dir) if !dir.starts_with('/') => {
+            env.insert("BERTH_CWD".into(), dir.to_owned());
+            (
+                format!("cd -- \"$BERTH_CWD\" || exit 1\n{}", command_line(command)),
+                None,
+            )
+        }
+        other => (command_line(command), other.map(str::to_owned)),
+    }
+}
+
 impl ComputeSdk {
     /// The running sidecar, started on first use (and again after it died).
     async fn sidecar(&self) -> Result<Arc<Sidecar>> {
@@ -470,10 +492,11 @@ impl Provider for ComputeSdk {
             .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, &self.id, m))?;
         let mut env = req.env.clone();
         env.insert("BERTH_SANDBOX".into(), id.0.clone());
+        let (command, cwd) = with_cwd(&req.command, req.cwd.as_deref(), &mut env);
         let args = json!({
             "sandbox_id": id.0,
-            "command": command_line(&req.command),
-            "cwd": req.cwd,
+            "command": command,
+            "cwd": cwd,
             "env": env,
             "timeout_ms": req.timeout.map(|t| t.as_millis() as u64),
             // Bounded so a reply always fits the line limit Berth reads with.

@@ -134,3 +134,24 @@ fn masking_covers_known_values_and_token_shapes() {
     assert!(!masked.contains("e2b_canary"), "{masked}");
     assert!(!masked.contains("sk-abcdefghijklmnop"), "{masked}");
 }
+
+#[test]
+fn a_relative_cwd_is_entered_by_the_line_and_never_spliced_into_it() {
+    let hostile = "repo'; touch /pwned; '";
+    let mut env = BTreeMap::new();
+    let (line, cwd) = with_cwd(
+        &Command::Argv(vec!["ls".into(), "-la".into()]),
+        Some(hostile),
+        &mut env,
+    );
+    assert_eq!(line, "cd -- \"$BERTH_CWD\" || exit 1\nls -la");
+    assert_eq!(cwd, None);
+    assert_eq!(env.get("BERTH_CWD").map(String::as_str), Some(hostile));
+
+    let mut env = BTreeMap::new();
+    let (line, cwd) = with_cwd(&Command::Shell("pwd".into()), Some("/abs"), &mut env);
+    assert_eq!((line.as_str(), cwd.as_deref()), ("pwd", Some("/abs")));
+    assert!(env.is_empty());
+    let (line, cwd) = with_cwd(&Command::Shell("pwd".into()), None, &mut env);
+    assert_eq!((line.as_str(), cwd), ("pwd", None));
+}

@@ -40,6 +40,7 @@ pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
         gateways: Default::default(),
         settled: Default::default(),
         last_stored: Default::default(),
+        providers: Default::default(),
     }
 }
 

@@ -1,0 +1,273 @@
+//! Missions on a provider reached through the ComputeSDK bridge, live: `computesdk:just-bash`
+//! (a bash interpreter over an in-memory filesystem, no credentials), whose files and output
+//! are text — so the repository travels by the text transport and is read back and compared
+//! before the agent or the validator sees it — and fallback between native and bridged
+//! providers on the same rules as everywhere.
+
+use serde_json::Value;
+use std::path::Path;
+mod missions_support;
+use missions_support::*;
+
+const BRIDGED: &str = "computesdk:just-bash";
+
+/// Whether the bridge is installed; a missing one fails unless skipped on purpose.
+fn bridge_installed() -> bool {
+    let bridge = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bridge/computesdk/node_modules/computesdk");
+    if !bridge.is_dir() {
+        assert!(
+            std::env::var_os("BERTH_SKIP_COMPUTESDK").is_some(),
+            "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
+             (or set BERTH_SKIP_COMPUTESDK=1)"
+        );
+        return false;
+    }
+    true
+}
+
+/// A mission whose agent writes `answer.txt` (which its validator checks) and says in
+/// `staged-as.txt` whether it found a git checkout or a plain tree; `sandbox` replaces the
+/// host.
+fn mission(dir: &Path, sandbox: &str) -> std::path::PathBuf {
+    let file = write_mission(
+        dir,
+        "if [ -e .git ]; then printf git > staged-as.txt; else printf tree > staged-as.txt; fi\nprintf right > answer.txt\n",
+        "test \"$(cat answer.txt)\" = right && mkdir -p .berth && echo pass > .berth/verdict",
+        "60s",
+        "\".berth/verdict\"",
+        1,
+    );
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("provider = \"host\"", sandbox);
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+fn fact(doc: &Value, kind: &str) -> Value {
+    doc["facts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == kind)
+        .unwrap_or_else(|| panic!("no `{kind}` fact: {doc}"))["detail"]
+        .clone()
+}
+
+fn succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_mission_runs_on_a_bridged_provider_with_the_tree_kept_exactly() {
+    if !bridge_installed() {
+        return;
+    }
+    let home = home();
+    let dir = home.path().join("m");
+    let file = mission(&dir, &format!("provider = \"{BRIDGED}\""));
+    // Files the transport must carry exactly: UTF-8, every byte value, and a path longer than
+    // a plain tar header holds.
+    let repo = dir.join("repo");
+    std::fs::write(repo.join("utf8.txt"), "üñí 日本\n").unwrap();
+    let every_byte: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
+    std::fs::write(repo.join("bytes.bin"), &every_byte).unwrap();
+    let long = format!("{}/{}.txt", "d".repeat(60), "f".repeat(90));
+    std::fs::create_dir_all(repo.join(&long).parent().unwrap()).unwrap();
+    std::fs::write(repo.join(&long), "deep\n").unwrap();
+
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    succeeded(&out);
+    let id = only_mission(home.path());
+    a_bridged_mission_succeeded(home.path(), &id, &every_byte, &long);
+}
+
+fn a_bridged_mission_succeeded(home: &Path, id: &str, every_byte: &[u8], long: &str) {
+    let (_, doc) = json(home, &["mission", "status", id]);
+    assert_eq!(doc["mission"]["state"]["state"], "succeeded", "{doc}");
+    let sandbox = fact(&doc, "sandbox");
+    assert_eq!(sandbox["provider"], BRIDGED, "{doc}");
+    assert!(
+        fact(&doc, "stage")["transport"]
+            .as_str()
+            .unwrap()
+            .starts_with("text:"),
+        "{doc}"
+    );
+    let attempt = &doc["mission"]["tasks"][0]["attempts"][0]["status"];
+    assert_eq!(attempt["evidence"][0], ".berth/verdict", "{doc}");
+
+    // The final bundle holds the agent's change and every staged file, byte for byte.
+    let bundle = home.join("missions").join(id).join("t.bundle");
+    let checkout = tempfile::tempdir().unwrap();
+    let clone = std::process::Command::new("git")
+        .args(["clone", "-q"])
+        .arg(&bundle)
+        .arg(checkout.path().join("c"))
+        .output()
+        .unwrap();
+    assert!(
+        clone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&clone.stderr)
+    );
+    let c = checkout.path().join("c");
+    assert_eq!(std::fs::read(c.join("answer.txt")).unwrap(), b"right");
+    // The text transport stages a plain tree: no `.git` in the sandbox.
+    assert_eq!(std::fs::read(c.join("staged-as.txt")).unwrap(), b"tree");
+    assert_eq!(std::fs::read(c.join("bytes.bin")).unwrap(), every_byte);
+    assert_eq!(
+        std::fs::read_to_string(c.join("utf8.txt")).unwrap(),
+        "üñí 日本\n"
+    );
+    assert_eq!(std::fs::read_to_string(c.join(long)).unwrap(), "deep\n");
+
+    // Agent and validator sandboxes both went through the ledger and are verified gone.
+    let (_, ledger) = json(home, &["ledger", "list", "--all"]);
+    let rows = sandbox_rows(&ledger);
+    assert_eq!(rows.len(), 2, "{ledger}");
+    for row in rows {
+        assert_eq!(row["provider"], BRIDGED, "{row}");
+        assert_eq!(row["state"], "verified_gone", "{row}");
+    }
+}
+
+/// A tree the provider cannot keep (just-bash turns a symlink into a file and keeps no
+/// executable bit) fails staging with the files named: the agent never runs on, and the validator never judges, another tree.
+#[test]
+fn a_tree_the_bridged_provider_changes_is_refused_at_staging() {
+    if !bridge_installed() {
+        return;
+    }
+    let home = home();
+    let dir = home.path().join("m");
+    let file = mission(&dir, &format!("provider = \"{BRIDGED}\""));
+    std::os::unix::fs::symlink("README", dir.join("repo/link")).unwrap();
+    let tool = dir.join("repo/tool.sh");
+    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    let reason = doc["mission"]["tasks"][0]["attempts"][0]["status"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("staging failed")
+            && reason.contains("2 of 4 files differ")
+            && reason.contains("`link` mode 120000 became 100644")
+            && reason.contains("`tool.sh` mode 100755 became 100644"),
+        "{reason}"
+    );
+    let ran_agent = doc["facts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["kind"] == "agent");
+    assert!(
+        !ran_agent,
+        "the agent ran on a tree that was not staged: {doc}"
+    );
+    let (_, ledger) = json(home.path(), &["ledger", "list", "--all"]);
+    for row in sandbox_rows(&ledger) {
+        assert_eq!(row["state"], "verified_gone", "{row}");
+    }
+}
+
+/// Fallback is one rule for native and bridged providers: an unreachable native provider falls
+/// back to a bridged one (which takes no image: the mission's image is not asked of it), and
+/// an unreachable bridged one to a native one.
+#[test]
+fn missions_fall_back_between_native_and_bridged_providers() {
+    if !bridge_installed() {
+        return;
+    }
+    // docker unreachable → just-bash.
+    let home = home();
+    let dir = home.path().join("m");
+    let file = mission(
+        &dir,
+        &format!(
+            "provider = \"docker\"\nimage = \"berth/agent:bookworm\"\nfallback = [\"{BRIDGED}\"]"
+        ),
+    );
+    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .output()
+        .unwrap();
+    succeeded(&out);
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    let sandbox = fact(&doc, "sandbox");
+    assert_eq!(sandbox["provider"], BRIDGED, "{doc}");
+    let skipped = sandbox["fallback_skipped"][0].as_str().unwrap();
+    assert!(
+        skipped.starts_with("docker:") && skipped.contains("not reachable"),
+        "{skipped}"
+    );
+
+    // e2b (bridged) unreachable → host. The key is a canary: it must not be stored anywhere.
+    let canary = "e2b_berthcanary7f3a9c1d";
+    let home = self::home();
+    let dir = home.path().join("m");
+    let file = mission(&dir, "provider = \"computesdk:e2b\"\nfallback = [\"host\"]");
+    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .env("E2B_API_KEY", canary)
+        .env("E2B_API_URL", "http://127.0.0.1:1")
+        .output()
+        .unwrap();
+    succeeded(&out);
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    let sandbox = fact(&doc, "sandbox");
+    assert_eq!(sandbox["provider"], "host", "{doc}");
+    let skipped = sandbox["fallback_skipped"][0].as_str().unwrap();
+    assert!(skipped.starts_with("computesdk:e2b:"), "{skipped}");
+    assert!(
+        fact(&doc, "stage")["transport"]
+            .as_str()
+            .unwrap()
+            .starts_with("bytes:"),
+        "{doc}"
+    );
+    let printed = format!(
+        "{}{}{doc}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!printed.contains(canary), "the key leaked: {printed}");
+    for entry in walk(home.path()) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !bytes.windows(canary.len()).any(|w| w == canary.as_bytes()),
+            "the key is in {}",
+            entry.display()
+        );
+    }
+}
+
+/// Every regular file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut queue = vec![dir.to_owned()];
+    while let Some(dir) = queue.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                queue.push(entry.path());
+            } else if kind.is_file() {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
