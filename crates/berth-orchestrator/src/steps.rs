@@ -128,8 +128,8 @@ impl Attempt<'_, '_> {
             (provider.clone(), main.clone(), id, Vec::new())
         };
         let (bundle, commit) = input_of(orch, spec, record, index);
-        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
-        let staged = transport::stage(provider.as_ref(), &id, &bundle, &repo, &commit).await;
+        let work_repo = || capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle);
+        let staged = transport::stage(provider.as_ref(), &id, &bundle, work_repo, &commit).await;
         match staged {
             Ok(()) => {
                 let event = Event::Reached {
@@ -305,8 +305,14 @@ impl Attempt<'_, '_> {
         let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
         let commit = capture::resolve(&repo, &attempt_ref(key))?;
         let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-        if let Err(why) =
-            transport::stage(provider.as_ref(), &frozen, &bundle, &repo, &commit).await
+        if let Err(why) = transport::stage(
+            provider.as_ref(),
+            &frozen,
+            &bundle,
+            || Ok(repo.clone()),
+            &commit,
+        )
+        .await
         {
             return self.reject(format!("validator {why}")).await;
         }

@@ -20,7 +20,7 @@
 
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine;
@@ -71,12 +71,13 @@ const CHUNK: usize = 512 * 1024;
 pub(crate) const TEXT_LIMIT: usize = berth_contract::DEFAULT_MAX_OUTPUT_BYTES / 4 * 3 - 64 * 1024;
 
 /// Stages `commit` as `repo/` in the sandbox, by the transport the provider offers. `bundle`
-/// holds the commit (bytes); `repo` is Berth's work repository holding it (text).
+/// holds the commit (bytes); `work_repo` gives Berth's work repository holding it (text; the
+/// byte path never opens it).
 pub(crate) async fn stage(
     provider: &dyn Provider,
     id: &NativeId,
     bundle: &Path,
-    repo: &Path,
+    work_repo: impl FnOnce() -> Result<PathBuf, OrchestratorError>,
     commit: &str,
 ) -> Result<(), String> {
     if !capture::is_commit_id(commit) {
@@ -85,7 +86,9 @@ pub(crate) async fn stage(
     if carries_bytes(provider) {
         stage_bundle(provider, id, bundle, commit).await
     } else {
-        let tree = tree_of(repo, commit).map_err(|e| e.to_string())?;
+        let tree = work_repo()
+            .and_then(|repo| tree_of(&repo, commit))
+            .map_err(|e| e.to_string())?;
         stage_text(provider, id, &tree).await
     }
 }
