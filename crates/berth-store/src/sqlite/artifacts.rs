@@ -162,13 +162,57 @@ impl ArtifactStore for Store {
     }
 
     async fn publication_get(&self, bundle_id: &str) -> Result<PublicationRow, StoreError> {
-        let row = sqlx::query("SELECT * FROM publications WHERE bundle_id = ?")
-            .bind(bundle_id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(q("read publication"))?
-            .ok_or_else(|| StoreError::NotFound(bundle_id.to_owned()))?;
-        publication(row)
+        // In-process: a claim and a publication's last step read it back.
+        let found = self.direct().run("read publication", |conn| {
+            use rusqlite::OptionalExtension;
+            conn.prepare_cached(
+                "SELECT bundle_id, schema_version, mission_id, task_id, attempt_key, accepted, \
+                 state, manifest_json, last_error, created_at, updated_at \
+                 FROM publications WHERE bundle_id = ?",
+            )?
+            .query_row([bundle_id], |r| {
+                Ok((
+                    (
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ),
+                    (
+                        r.get::<_, String>(6)?,
+                        r.get::<_, String>(7)?,
+                        r.get::<_, Option<String>>(8)?,
+                        r.get::<_, String>(9)?,
+                        r.get::<_, String>(10)?,
+                    ),
+                ))
+            })
+            .optional()
+        })?;
+        let Some((
+            (bundle_id, schema_version, mission_id, task_id, attempt_key, accepted),
+            (state, manifest_json, last_error, created_at, updated_at),
+        )) = found
+        else {
+            return Err(StoreError::NotFound(bundle_id.to_owned()));
+        };
+        Ok(PublicationRow {
+            bundle_id,
+            schema_version: u32::try_from(schema_version)
+                .map_err(|_| StoreError::Corrupt(format!("schema_version {schema_version}")))?,
+            mission_id,
+            task_id,
+            attempt_key,
+            accepted: accepted != 0,
+            state: PublicationState::parse(&state)
+                .ok_or_else(|| StoreError::Corrupt(format!("publication state `{state}`")))?,
+            manifest_json,
+            last_error,
+            created_at: ts(&created_at)?,
+            updated_at: ts(&updated_at)?,
+        })
     }
 
     async fn publications(
