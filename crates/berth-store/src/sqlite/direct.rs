@@ -1,5 +1,6 @@
 //! SQLite called in-process, for the schema check at open and the statements made at every
-//! step (ledger intents, marks and reads, mission appends, artifact claims and index).
+//! step (ledger intents, marks and reads, mission appends, loads and leases, artifact claims,
+//! index and reads).
 //!
 //! sqlx runs each statement of a connection on that connection's own thread: every statement is
 //! a round trip between threads. On the CI machine kind that round trip measured 85–140 µs per

@@ -119,43 +119,51 @@ impl MissionStore for Store {
         let now = Utc::now();
         let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
         let fmt = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        let taken = sqlx::query(
-            "UPDATE missions SET lease_holder = ?, lease_fence = lease_fence + 1, lease_expires_at = ? \
-             WHERE id = ? AND (lease_holder IS NULL OR lease_expires_at < ? OR lease_holder = ?) \
-             RETURNING lease_fence",
-        )
-        .bind(holder)
-        .bind(fmt(until))
-        .bind(id)
-        .bind(fmt(now))
-        .bind(steal_from.unwrap_or("\u{0}"))
-        .fetch_optional(self.pool())
-        .await
-        .map_err(q("take mission lease"))?;
-        if let Some(row) = taken {
-            return Ok(Ok(row
-                .try_get("lease_fence")
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?));
+        // In-process, like every statement a runner makes (see `sqlite::direct`): the take
+        // and, when it fails, the read of who holds it.
+        let taken = self.direct().run("take mission lease", |conn| {
+            use rusqlite::OptionalExtension;
+            let fence = conn
+                .prepare_cached(
+                    "UPDATE missions SET lease_holder = ?, lease_fence = lease_fence + 1, \
+                     lease_expires_at = ? \
+                     WHERE id = ? AND (lease_holder IS NULL OR lease_expires_at < ? OR lease_holder = ?) \
+                     RETURNING lease_fence",
+                )?
+                .query_row(
+                    rusqlite::params![
+                        holder,
+                        fmt(until),
+                        id,
+                        fmt(now),
+                        steal_from.unwrap_or("\u{0}")
+                    ],
+                    |r| r.get::<_, i64>(0),
+                )
+                .optional()?;
+            if let Some(fence) = fence {
+                return Ok(Ok(fence));
+            }
+            let held = conn
+                .prepare_cached("SELECT lease_holder, lease_expires_at FROM missions WHERE id = ?")?
+                .query_row([id], |r| {
+                    Ok((
+                        r.get::<_, Option<String>>(0)?,
+                        r.get::<_, Option<String>>(1)?,
+                    ))
+                })
+                .optional()?;
+            Ok(Err(held))
+        })?;
+        match taken {
+            Ok(fence) => Ok(Ok(fence)),
+            Err(None) => Err(StoreError::NotFound(id.to_owned())),
+            Err(Some((holder, expires_at))) => Ok(Err(LeaseHeld {
+                mission: id.to_owned(),
+                holder: holder.unwrap_or_default(),
+                expires_at: expires_at.unwrap_or_default(),
+            })),
         }
-        let held = sqlx::query("SELECT lease_holder, lease_expires_at FROM missions WHERE id = ?")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(q("read mission lease"))?
-            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        Ok(Err(LeaseHeld {
-            mission: id.to_owned(),
-            holder: held
-                .try_get::<Option<String>, _>("lease_holder")
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
-            expires_at: held
-                .try_get::<Option<String>, _>("lease_expires_at")
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
-        }))
     }
 
     async fn mission_lease_renew(
@@ -165,29 +173,28 @@ impl MissionStore for Store {
         ttl: std::time::Duration,
     ) -> Result<bool, StoreError> {
         let until = Utc::now() + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-        let renewed = sqlx::query(
-            "UPDATE missions SET lease_expires_at = ? \
-             WHERE id = ? AND lease_fence = ? AND lease_holder IS NOT NULL",
-        )
-        .bind(until.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
-        .bind(id)
-        .bind(fence)
-        .execute(self.pool())
-        .await
-        .map_err(q("renew mission lease"))?;
-        Ok(renewed.rows_affected() == 1)
+        let renewed = self.direct().run("renew mission lease", |conn| {
+            conn.prepare_cached(
+                "UPDATE missions SET lease_expires_at = ? \
+                 WHERE id = ? AND lease_fence = ? AND lease_holder IS NOT NULL",
+            )?
+            .execute(rusqlite::params![
+                until.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                id,
+                fence
+            ])
+        })?;
+        Ok(renewed == 1)
     }
 
     async fn mission_lease_release(&self, id: &str, fence: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE missions SET lease_holder = NULL, lease_expires_at = NULL \
-             WHERE id = ? AND lease_fence = ?",
-        )
-        .bind(id)
-        .bind(fence)
-        .execute(self.pool())
-        .await
-        .map_err(q("release mission lease"))?;
+        self.direct().run("release mission lease", |conn| {
+            conn.prepare_cached(
+                "UPDATE missions SET lease_holder = NULL, lease_expires_at = NULL \
+                 WHERE id = ? AND lease_fence = ?",
+            )?
+            .execute(rusqlite::params![id, fence])
+        })?;
         Ok(())
     }
 
@@ -231,13 +238,45 @@ impl MissionStore for Store {
 
     /// One mission.
     async fn mission_get(&self, id: &str) -> Result<MissionRow, StoreError> {
-        let found = sqlx::query("SELECT * FROM missions WHERE id = ?")
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(q("read mission"))?
-            .ok_or_else(|| StoreError::NotFound(id.to_owned()))?;
-        row(found)
+        // In-process: a runner's first load, and every load after its lease changed hands.
+        let found = self.direct().run("read mission", |conn| {
+            use rusqlite::OptionalExtension;
+            conn.prepare_cached(
+                "SELECT id, name, owner, spec_json, record_json, state, seq, created_at, \
+                 updated_at FROM missions WHERE id = ?",
+            )?
+            .query_row([id], |r| {
+                Ok((
+                    [
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, String>(4)?,
+                        r.get::<_, String>(5)?,
+                    ],
+                    r.get::<_, i64>(6)?,
+                    [r.get::<_, String>(7)?, r.get::<_, String>(8)?],
+                ))
+            })
+            .optional()
+        })?;
+        let Some(([id, name, owner, spec_json, record_json, state], seq, [created, updated])) =
+            found
+        else {
+            return Err(StoreError::NotFound(id.to_owned()));
+        };
+        Ok(MissionRow {
+            id,
+            name,
+            owner,
+            spec_json,
+            record_json,
+            state,
+            seq,
+            created_at: ts(&created)?,
+            updated_at: ts(&updated)?,
+        })
     }
 
     /// This owner's missions, newest first.
