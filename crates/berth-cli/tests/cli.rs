@@ -686,14 +686,7 @@ fn colour_and_progress_only_on_a_terminal() {
 /// on stderr, and the sandbox ends verified gone in the ledger.
 #[test]
 fn computesdk_just_bash_runs_through_the_cli_and_never_fakes_not_found() {
-    let bridge = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../bridge/computesdk/node_modules/computesdk");
-    if !bridge.is_dir() {
-        assert!(
-            std::env::var_os("BERTH_SKIP_COMPUTESDK").is_some(),
-            "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
-             (or set BERTH_SKIP_COMPUTESDK=1)"
-        );
+    if !berth_testkit::computesdk_bridge_installed() {
         return;
     }
     let home = Home::new();

@@ -11,21 +11,6 @@ use missions_support::*;
 
 const BRIDGED: &str = "computesdk:just-bash";
 
-/// Whether the bridge is installed; a missing one fails unless skipped on purpose.
-fn bridge_installed() -> bool {
-    let bridge = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../bridge/computesdk/node_modules/computesdk");
-    if !bridge.is_dir() {
-        assert!(
-            std::env::var_os("BERTH_SKIP_COMPUTESDK").is_some(),
-            "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
-             (or set BERTH_SKIP_COMPUTESDK=1)"
-        );
-        return false;
-    }
-    true
-}
-
 /// A mission whose agent writes `answer.txt` (which its validator checks) and says in
 /// `staged-as.txt` whether it found a git checkout or a plain tree; `sandbox` replaces the
 /// host.
@@ -66,7 +51,7 @@ fn succeeded(out: &std::process::Output) {
 
 #[test]
 fn a_mission_runs_on_a_bridged_provider_with_the_tree_kept_exactly() {
-    if !bridge_installed() {
+    if !berth_testkit::computesdk_bridge_installed() {
         return;
     }
     let home = home();
@@ -142,7 +127,7 @@ fn a_bridged_mission_succeeded(home: &Path, id: &str, every_byte: &[u8], long: &
 /// executable bit) fails staging with the files named: the agent never runs on, and the validator never judges, another tree.
 #[test]
 fn a_tree_the_bridged_provider_changes_is_refused_at_staging() {
-    if !bridge_installed() {
+    if !berth_testkit::computesdk_bridge_installed() {
         return;
     }
     let home = home();
@@ -188,7 +173,7 @@ fn a_tree_the_bridged_provider_changes_is_refused_at_staging() {
 /// an unreachable bridged one to a native one.
 #[test]
 fn missions_fall_back_between_native_and_bridged_providers() {
-    if !bridge_installed() {
+    if !berth_testkit::computesdk_bridge_installed() {
         return;
     }
     // docker unreachable → just-bash.
@@ -270,4 +255,36 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
         }
     }
     found
+}
+
+/// An agent CLI's login and session are staged as files: an agent harness on a provider
+/// without the file API is refused when the mission is created, whether the provider is the
+/// mission's or a fallback, and nothing is registered.
+#[test]
+fn an_agent_harness_on_a_provider_without_files_is_refused_at_creation() {
+    let home = home();
+    let dir = home.path().join("m");
+    let file = mission(&dir, &format!("provider = \"{BRIDGED}\""));
+    std::fs::write(dir.join("model.toml"), "").unwrap();
+    let agent = std::fs::read_to_string(&file).unwrap().replace(
+        "kind = \"script\"\ncommand = \"sh .agent/agent.sh\"",
+        "kind = \"opencode\"\nmodel = \"scripted\"\n[harness.gateway]\nscript = \"model.toml\"",
+    );
+    for sandbox in [
+        format!("provider = \"{BRIDGED}\""),
+        format!("provider = \"host\"\nfallback = [\"{BRIDGED}\"]"),
+    ] {
+        let text = agent.replace(&format!("provider = \"{BRIDGED}\""), &sandbox);
+        std::fs::write(&file, text).unwrap();
+        let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(
+            stderr.contains(&format!("provider `{BRIDGED}` cannot run an agent harness"))
+                && stderr.contains("does not support `files`"),
+            "{stderr}"
+        );
+        let (_, list) = json(home.path(), &["mission", "list"]);
+        assert_eq!(list["missions"].as_array().map(Vec::len), Some(0), "{list}");
+    }
 }

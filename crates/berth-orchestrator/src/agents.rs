@@ -59,6 +59,17 @@ pub(crate) fn register_check(
         let manifest = registry
             .manifest(provider)
             .map_err(|_| OrchestratorError::UnknownProvider(provider.clone()))?;
+        // A provider without the file API gets the repository by the text transport (see
+        // transport.rs), but an agent CLI's login and session are staged as files: such a
+        // mission would fail every attempt (and never fall back), so it is refused here.
+        if manifest.support(berth_contract::Capability::Files) != berth_contract::Support::Supported
+        {
+            return Err(OrchestratorError::Unsupported(format!(
+                "provider `{provider}` cannot run an agent harness: it does not support \
+                 `files`, which staging the agent's login and session need (a command \
+                 harness runs there)"
+            )));
+        }
         GatewayReach::of(manifest).map_err(|why| {
             OrchestratorError::Unsupported(format!("the `{}` harness: {why}", harness.as_str()))
         })?;

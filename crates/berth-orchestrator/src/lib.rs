@@ -313,24 +313,6 @@ impl Orchestrator<'_> {
             if !self.registry.has_adapter(provider) {
                 return Err(OrchestratorError::UnknownProvider(provider.clone()));
             }
-            // A provider without the file API gets the repository by the text transport
-            // (see transport.rs); an agent CLI's login and session are staged as files, so an
-            // agent harness on such a provider would fail every attempt (and never fall back):
-            // refused here, before anything exists.
-            let manifest = self
-                .registry
-                .manifest(provider)
-                .map_err(|_| OrchestratorError::UnknownProvider(provider.clone()))?;
-            if agents::harness_of(&file).is_some()
-                && manifest.support(berth_contract::Capability::Files)
-                    != berth_contract::Support::Supported
-            {
-                return Err(OrchestratorError::Unsupported(format!(
-                    "provider `{provider}` cannot run an agent harness: it does not support \
-                     `files`, which staging the agent's login and session need (a command \
-                     harness runs there)"
-                )));
-            }
         }
         let model_script = agents::register_check(&file, self.registry, self.home, |path| {
             let path = confined(file_path, path, allow_outside, "harness.gateway.script")?;

@@ -204,21 +204,14 @@ pub(crate) async fn read_tree(provider: &dyn Provider, id: &NativeId) -> Result<
 
 /// The workspace's archive, base64, from the text capture script.
 async fn read_encoded(provider: &dyn Provider, id: &NativeId) -> Result<Vec<u8>, String> {
-    let mut req = ExecRequest::shell(TEXT_CAPTURE_SCRIPT)
-        .with_cwd("repo")
-        .with_timeout(Duration::from_secs(600));
-    req.max_output_bytes = berth_contract::DEFAULT_MAX_OUTPUT_BYTES;
-    let out = provider
-        .exec(id, &req)
-        .await
-        .map_err(|e| format!("the workspace could not be read: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "the workspace could not be read ({}): {}",
-            out.status,
-            tail(out.stderr.as_deref().unwrap_or_default()).trim()
-        ));
-    }
+    let out = in_workspace(
+        provider,
+        id,
+        TEXT_CAPTURE_SCRIPT,
+        berth_contract::DEFAULT_MAX_OUTPUT_BYTES,
+        "read",
+    )
+    .await?;
     if out.stdout_truncated() {
         return Err(format!(
             "the workspace is larger than this provider's text transport carries ({} KiB as an \
@@ -227,6 +220,32 @@ async fn read_encoded(provider: &dyn Provider, id: &NativeId) -> Result<Vec<u8>,
         ));
     }
     Ok(out.stdout)
+}
+
+/// Runs a capture script in `repo/`; its output, or why the workspace could not be `what`.
+async fn in_workspace(
+    provider: &dyn Provider,
+    id: &NativeId,
+    script: &str,
+    max_output_bytes: usize,
+    what: &str,
+) -> Result<berth_contract::ExecOutput, String> {
+    let mut req = ExecRequest::shell(script)
+        .with_cwd("repo")
+        .with_timeout(Duration::from_secs(600));
+    req.max_output_bytes = max_output_bytes;
+    let out = provider
+        .exec(id, &req)
+        .await
+        .map_err(|e| format!("the workspace could not be {what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the workspace could not be {what} ({}): {}",
+            out.status,
+            tail(out.stderr.as_deref().unwrap_or_default()).trim()
+        ));
+    }
+    Ok(out)
 }
 
 /// Base64 from the sandbox (hostile: anything but base64 and whitespace is refused).
@@ -249,21 +268,14 @@ pub(crate) async fn capture_workspace(
     if !carries_bytes(provider) {
         return read_tree(provider, id).await;
     }
-    let mut req = ExecRequest::shell(capture::SCRIPT)
-        .with_cwd("repo")
-        .with_timeout(Duration::from_secs(600));
-    req.max_output_bytes = capture::LIMIT + 1;
-    let out = provider
-        .exec(id, &req)
-        .await
-        .map_err(|e| format!("the workspace could not be captured: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "the workspace could not be captured ({}): {}",
-            out.status,
-            tail(out.stderr.as_deref().unwrap_or_default()).trim()
-        ));
-    }
+    let out = in_workspace(
+        provider,
+        id,
+        capture::SCRIPT,
+        capture::LIMIT + 1,
+        "captured",
+    )
+    .await?;
     capture::parse(&out.stdout)
 }
 

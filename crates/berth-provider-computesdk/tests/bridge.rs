@@ -19,16 +19,7 @@ use berth_provider_computesdk::{BridgeConfig, ComputeSdk};
 const CANARY: &str = "e2b_canary0f1e2d3c4b5a69788796a5b4c3d";
 
 fn installed() -> bool {
-    let ok = berth_provider_computesdk::default_bridge_dir()
-        .join("node_modules/computesdk")
-        .is_dir();
-    if !ok && std::env::var_os("BERTH_SKIP_COMPUTESDK").is_none() {
-        panic!(
-            "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
-             (or set BERTH_SKIP_COMPUTESDK=1 to skip explicitly)"
-        );
-    }
-    ok
+    berth_testkit::computesdk_bridge_installed()
 }
 
 fn path() -> String {

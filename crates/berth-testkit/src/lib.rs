@@ -73,6 +73,23 @@ pub fn wait_all_gone(pids: &[i32], limit: Duration) -> bool {
     }
 }
 
+/// Whether the ComputeSDK bridge is installed (`scripts/install-computesdk-bridge` puts its
+/// pinned packages in `bridge/computesdk/node_modules`). `false` only when
+/// `BERTH_SKIP_COMPUTESDK` says to skip explicitly; a missing bridge otherwise fails the test.
+pub fn computesdk_bridge_installed() -> bool {
+    let bridge = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../bridge/computesdk/node_modules/computesdk");
+    if bridge.is_dir() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("BERTH_SKIP_COMPUTESDK").is_some(),
+        "the ComputeSDK bridge is not installed: run scripts/install-computesdk-bridge \
+         (or set BERTH_SKIP_COMPUTESDK=1 to skip explicitly)"
+    );
+    false
+}
+
 /// Where the pinned agent CLIs are (`BERTH_AGENT_BIN_DIR`, else `agents/node_modules/.bin`
 /// from `scripts/install-agent-clis`). `None` only when `BERTH_SKIP_AGENT_CLIS=1` says to skip
 /// explicitly; missing CLIs otherwise fail the test.
