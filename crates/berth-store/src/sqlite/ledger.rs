@@ -236,11 +236,12 @@ impl Store {
     async fn identity(&self) -> Result<String, StoreError> {
         let found = self
             .identity
+            // In-process: a `berth create` would otherwise start sqlx's connection just for it.
             .get_or_try_init(|| async {
-                sqlx::query_scalar::<_, String>("SELECT id FROM store_identity WHERE singleton = 1")
-                    .fetch_one(self.pool())
-                    .await
-                    .map_err(query_err("read the store's identity"))
+                self.direct().run("read the store's identity", |conn| {
+                    conn.prepare_cached("SELECT id FROM store_identity WHERE singleton = 1")?
+                        .query_row([], |row| row.get::<_, String>(0))
+                })
             })
             .await?;
         Ok(found.clone())
