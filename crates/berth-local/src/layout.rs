@@ -96,7 +96,12 @@ impl Layout {
     }
 
     pub(crate) fn workspace(&self, name: &str) -> PathBuf {
-        self.sandbox(name).join(WORKSPACE_DIR)
+        Self::workspace_in(&self.sandbox(name))
+    }
+
+    /// The workspace of a sandbox directory (wherever it is now: named, or being removed).
+    pub(crate) fn workspace_in(sandbox_dir: &Path) -> PathBuf {
+        sandbox_dir.join(WORKSPACE_DIR)
     }
 
     pub(crate) fn snapshots(&self) -> PathBuf {
@@ -114,11 +119,12 @@ impl Layout {
             .join(format!(".creating-{name}"))
     }
 
-    /// Makes the sandbox (failing with `Conflict` if the name is taken) with `creating`
-    /// metadata. The directory is assembled under a hidden staging name — workspace and
-    /// labelled metadata first — and only then renamed (without replacing) to its name, so a
-    /// sandbox directory never exists without Berth's labels, whenever the process dies. A
-    /// staging directory left by a crash is removed by the next create or destroy of the name.
+    /// Makes the sandbox (failing with `Conflict` if the name is taken), ready. The directory
+    /// is assembled under a hidden staging name — workspace, labelled metadata, then `fill`'s
+    /// content (an archive unpacked into the workspace) — and only then renamed (without
+    /// replacing) to its name, so a sandbox directory never exists without Berth's labels or
+    /// with half its content, whenever the process dies. A staging directory left by a crash is
+    /// removed by the next create or destroy of the name.
     pub(crate) fn create_sandbox(
         &self,
         name: &str,
@@ -126,6 +132,7 @@ impl Layout {
         extra_labels: BTreeMap<String, String>,
         network: NetworkMode,
         owner: Option<(u32, u32)>,
+        fill: impl FnOnce(&Path) -> Result<()>,
     ) -> Result<()> {
         let conflict = || {
             ProviderError::new(
@@ -155,12 +162,13 @@ impl Layout {
                 &SandboxMeta {
                     schema_version: META_SCHEMA_VERSION,
                     name: name.to_owned(),
-                    phase: SandboxPhase::Creating,
+                    phase: SandboxPhase::Ready,
                     labels,
                     extra_labels,
                     network,
                 },
             )?;
+            fill(&workspace)?;
             match rustix::fs::renameat_with(
                 rustix::fs::CWD,
                 staging.as_path(),
@@ -203,8 +211,8 @@ impl Layout {
     }
 
     /// Whether a process started in the sandbox may still be alive.
-    pub(crate) fn may_have_processes(&self, name: &str) -> bool {
-        match std::fs::read_dir(self.sandbox(name).join(RUNNING_DIR)) {
+    pub(crate) fn may_have_processes(sandbox_dir: &Path) -> bool {
+        match std::fs::read_dir(sandbox_dir.join(RUNNING_DIR)) {
             Ok(mut entries) => entries.next().is_some(),
             Err(_) => true,
         }
@@ -240,23 +248,6 @@ impl Layout {
         Ok(Some(meta))
     }
 
-    pub(crate) fn set_phase(&self, name: &str, phase: SandboxPhase) -> Result<()> {
-        let mut meta = self.read_meta(name)?.ok_or_else(|| {
-            ProviderError::new(
-                ErrorKind::NotFound,
-                PROVIDER_ID,
-                format!("no sandbox `{name}`"),
-            )
-        })?;
-        meta.phase = phase;
-        self.write_meta(&meta)
-    }
-
-    /// Atomic replace: write a temp file, then rename over.
-    fn write_meta(&self, meta: &SandboxMeta) -> Result<()> {
-        write_meta_in(&self.sandbox(&meta.name), meta)
-    }
-
     /// Where a sandbox goes while it is being removed: hidden, so it is absent at once.
     fn removing(&self, name: &str) -> PathBuf {
         self.root
@@ -264,16 +255,22 @@ impl Layout {
             .join(format!(".destroying-{name}"))
     }
 
-    /// Removes a sandbox: first renamed out of its name (atomic: from then on it is absent,
-    /// and a crash mid-removal never leaves a half-deleted sandbox without its labels), then
-    /// deleted. Leftovers of an earlier interrupted create or removal of the name go too.
-    pub(crate) fn remove_sandbox(&self, name: &str) -> Result<()> {
+    /// Removes a sandbox: first renamed out of its name (atomic: from then on it is absent, no
+    /// command can start in it, and a crash mid-removal never leaves a half-deleted sandbox
+    /// without its labels), then `before_delete` is given the renamed directory (to end what
+    /// its commands left running), then it is deleted. Leftovers of an earlier interrupted
+    /// create or removal of the name go too.
+    pub(crate) fn remove_sandbox(
+        &self,
+        name: &str,
+        before_delete: impl FnOnce(&Path),
+    ) -> Result<()> {
         let removing = self.removing(name);
         let fail = |e| io_error("remove sandbox directory", e);
         force_remove_dir(&self.staging(name)).map_err(fail)?;
         force_remove_dir(&removing).map_err(fail)?;
         match std::fs::rename(self.sandbox(name), &removing) {
-            Ok(()) => {}
+            Ok(()) => before_delete(&removing),
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
             Err(err) => return Err(fail(err)),
         }
@@ -369,25 +366,68 @@ mod tests {
         assert!(layout.all_meta().unwrap().is_empty());
         assert!(!layout.sandbox("bx-1").exists());
         let labels = BTreeMap::from([("berth.owner".to_owned(), "alice".to_owned())]);
-        layout
-            .create_sandbox(
-                "bx-1",
+        let create = |name: &str, fill: &dyn Fn(&Path) -> Result<()>| {
+            layout.create_sandbox(
+                name,
                 labels.clone(),
                 BTreeMap::new(),
                 NetworkMode::None,
                 None,
+                fill,
+            )
+        };
+        // The content is filled in before the name appears, with the labels already there.
+        create("bx-1", &|workspace| {
+            assert!(!layout.sandbox("bx-1").exists());
+            let meta: SandboxMeta = serde_json::from_slice(
+                &std::fs::read(layout.staging("bx-1").join(META_FILE)).unwrap(),
             )
             .unwrap();
+            assert_eq!(
+                meta.labels.get("berth.owner").map(String::as_str),
+                Some("alice")
+            );
+            std::fs::write(workspace.join("f"), b"content").unwrap();
+            Ok(())
+        })
+        .unwrap();
         let meta = layout.read_meta("bx-1").unwrap().unwrap();
         assert_eq!(meta.labels, labels);
+        assert_eq!(meta.phase, SandboxPhase::Ready);
+        assert_eq!(
+            std::fs::read(layout.workspace("bx-1").join("f")).unwrap(),
+            b"content"
+        );
         assert!(!layout.staging("bx-1").exists());
-        let again = layout
-            .create_sandbox("bx-1", labels, BTreeMap::new(), NetworkMode::None, None)
-            .unwrap_err();
+        let again = create("bx-1", &|_| Ok(())).unwrap_err();
         assert_eq!(again.kind(), ErrorKind::Conflict);
-        // Destroy removes a leftover staging directory too.
+        // A fill that fails leaves nothing behind, and its error is the one reported.
+        let failed = create("bx-2", &|_| {
+            Err(ProviderError::new(
+                ErrorKind::InvalidRequest,
+                PROVIDER_ID,
+                "bad archive",
+            ))
+        })
+        .unwrap_err();
+        assert_eq!(failed.kind(), ErrorKind::InvalidRequest);
+        assert!(!layout.staging("bx-2").exists() && !layout.sandbox("bx-2").exists());
+        // Removal renames the sandbox away before anything else: absent by its name while
+        // `before_delete` sees it, content and all.
+        let mut seen = None;
+        layout
+            .remove_sandbox("bx-1", |removed| {
+                assert!(!layout.sandbox("bx-1").exists());
+                seen = std::fs::read(Layout::workspace_in(removed).join("f")).ok();
+            })
+            .unwrap();
+        assert_eq!(seen.as_deref(), Some(&b"content"[..]));
+        assert!(!layout.removing("bx-1").exists());
+        // Destroy removes a leftover staging directory too (nothing to hand `before_delete`).
         std::fs::create_dir_all(layout.staging("bx-1")).unwrap();
-        layout.remove_sandbox("bx-1").unwrap();
+        layout
+            .remove_sandbox("bx-1", |_| panic!("no sandbox was there"))
+            .unwrap();
         assert!(!layout.staging("bx-1").exists() && !layout.sandbox("bx-1").exists());
     }
 

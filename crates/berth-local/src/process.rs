@@ -1,6 +1,7 @@
 //! Process-group exec: one new process group per command, scrubbed environment, separate
 //! stdout/stderr, a deadline that kills the whole group, and no leftovers after exit.
 
+use std::ffi::OsStr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Stdio;
@@ -137,10 +138,20 @@ fn under_reaper(
 )> {
     let std_cmd = cmd.as_std();
     let mut wrapped = tokio::process::Command::new(reaper);
-    wrapped
-        .arg(berth_supervisor::reaper::REAP_ARG)
-        .arg(std_cmd.get_program())
-        .args(std_cmd.get_args());
+    let mut args = std_cmd.get_args().peekable();
+    // The reaper's own binary entering a bwrap sandbox (`REAPER __enter …`): the reaper makes
+    // the entry itself, one program start fewer per exec.
+    let entering = std_cmd.get_program() == reaper.as_os_str()
+        && args.peek() == Some(&OsStr::new(berth_supervisor::enter::ENTER_ARG));
+    if entering {
+        args.next();
+        wrapped.arg(berth_supervisor::reaper::REAP_ENTER_ARG);
+    } else {
+        wrapped
+            .arg(berth_supervisor::reaper::REAP_ARG)
+            .arg(std_cmd.get_program());
+    }
+    wrapped.args(args);
     let pair = std::os::unix::net::UnixStream::pair()
         .map_err(|e| io_error("create the reaper's control channel", e))?;
     Ok((wrapped, pair))

@@ -213,8 +213,9 @@ impl<L: Launcher> LocalProvider<L> {
         req: &ExecRequest,
         sink: process::Sink<'_>,
     ) -> Result<process::Finished> {
-        // Recorded before the readiness check: a destroy that has already marked the sandbox
-        // destroying (and so found no running command) makes that check fail.
+        // Recorded before the readiness check: a destroy that has already renamed the sandbox
+        // away (and so found no running command) makes that check fail, and one that renames it
+        // after this finds the record.
         let mark = self.command_started(id);
         let meta = self.ready(id)?;
         let mark = mark?;
@@ -285,16 +286,17 @@ impl<L: Launcher> LocalProvider<L> {
         let network = req.network;
         let owner = self.launcher.workspace_owner();
         blocking(move || {
-            layout.create_sandbox(&name, labels, extra, network, owner)?;
-            if let Some(archive) = archive {
-                let unpacked = archive::unpack(&archive, &layout.workspace(&name), owner);
-                if let Err(err) = unpacked {
-                    // Leave nothing half-made behind: remove, then report the unpack error.
-                    let _ = layout.remove_sandbox(&name);
-                    return Err(err);
-                }
-            }
-            layout.set_phase(&name, SandboxPhase::Ready)
+            layout.create_sandbox(
+                &name,
+                labels,
+                extra,
+                network,
+                owner,
+                |workspace| match archive {
+                    Some(archive) => archive::unpack(&archive, workspace, owner),
+                    None => Ok(()),
+                },
+            )
         })
         .await?;
         Ok(Created {
@@ -329,27 +331,26 @@ impl<L: Launcher> LocalProvider<L> {
 
     async fn destroy_inner(&self, id: &NativeId) -> Result<DestroyOutcome> {
         let name = layout::checked_name(&id.0)?;
-        if !self.layout.sandbox(&name).exists() {
-            // What an interrupted create or removal left under hidden names goes too.
-            let layout = self.layout.clone();
-            let leftover = name.clone();
-            blocking(move || layout.remove_sandbox(&leftover)).await?;
+        let already_absent = !self.layout.sandbox(&name).exists();
+        let layout = self.layout.clone();
+        // Also what an interrupted create or removal left under hidden names. A sandbox
+        // without (readable) metadata is still destroyed.
+        blocking(move || {
+            layout.remove_sandbox(&name, |removed| {
+                // Renamed away first, so no command can start in it any more; the process table
+                // is searched only when one may have left something: one still running, or one
+                // whose reaper never reported it contained.
+                if Layout::may_have_processes(removed) {
+                    process::kill_leftovers(&name, &Layout::workspace_in(removed));
+                }
+            })
+        })
+        .await?;
+        if already_absent {
             return Ok(DestroyOutcome::VerifiedGone {
                 already_absent: true,
             });
         }
-        let layout = self.layout.clone();
-        blocking(move || {
-            // Best effort: a sandbox without metadata is still destroyed.
-            let _ = layout.set_phase(&name, SandboxPhase::Destroying);
-            // The process table is searched only when a command may have left something: one
-            // still running, or one whose reaper never reported it contained.
-            if layout.may_have_processes(&name) {
-                process::kill_leftovers(&name, &layout.workspace(&name));
-            }
-            layout.remove_sandbox(&name)
-        })
-        .await?;
         match self.observe_inner(id).await? {
             Observation::Absent => Ok(DestroyOutcome::VerifiedGone {
                 already_absent: false,

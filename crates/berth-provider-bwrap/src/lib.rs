@@ -6,7 +6,9 @@
 //! the sandbox was created with network access. The environment is cleared. bwrap dies with
 //! Berth (`--die-with-parent`), and bwrap's own init is pid 1 of the new pid namespace and exits
 //! with the command, so the kernel kills every other process of the exec then: processes never
-//! outlive an exec, and the manifest says so (detached exec is unsupported).
+//! outlive an exec, and the manifest says so (detached exec is unsupported). bwrap itself
+//! reports the command's exit before that killing is over, so each exec also runs under Berth's
+//! per-exec reaper, which answers only once the namespace is empty.
 //!
 //! Environment values reach the command through bwrap's own (scrubbed) environment, never its
 //! argv, so they are not visible in `/proc/*/cmdline`.
@@ -290,10 +292,13 @@ pub type BwrapProvider = LocalProvider<Bwrap>;
 
 /// A bwrap provider keeping its sandboxes under `state_dir`.
 ///
-/// `config.reaper` names the helper program (`berth` or `berth-supervisor`); bwrap's own PID
-/// namespace already ends every process with the command, so it is used only to enter
-/// sandboxes unprivileged when Berth runs as root.
-pub fn new(state_dir: impl Into<PathBuf>, mut config: BwrapConfig) -> Result<BwrapProvider> {
-    let launcher = Bwrap::locate(config.reaper.take())?;
+/// `config.reaper` names the helper program (`berth` or `berth-supervisor`). It enters
+/// sandboxes unprivileged when Berth runs as root, and every exec runs under it as the per-exec
+/// reaper: bwrap reports the command's exit as soon as it happens, while the rest of the exec's
+/// PID namespace is killed after that, on the kernel's time. The reaper (the subreaper that
+/// bwrap's orphaned init falls to) reports only once all of it is gone, so an exec that
+/// returns has left nothing, and destroy need not search the process table for it.
+pub fn new(state_dir: impl Into<PathBuf>, config: BwrapConfig) -> Result<BwrapProvider> {
+    let launcher = Bwrap::locate(config.reaper.clone())?;
     LocalProvider::new(state_dir, config, launcher)
 }

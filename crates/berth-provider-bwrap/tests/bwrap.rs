@@ -11,7 +11,7 @@ use berth_contract::{
 use berth_provider_bwrap::{BwrapConfig, BwrapProvider};
 
 struct Fixture {
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
     bwrap: BwrapProvider,
 }
 
@@ -27,10 +27,7 @@ fn fixture() -> Option<Fixture> {
         reaper: Some(berth_testkit::supervisor_binary()),
     };
     match berth_provider_bwrap::new(state.path(), config) {
-        Ok(bwrap) => Some(Fixture {
-            _state: state,
-            bwrap,
-        }),
+        Ok(bwrap) => Some(Fixture { state, bwrap }),
         Err(err) if std::env::var_os("BERTH_SKIP_BWRAP").is_some() => {
             eprintln!("SKIPPED (BERTH_SKIP_BWRAP set): {err}");
             None
@@ -84,6 +81,14 @@ fn marked_processes(sandbox: &str) -> Vec<u32> {
                 .unwrap_or(false)
         })
         .collect()
+}
+
+/// The sandbox's records of commands that may have left processes behind (the provider's
+/// documented state layout: `sandboxes/<name>/running/`).
+fn running_records(f: &Fixture, id: &NativeId) -> usize {
+    std::fs::read_dir(f.state.path().join("sandboxes").join(&id.0).join("running"))
+        .unwrap()
+        .count()
 }
 
 fn wait_no_marked(sandbox: &str) -> bool {
@@ -270,12 +275,22 @@ async fn timeout_kills_everything_and_nothing_outlives_an_exec() {
     assert_eq!(out.status, ExitStatus::TimedOut);
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(wait_no_marked(&id.0), "processes survived the timeout");
+    // The reaper answers only once everything the exec started is gone, so the exec keeps no
+    // record of it and destroy need not search the process table.
+    assert_eq!(
+        running_records(&f, &id),
+        0,
+        "a record of the timed-out exec"
+    );
     let started = Instant::now();
     let bg = sh(&f, &id, "sleep 300 & echo started").await;
     assert_eq!(text(&bg.stdout), "started\n");
     assert!(started.elapsed() < Duration::from_secs(10));
-    assert!(
-        wait_no_marked(&id.0),
+    // Gone already when the exec returns, not some time later (bwrap alone reports the
+    // command's exit before its namespace's other processes are killed).
+    assert_eq!(
+        marked_processes(&id.0),
+        Vec::<u32>::new(),
         "a background process outlived the exec"
     );
     // Leaving the group does not help: the sandbox's PID namespace ends with the command.
@@ -286,7 +301,12 @@ async fn timeout_kills_everything_and_nothing_outlives_an_exec() {
     )
     .await;
     assert_eq!(text(&daemon.stdout), "started\n");
-    assert!(wait_no_marked(&id.0), "a setsid child outlived the exec");
+    assert_eq!(
+        marked_processes(&id.0),
+        Vec::<u32>::new(),
+        "a setsid child outlived the exec"
+    );
+    assert_eq!(running_records(&f, &id), 0, "records of contained execs");
     f.bwrap.destroy(&id).await.unwrap();
 }
 

@@ -10,7 +10,8 @@
 //!
 //! `PROGRAM __enter UID GID WORKSPACE MOUNTPOINT -- BWRAP ARGS…`. Its own failures are printed
 //! as `bwrap: cannot enter the sandbox: …` with exit code 1, which the bwrap adapter already
-//! reports as a start-up failure, never as the command's exit code.
+//! reports as a start-up failure, never as the command's exit code. Under the per-exec reaper
+//! the same entry is made by the reaper itself (`__reap_enter`, see [`crate::reaper`]).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -28,65 +29,96 @@ fn fail(what: &str, err: impl std::fmt::Display) -> i32 {
     1
 }
 
+/// A parsed `UID GID WORKSPACE MOUNTPOINT -- PROGRAM ARGS…`: who to become, what to bind, and
+/// what to run then.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    uid: Uid,
+    gid: Gid,
+    workspace: OsString,
+    mountpoint: OsString,
+    /// The program to run once entered (bwrap).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+}
+
+impl Entry {
+    /// Parses the helper's arguments; refuses root as the user to become.
+    pub fn parse(args: &[OsString]) -> Result<Entry, String> {
+        let [uid, gid, workspace, mountpoint, dashes, program, rest @ ..] = args else {
+            return Err("UID GID WORKSPACE MOUNTPOINT -- PROGRAM ARGS…".into());
+        };
+        if dashes != "--" {
+            return Err("expected `--` before the program".into());
+        }
+        let (Some(uid), Some(gid)) = (
+            uid.to_str().and_then(|u| u.parse::<u32>().ok()),
+            gid.to_str().and_then(|g| g.parse::<u32>().ok()),
+        ) else {
+            return Err("UID and GID must be numbers".into());
+        };
+        if uid == 0 || gid == 0 {
+            return Err("refusing to enter as root".into());
+        }
+        Ok(Entry {
+            uid: Uid::from_raw(uid),
+            gid: Gid::from_raw(gid),
+            workspace: workspace.clone(),
+            mountpoint: mountpoint.clone(),
+            program: program.clone(),
+            args: rest.to_vec(),
+        })
+    }
+
+    /// Enters, in this process: a private mount namespace with the workspace bound
+    /// (`nosuid,nodev`) at the mount point, no supplementary groups, and real, effective and
+    /// saved ids of the unprivileged user (which clears every capability set). On failure,
+    /// which step failed and why.
+    pub fn enter(&self) -> Result<(), (&'static str, nix::errno::Errno)> {
+        unshare(CloneFlags::CLONE_NEWNS).map_err(|e| ("new mount namespace", e))?;
+        // Nothing mounted from here on propagates back to the host.
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        )
+        .map_err(|e| ("make mounts private", e))?;
+        mount(
+            Some(self.workspace.as_os_str()),
+            self.mountpoint.as_os_str(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| ("bind the workspace", e))?;
+        mount(
+            None::<&str>,
+            self.mountpoint.as_os_str(),
+            None::<&str>,
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            None::<&str>,
+        )
+        .map_err(|e| ("make the workspace nosuid,nodev", e))?;
+        setgroups(&[]).map_err(|e| ("drop supplementary groups", e))?;
+        setresgid(self.gid, self.gid, self.gid).map_err(|e| ("set group ids", e))?;
+        // Leaving uid 0 for all three ids clears every capability set.
+        setresuid(self.uid, self.uid, self.uid).map_err(|e| ("set user ids", e))?;
+        Ok(())
+    }
+}
+
 /// Runs the helper (see the module docs); returns only on failure.
 pub fn run(args: &[OsString]) -> i32 {
-    let [uid, gid, workspace, mountpoint, dashes, program, rest @ ..] = args else {
-        return fail("usage", "UID GID WORKSPACE MOUNTPOINT -- PROGRAM ARGS…");
+    let entry = match Entry::parse(args) {
+        Ok(entry) => entry,
+        Err(usage) => return fail("usage", usage),
     };
-    if dashes != "--" {
-        return fail("usage", "expected `--` before the program");
+    if let Err((what, err)) = entry.enter() {
+        return fail(what, err);
     }
-    let (Some(uid), Some(gid)) = (
-        uid.to_str().and_then(|u| u.parse::<u32>().ok()),
-        gid.to_str().and_then(|g| g.parse::<u32>().ok()),
-    ) else {
-        return fail("usage", "UID and GID must be numbers");
-    };
-    if uid == 0 || gid == 0 {
-        return fail("usage", "refusing to enter as root");
-    }
-    if let Err(err) = unshare(CloneFlags::CLONE_NEWNS) {
-        return fail("new mount namespace", err);
-    }
-    // Nothing mounted from here on propagates back to the host.
-    if let Err(err) = mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    ) {
-        return fail("make mounts private", err);
-    }
-    if let Err(err) = mount(
-        Some(workspace.as_os_str()),
-        mountpoint.as_os_str(),
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    ) {
-        return fail("bind the workspace", err);
-    }
-    if let Err(err) = mount(
-        None::<&str>,
-        mountpoint.as_os_str(),
-        None::<&str>,
-        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        None::<&str>,
-    ) {
-        return fail("make the workspace nosuid,nodev", err);
-    }
-    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
-    if let Err(err) = setgroups(&[]) {
-        return fail("drop supplementary groups", err);
-    }
-    if let Err(err) = setresgid(gid, gid, gid) {
-        return fail("set group ids", err);
-    }
-    // Leaving uid 0 for all three ids clears every capability set.
-    if let Err(err) = setresuid(uid, uid, uid) {
-        return fail("set user ids", err);
-    }
-    let err = Command::new(program).args(rest).exec();
-    fail(&format!("start {}", program.to_string_lossy()), err)
+    let err = Command::new(&entry.program).args(&entry.args).exec();
+    fail(&format!("start {}", entry.program.to_string_lossy()), err)
 }

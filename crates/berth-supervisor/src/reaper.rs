@@ -77,19 +77,66 @@ fn say(control: &UnixStream, line: &str) {
     let _ = out.write_all(format!("{line}\n").as_bytes());
 }
 
-/// Runs `argv` as the reaper (see the module docs); returns the reaper's own exit code.
-pub fn run(argv: &[OsString]) -> i32 {
-    let control: UnixStream = match io::stdin().as_fd().try_clone_to_owned() {
-        Ok(fd) => fd.into(),
+/// The argument that selects reaper mode with a bwrap entry (see [`run_entering`]).
+pub const REAP_ENTER_ARG: &str = "__reap_enter";
+
+fn control_channel() -> Option<UnixStream> {
+    match io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => Some(fd.into()),
         Err(err) => {
             eprintln!("berth-reap: no control channel on stdin: {err}");
-            return 2;
+            None
         }
+    }
+}
+
+/// Runs `argv` as the reaper (see the module docs); returns the reaper's own exit code.
+pub fn run(argv: &[OsString]) -> i32 {
+    let Some(control) = control_channel() else {
+        return 2;
     };
     let Some((program, args)) = argv.split_first() else {
         say(&control, "failed other empty argv");
         return 2;
     };
+    let mut command = Command::new(program);
+    command.args(args);
+    reap(control, command, true)
+}
+
+/// The reaper of a command that runs entered into a bwrap sandbox as an unprivileged user
+/// (`__reap_enter` followed by [`crate::enter`]'s arguments): the same as `__reap` of
+/// `__enter …`, one program start fewer. The reaper enters first — its own private mount
+/// namespace, the unprivileged ids, no capabilities — then starts bwrap, so it reaps as the
+/// user the sandbox's processes run as (enough to signal and wait for them), never as root.
+pub fn run_entering(argv: &[OsString]) -> i32 {
+    let Some(control) = control_channel() else {
+        return 2;
+    };
+    let entry = match crate::enter::Entry::parse(argv) {
+        Ok(entry) => entry,
+        Err(usage) => {
+            say(&control, &format!("failed other usage: {usage}"));
+            return 2;
+        }
+    };
+    if let Err((what, err)) = entry.enter() {
+        say(
+            &control,
+            &format!("failed other cannot enter the sandbox: {what}: {err}"),
+        );
+        return 0;
+    }
+    let mut command = Command::new(&entry.program);
+    command.args(&entry.args);
+    // A failure here is bwrap's, never a missing or unexecutable command.
+    reap(control, command, false)
+}
+
+/// Starts `command` and reaps it (see the module docs). `is_the_command`: a start failure is
+/// the command's own (not found, not executable), not a helper's in front of it.
+fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 {
+    let program = command.get_program().to_owned();
     if let Err(err) = nix::sys::prctl::set_child_subreaper(true) {
         say(
             &control,
@@ -97,16 +144,12 @@ pub fn run(argv: &[OsString]) -> i32 {
         );
         return 2;
     }
-    let child = match Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .spawn()
-    {
+    let child = match command.stdin(Stdio::null()).spawn() {
         Ok(child) => child,
         Err(err) => {
             let kind = match err.kind() {
-                io::ErrorKind::NotFound => "not_found",
-                io::ErrorKind::PermissionDenied => "permission_denied",
+                io::ErrorKind::NotFound if is_the_command => "not_found",
+                io::ErrorKind::PermissionDenied if is_the_command => "permission_denied",
                 _ => "other",
             };
             let message = format!("cannot start `{}`: {err}", program.to_string_lossy());

@@ -341,3 +341,52 @@ fn a_request_read_after_its_client_left_never_runs() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!marker.exists(), "a request whose client left ran anyway");
 }
+
+/// What a reaper in `__reap_enter` mode says on its control channel, and how it ends.
+fn reap_entering(args: &[&str]) -> (String, std::process::ExitStatus) {
+    use std::io::Read;
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth-supervisor"))
+        .arg(berth_supervisor::reaper::REAP_ENTER_ARG)
+        .args(args)
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .spawn()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let mut said = String::new();
+    ours.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (&ours).take(4096).read_to_string(&mut said).unwrap();
+    (said, status)
+}
+
+/// A reaper that cannot make the bwrap entry says which step failed, as a failure of its own
+/// (`other`): never as the command being missing (which the caller would report as exit 127),
+/// and it starts nothing.
+#[test]
+fn a_reaper_that_cannot_enter_says_why_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let missing = dir.path().join("no-such-workspace");
+    let (said, _) = reap_entering(&[
+        "65534",
+        "65534",
+        missing.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("touch {}", marker.display()),
+    ]);
+    assert!(
+        said.starts_with("failed other cannot enter the sandbox: "),
+        "{said:?}"
+    );
+    assert!(!said.contains("started"), "{said:?}");
+    assert!(!marker.exists(), "the command ran without its entry");
+    // Root is never the user it becomes.
+    let (said, _) = reap_entering(&["0", "0", "/", "/mnt", "--", "/bin/true"]);
+    assert_eq!(said, "failed other usage: refusing to enter as root\n");
+}
