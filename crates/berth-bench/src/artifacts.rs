@@ -164,11 +164,11 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
         hashing.push(started.elapsed());
         let copy_dir = scratch.path().join(format!("raw-{round}"));
         let parallel_dir = scratch.path().join(format!("raw-parallel-{round}"));
-        // The three take turns going first. Each timed run starts with no dirty pages left by
-        // the one before (the kernel's write-back of 200 MB would otherwise land on the next).
-        for turn in 0..3 {
+        // The three take turns in every order. Each timed run starts with no dirty pages left
+        // by the one before (the kernel's write-back of 200 MB would otherwise land on the next).
+        for turn in crate::stats::order_of_three(round) {
             settle()?;
-            match (round + turn) % 3 {
+            match turn {
                 0 => raw.push(raw_copy(&copy_dir, &data)?),
                 1 => raw_parallel.push(raw_copy_parallel(&parallel_dir, &data)?),
                 _ => published.push(publish_once(&store, &local, round, data.clone()).await?),

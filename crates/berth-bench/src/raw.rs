@@ -1,7 +1,8 @@
 //! `berth bench PROVIDER --raw`: Berth against its baselines, measured in the same run.
 //!
-//! Samples interleave Berth and its baselines in an order that rotates every sample, so drift
-//! (other load on the machine) hits all alike and no measurement always follows the heaviest. Reported: median, p95 (nearest rank), min and sample count, plus the median ratio
+//! Samples interleave Berth and its baselines, each round in another of their possible orders,
+//! so drift (other load on the machine) hits all alike and each measurement follows each other
+//! equally often (none always follows the heaviest). Reported: median, p95 (nearest rank), min and sample count, plus the median ratio
 //! and overhead. Every baseline is labelled for what it is:
 //! - **own mechanism** (Berth's overhead): docker exec — the same supervisor request and frames
 //!   sent straight to the sandbox's socket, without Berth's checks; cycle — the same adapter
@@ -289,10 +290,10 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
                     "bench {provider_id} --raw: exec samples {i}/{iterations}"
                 ));
             }
-            // The order rotates every sample, so no measurement always follows the heaviest
-            // one (an Engine exec leaves the machine busy for a moment after it returns).
-            for turn in 0..3 {
-                match (i + turn) % 3 {
+            // Every order in turn, so no measurement always follows the heaviest one (an
+            // Engine exec leaves the machine busy for a moment after it returns).
+            for turn in crate::stats::order_of_three(i) {
+                match turn {
                     0 => raw_samples.push(raw.exec(&target).await?),
                     1 => berth.push(berth_exec(provider.as_ref(), &id).await?),
                     _ => {
@@ -329,8 +330,8 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     for n in 0..cycles {
         ctx.progress
             .say(&format!("bench {provider_id} --raw: cycles {n}/{cycles}"));
-        for turn in 0..3 {
-            match (n + turn) % 3 {
+        for turn in crate::stats::order_of_three(n) {
+            match turn {
                 0 => {
                     let started = Instant::now();
                     let target = raw.make_target(scratch.path(), n + 1, ctx).await?;
@@ -362,6 +363,7 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
         .as_ref()
         .map(|c| c.overhead_median_ms <= OWN_EXEC_OVERHEAD_MS);
     let own_cycle_meets = own_cycle.ratio_median <= OWN_CYCLE_RATIO;
+    let CliExec { exec: cli, floor } = cli;
     let cli_meets = cli.berth.median_ms <= CLI_EXEC_MS;
     let doc = json!({
         "provider": provider_id,
@@ -379,9 +381,10 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
             "exec": cli.berth,
             "in_process_exec": cli.raw,
             "startup_ms": cli.overhead_median_ms,
+            "binary_floor": floor,
             "target": { "median_ms": CLI_EXEC_MS, "met": cli_meets },
         },
-        "notes": "raw = the mechanism other tools use (host: spawn `true`; bwrap: the same bwrap binary with the provider's exact arguments; docker: Engine API exec create/start/inspect, cycle = API create/start/exec/force-delete): a comparison, not Berth's overhead. own_mechanism = Berth's overhead over its own mechanism (docker exec: the same supervisor frames straight to the socket, no checks; cycle: the same adapter calls without the durable ledger). cli_process = `berth exec ID -- true` as a whole process; startup_ms = its median minus the same exec's in-process median, sampled alternately in the same run.",
+        "notes": "raw = the mechanism other tools use (host: spawn `true`; bwrap: the same bwrap binary with the provider's exact arguments; docker: Engine API exec create/start/inspect, cycle = API create/start/exec/force-delete): a comparison, not Berth's overhead. own_mechanism = Berth's overhead over its own mechanism (docker exec: the same supervisor frames straight to the socket, no checks; cycle: the same adapter calls without the durable ledger). cli_process = `berth exec ID -- true` as a whole process; startup_ms = its median minus the same exec's in-process median; binary_floor = `berth --version` as a process (the binary starting and exiting, no work: under every berth command); the three sampled in every order in turn in the same run.",
     });
     let mut text = String::new();
     {
@@ -449,6 +452,12 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
         );
         let _ = writeln!(
             text,
+            "{:<28} median {:>8.3} ms p95 {:>8.3} ms (n={}) | the binary starting and exiting: start-up beyond it {:+.3} ms",
+            "`berth --version`", floor.median_ms, floor.p95_ms, floor.n,
+            cli.overhead_median_ms - floor.median_ms
+        );
+        let _ = writeln!(
+            text,
             "target: `berth exec` ≤ {CLI_EXEC_MS} ms as a process (median): {}",
             verdict(cli_meets)
         );
@@ -456,43 +465,57 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     Ok(Report { json: doc, text })
 }
 
-/// `berth exec ID -- true` as a separate process, `n` times (after one warm-up), alternating
-/// with the same exec in-process: the process's median, and its start-up cost over the exec
-/// itself (the process against the in-process exec, same run).
+/// `berth exec ID -- true` as a whole process.
+struct CliExec {
+    /// The process against the same exec in-process (same run): its start-up cost.
+    exec: Comparison,
+    /// `berth --version` as a process: this binary starting and exiting with no work, the
+    /// floor under every `berth` command on this machine.
+    floor: crate::stats::Summary,
+}
+
+/// `berth exec ID -- true` as a separate process, `n` times (after one warm-up), in an order
+/// taking turns in every order with the same exec in-process and with `berth --version` (the
+/// binary's floor).
 async fn cli_exec(
     ctx: &BenchContext,
     provider: &dyn Provider,
     native: &NativeId,
     berth_id: &str,
     n: usize,
-) -> Result<Comparison> {
-    let run = || -> Result<Duration> {
+) -> Result<CliExec> {
+    let run = |args: &[&str]| -> Result<Duration> {
         let started = Instant::now();
         let status = Command::new(&ctx.berth)
             .env("BERTH_HOME", &ctx.home)
-            .args(["exec", berth_id, "--", "true"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()?;
         let took = started.elapsed();
         if !status.success() {
-            bail!("`berth exec {berth_id} -- true` exited {status}");
+            bail!("`berth {}` exited {status}", args.join(" "));
         }
         Ok(took)
     };
-    run()?;
-    let (mut process, mut in_process) = (Vec::new(), Vec::new());
+    let exec_args = ["exec", berth_id, "--", "true"];
+    run(&exec_args)?;
+    run(&["--version"])?;
+    let (mut process, mut in_process, mut floor) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
-        if i % 2 == 0 {
-            process.push(run()?);
-            in_process.push(berth_exec(provider, native).await?);
-        } else {
-            in_process.push(berth_exec(provider, native).await?);
-            process.push(run()?);
+        for turn in crate::stats::order_of_three(i) {
+            match turn {
+                0 => process.push(run(&exec_args)?),
+                1 => in_process.push(berth_exec(provider, native).await?),
+                _ => floor.push(run(&["--version"])?),
+            }
         }
     }
-    Ok(compare(&mut process, &mut in_process))
+    Ok(CliExec {
+        exec: compare(&mut process, &mut in_process),
+        floor: crate::stats::summarize(&mut floor),
+    })
 }
 
 /// The same adapter calls as Berth's cycle — create, exec `true`, destroy — straight on the
