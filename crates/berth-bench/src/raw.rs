@@ -2,8 +2,9 @@
 //!
 //! Samples interleave Berth and its baselines, each round in another of their possible orders,
 //! so drift (other load on the machine) hits all alike and each measurement follows each other
-//! equally often (none always follows the heaviest). Reported: median, p95 (nearest rank), min and sample count, plus the median ratio
-//! and overhead. Every baseline is labelled for what it is:
+//! equally often (none always follows the heaviest). Reported: median, p95 (nearest rank), min
+//! and sample count, plus the median ratio and overhead. Every baseline is labelled for what it
+//! is:
 //! - **own mechanism** (Berth's overhead): docker exec — the same supervisor request and frames
 //!   sent straight to the sandbox's socket, without Berth's checks; cycle — the same adapter
 //!   calls without the durable ledger.
@@ -474,9 +475,9 @@ struct CliExec {
     floor: crate::stats::Summary,
 }
 
-/// `berth exec ID -- true` as a separate process, `n` times (after one warm-up), in an order
-/// taking turns in every order with the same exec in-process and with `berth --version` (the
-/// binary's floor).
+/// `berth exec ID -- true` as a separate process, `n` times (after one warm-up), taking turns
+/// in every order with the same exec in-process and with `berth --version` (the binary's
+/// floor).
 async fn cli_exec(
     ctx: &BenchContext,
     provider: &dyn Provider,
