@@ -462,3 +462,41 @@ fn my_uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").unwrap().uid()
 }
+
+/// Execs keep starting while the sandbox is destroyed: the one in flight is found and killed
+/// (reaper, bwrap and the sandbox's processes: as root the reaper runs as the sandbox's user),
+/// later ones fail to start, and nothing is left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execs_racing_a_destroy_leave_nothing_running() {
+    let Some(f) = fixture() else { return };
+    let f = std::sync::Arc::new(f);
+    for round in 0..4u64 {
+        let name = format!("bx-bw-race-{round}");
+        let id = create(&f, &name).await;
+        let (g, racing) = (f.clone(), id.clone());
+        let runner = tokio::spawn(async move {
+            let line = "setsid sleep 300 </dev/null >/dev/null 2>&1 & sleep 300";
+            let mut started = 0;
+            while g
+                .bwrap
+                .exec(&racing, &ExecRequest::shell(line))
+                .await
+                .is_ok()
+            {
+                started += 1;
+            }
+            started
+        });
+        tokio::time::sleep(Duration::from_millis(30 + round * 20)).await;
+        assert!(matches!(
+            f.bwrap.destroy(&id).await.unwrap(),
+            DestroyOutcome::VerifiedGone { .. }
+        ));
+        let after = tokio::time::timeout(Duration::from_secs(20), runner)
+            .await
+            .expect("an exec outlived its sandbox's destroy")
+            .unwrap();
+        assert!(after <= 1, "execs ran after the destroy: {after}");
+        assert!(wait_no_marked(&name), "round {round}: processes left");
+    }
+}

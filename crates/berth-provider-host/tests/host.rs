@@ -460,3 +460,59 @@ async fn bad_ids_duplicates_and_half_made_sandboxes() {
     );
     assert!(!Path::new(&ws).exists());
 }
+
+/// Live processes (zombies excluded) whose environment carries `sandbox`'s marker.
+fn marked_processes(sandbox: &str) -> Vec<u32> {
+    let marker = format!("BERTH_SANDBOX={sandbox}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Execs keep starting while the sandbox is destroyed: each one either ran before the sandbox
+/// was renamed away (destroy then finds and kills it, `setsid` child and all) or fails to
+/// start; none is left running, whichever way the race goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execs_racing_a_destroy_leave_nothing_running() {
+    let f = fixture();
+    for round in 0..8u64 {
+        let name = format!("bx-race-{round}");
+        let id = create(&f.host, &name).await;
+        let host = f.host.clone();
+        let racing = id.clone();
+        let runner = tokio::spawn(async move {
+            let line = "setsid sleep 300 </dev/null >/dev/null 2>&1 & sleep 300";
+            let mut started = 0;
+            while host.exec(&racing, &ExecRequest::shell(line)).await.is_ok() {
+                started += 1;
+            }
+            started
+        });
+        tokio::time::sleep(Duration::from_millis(5 + round * 7)).await;
+        assert!(matches!(
+            f.host.destroy(&id).await.unwrap(),
+            DestroyOutcome::VerifiedGone { .. }
+        ));
+        let after = tokio::time::timeout(Duration::from_secs(20), runner)
+            .await
+            .expect("an exec outlived its sandbox's destroy")
+            .unwrap();
+        assert!(after <= 1, "execs ran after the destroy: {after}");
+        let until = Instant::now() + Duration::from_secs(2);
+        while !marked_processes(&name).is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(marked_processes(&name), Vec::<u32>::new(), "round {round}");
+        assert!(matches!(
+            f.host.observe(&id).await.unwrap(),
+            Observation::Absent
+        ));
+    }
+}
