@@ -768,7 +768,7 @@ evidence = [".berth/verdict"]
     let _ = upstream.kill();
     let _ = upstream.wait();
     // The login's key is nowhere in Berth's home (store, journals, logs, session records).
-    for entry in walk_files(home.path()) {
+    for entry in berth_testkit::regular_files(home.path()) {
         let bytes = std::fs::read(&entry).unwrap_or_default();
         assert!(
             !bytes
@@ -778,17 +778,4 @@ evidence = [".berth/verdict"]
             entry.display()
         );
     }
-}
-
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        match entry.file_type() {
-            Ok(t) if t.is_dir() => found.extend(walk_files(&path)),
-            Ok(t) if t.is_file() => found.push(path),
-            _ => {}
-        }
-    }
-    found
 }

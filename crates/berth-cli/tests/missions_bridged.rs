@@ -177,21 +177,12 @@ fn missions_fall_back_between_native_and_bridged_providers() {
         return;
     }
     // docker unreachable → just-bash.
-    let home = home();
-    let dir = home.path().join("m");
-    let file = mission(
-        &dir,
+    let (_home, _, doc) = fall_back(
         &format!(
             "provider = \"docker\"\nimage = \"berth/agent:bookworm\"\nfallback = [\"{BRIDGED}\"]"
         ),
+        &[("DOCKER_HOST", "unix:///nonexistent/docker.sock")],
     );
-    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-        .output()
-        .unwrap();
-    succeeded(&out);
-    let id = only_mission(home.path());
-    let (_, doc) = json(home.path(), &["mission", "status", &id]);
     let sandbox = fact(&doc, "sandbox");
     assert_eq!(sandbox["provider"], BRIDGED, "{doc}");
     let skipped = sandbox["fallback_skipped"][0].as_str().unwrap();
@@ -202,17 +193,13 @@ fn missions_fall_back_between_native_and_bridged_providers() {
 
     // e2b (bridged) unreachable → host. The key is a canary: it must not be stored anywhere.
     let canary = "e2b_berthcanary7f3a9c1d";
-    let home = self::home();
-    let dir = home.path().join("m");
-    let file = mission(&dir, "provider = \"computesdk:e2b\"\nfallback = [\"host\"]");
-    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .env("E2B_API_KEY", canary)
-        .env("E2B_API_URL", "http://127.0.0.1:1")
-        .output()
-        .unwrap();
-    succeeded(&out);
-    let id = only_mission(home.path());
-    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    let (home, out, doc) = fall_back(
+        "provider = \"computesdk:e2b\"\nfallback = [\"host\"]",
+        &[
+            ("E2B_API_KEY", canary),
+            ("E2B_API_URL", "http://127.0.0.1:1"),
+        ],
+    );
     let sandbox = fact(&doc, "sandbox");
     assert_eq!(sandbox["provider"], "host", "{doc}");
     let skipped = sandbox["fallback_skipped"][0].as_str().unwrap();
@@ -230,7 +217,7 @@ fn missions_fall_back_between_native_and_bridged_providers() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!printed.contains(canary), "the key leaked: {printed}");
-    for entry in walk(home.path()) {
+    for entry in berth_testkit::regular_files(home.path()) {
         let bytes = std::fs::read(&entry).unwrap_or_default();
         assert!(
             !bytes.windows(canary.len()).any(|w| w == canary.as_bytes()),
@@ -240,21 +227,22 @@ fn missions_fall_back_between_native_and_bridged_providers() {
     }
 }
 
-/// Every regular file under `dir`.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut queue = vec![dir.to_owned()];
-    while let Some(dir) = queue.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let kind = entry.file_type().unwrap();
-            if kind.is_dir() {
-                queue.push(entry.path());
-            } else if kind.is_file() {
-                found.push(entry.path());
-            }
-        }
-    }
-    found
+/// Runs a mission whose sandbox lines are `sandbox` in a new home with `env` set, which must
+/// succeed: the home (kept alive), the run's output and `mission status`.
+fn fall_back(
+    sandbox: &str,
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, std::process::Output, Value) {
+    let home = home();
+    let file = mission(&home.path().join("m"), sandbox);
+    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    succeeded(&out);
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    (home, out, doc)
 }
 
 /// An agent CLI's login and session are staged as files: an agent harness on a provider

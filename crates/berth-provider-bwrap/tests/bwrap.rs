@@ -9,6 +9,7 @@ use berth_contract::{
     NativeId, NetworkMode, Provider, ProviderExt, SandboxName,
 };
 use berth_provider_bwrap::{BwrapConfig, BwrapProvider};
+use berth_testkit::marked_processes;
 
 struct Fixture {
     state: tempfile::TempDir,
@@ -68,21 +69,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Host pids whose environment carries this sandbox's marker (zombies excluded).
-fn marked_processes(sandbox: &str) -> Vec<u32> {
-    let marker = format!("BERTH_SANDBOX={sandbox}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 /// The sandbox's records of commands that may have left processes behind (the provider's
 /// documented state layout: `sandboxes/<name>/running/`).
 fn running_records(f: &Fixture, id: &NativeId) -> usize {
@@ -92,14 +78,7 @@ fn running_records(f: &Fixture, id: &NativeId) -> usize {
 }
 
 fn wait_no_marked(sandbox: &str) -> bool {
-    let until = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < until {
-        if marked_processes(sandbox).is_empty() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    berth_testkit::wait_unmarked(sandbox, Duration::from_secs(5))
 }
 
 #[tokio::test]

@@ -461,21 +461,6 @@ async fn bad_ids_duplicates_and_half_made_sandboxes() {
     assert!(!Path::new(&ws).exists());
 }
 
-/// Live processes (zombies excluded) whose environment carries `sandbox`'s marker.
-fn marked_processes(sandbox: &str) -> Vec<u32> {
-    let marker = format!("BERTH_SANDBOX={sandbox}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 /// Execs keep starting while the sandbox is destroyed: each one either ran before the sandbox
 /// was renamed away (destroy then finds and kills it, `setsid` child and all) or fails to
 /// start; none is left running, whichever way the race goes.
@@ -505,11 +490,11 @@ async fn execs_racing_a_destroy_leave_nothing_running() {
             .expect("an exec outlived its sandbox's destroy")
             .unwrap();
         assert!(after <= 1, "execs ran after the destroy: {after}");
-        let until = Instant::now() + Duration::from_secs(2);
-        while !marked_processes(&name).is_empty() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(marked_processes(&name), Vec::<u32>::new(), "round {round}");
+        assert!(
+            berth_testkit::wait_unmarked(&name, Duration::from_secs(2)),
+            "round {round}: {:?} left running",
+            berth_testkit::marked_processes(&name)
+        );
         assert!(matches!(
             f.host.observe(&id).await.unwrap(),
             Observation::Absent

@@ -73,6 +73,49 @@ pub fn wait_all_gone(pids: &[i32], limit: Duration) -> bool {
     }
 }
 
+/// Host pids whose environment carries sandbox `sandbox`'s marker (`BERTH_SANDBOX`, which
+/// local providers set on every command), zombies excluded (their environment reads empty).
+pub fn marked_processes(sandbox: &str) -> Vec<u32> {
+    let marker = format!("BERTH_SANDBOX={sandbox}");
+    std::fs::read_dir("/proc")
+        .expect("/proc is readable")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Waits (at most `limit`) until no process carries the sandbox's marker; true when none does.
+pub fn wait_unmarked(sandbox: &str, limit: Duration) -> bool {
+    let until = Instant::now() + limit;
+    loop {
+        if marked_processes(sandbox).is_empty() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every regular file under `dir`, symlinks not followed (a whole home scanned for a canary).
+pub fn regular_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => found.extend(regular_files(&entry.path())),
+            Ok(t) if t.is_file() => found.push(entry.path()),
+            _ => {}
+        }
+    }
+    found
+}
+
 /// Whether the ComputeSDK bridge is installed (`scripts/install-computesdk-bridge` puts its
 /// pinned packages in `bridge/computesdk/node_modules`). `false` only when
 /// `BERTH_SKIP_COMPUTESDK` says to skip explicitly; a missing bridge otherwise fails the test.
