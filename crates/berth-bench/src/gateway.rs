@@ -230,8 +230,9 @@ pub async fn bench(ctx: &BenchContext, iterations: Option<usize>) -> Result<Repo
     }
     let direct = summarize(&mut direct_samples);
     let through = summarize(&mut gateway_samples);
+    let overhead_interval = crate::stats::median_interval(&paired);
     let overhead = median(&mut paired).unwrap_or(f64::NAN);
-    let met = overhead <= OVERHEAD_TARGET_MS;
+    let verdict = crate::stats::Verdict::at_most(overhead_interval, OVERHEAD_TARGET_MS);
 
     // Harness start-up, against the scripted model through a gateway of its own.
     let scripted = Gateway::new(GatewayConfig {
@@ -294,7 +295,7 @@ pub async fn bench(ctx: &BenchContext, iterations: Option<usize>) -> Result<Repo
         "direct": direct,
         "through_gateway": through,
         "overhead_median_ms": overhead,
-        "target": { "overhead_median_ms": OVERHEAD_TARGET_MS, "met": met },
+        "target": { "overhead_median_ms": OVERHEAD_TARGET_MS, "met": verdict.met(), "verdict": verdict, "overhead_interval_ms": overhead_interval },
         "harness_startup": startup,
         "notes": "direct = the scripted model called itself; through_gateway = the gateway's proxy in front of it (token check, credential swap, journal line): Berth's overhead over its own mechanism, paired samples in alternating order. harness_startup = process start to the first journaled model request, launched as a mission launches it, host, no sandbox.",
     });
@@ -316,7 +317,7 @@ pub async fn bench(ctx: &BenchContext, iterations: Option<usize>) -> Result<Repo
     let _ = writeln!(
         text,
         "target: overhead ≤ {OVERHEAD_TARGET_MS} ms at the median (paired): {overhead:+.3} ms — {}",
-        if met { "met" } else { "NOT met" }
+        verdict.describe(overhead_interval, " ms")
     );
     let _ = writeln!(
         text,

@@ -3,8 +3,9 @@
 //! Samples interleave Berth and its baselines, each round in another of their possible orders,
 //! so drift (other load on the machine) hits all alike and each measurement follows each other
 //! equally often (none always follows the heaviest). Reported: median, p95 (nearest rank), min
-//! and sample count, plus the median ratio and overhead. Every baseline is labelled for what it
-//! is:
+//! and sample count, plus the median ratio and overhead with their 95% intervals (a target is
+//! met or not only when the interval says so; see [`crate::stats::Verdict`]). Every baseline is
+//! labelled for what it is:
 //! - **own mechanism** (Berth's overhead): docker exec — the same supervisor request and frames
 //!   sent straight to the sandbox's socket, without Berth's checks; cycle — the same adapter
 //!   calls without the durable ledger.
@@ -37,7 +38,7 @@ use berth_provider_docker::Engine;
 use hyper::Method;
 use serde_json::json;
 
-use crate::stats::{compare, Comparison};
+use crate::stats::{compare, Comparison, Verdict};
 use crate::{berth_create_tracked, destroy_tracked};
 
 /// Exec targets over the raw substrate (median), from the issues: host ≤ 2 ms over a raw spawn,
@@ -355,37 +356,39 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
     let own_cycle = compare(&mut berth_cycle, &mut bare_cycle);
 
     let (target_kind, target_ms) = exec_target(provider_id);
-    let exec_meets = match target_kind {
-        "round_trip_ms" => exec.berth.median_ms <= target_ms,
-        _ => exec.overhead_median_ms <= target_ms,
+    let exec_interval = match target_kind {
+        "round_trip_ms" => exec.berth.median_interval_ms,
+        _ => exec.overhead_interval_ms,
     };
-    let cycle_meets = (provider_id == "docker").then_some(cycle.ratio_median <= DOCKER_CYCLE_RATIO);
-    let own_exec_meets = own_exec
+    let exec_verdict = Verdict::at_most(exec_interval, target_ms);
+    let cycle_verdict = (provider_id == "docker")
+        .then(|| Verdict::at_most(cycle.ratio_interval, DOCKER_CYCLE_RATIO));
+    let own_exec_verdict = own_exec
         .as_ref()
-        .map(|c| c.overhead_median_ms <= OWN_EXEC_OVERHEAD_MS);
-    let own_cycle_meets = own_cycle.ratio_median <= OWN_CYCLE_RATIO;
+        .map(|c| Verdict::at_most(c.overhead_interval_ms, OWN_EXEC_OVERHEAD_MS));
+    let own_cycle_verdict = Verdict::at_most(own_cycle.ratio_interval, OWN_CYCLE_RATIO);
     let CliExec { exec: cli, floor } = cli;
-    let cli_meets = cli.berth.median_ms <= CLI_EXEC_MS;
+    let cli_verdict = Verdict::at_most(cli.berth.median_interval_ms, CLI_EXEC_MS);
     let doc = json!({
         "provider": provider_id,
         "exec_round_trip": exec,
-        "exec_target": { target_kind: target_ms, "met": exec_meets },
+        "exec_target": { target_kind: target_ms, "met": exec_verdict.met(), "verdict": exec_verdict },
         "create_exec_destroy_cycle": cycle,
-        "cycle_target": cycle_meets.map(|met| json!({ "ratio": DOCKER_CYCLE_RATIO, "met": met })),
+        "cycle_target": cycle_verdict.map(|v| json!({ "ratio": DOCKER_CYCLE_RATIO, "met": v.met(), "verdict": v })),
         "own_mechanism": {
             "exec": own_exec,
-            "exec_target": own_exec.as_ref().map(|_| json!({ "overhead_ms": OWN_EXEC_OVERHEAD_MS, "met": own_exec_meets })),
+            "exec_target": own_exec_verdict.map(|v| json!({ "overhead_ms": OWN_EXEC_OVERHEAD_MS, "met": v.met(), "verdict": v })),
             "cycle": own_cycle,
-            "cycle_target": { "ratio": OWN_CYCLE_RATIO, "met": own_cycle_meets },
+            "cycle_target": { "ratio": OWN_CYCLE_RATIO, "met": own_cycle_verdict.met(), "verdict": own_cycle_verdict },
         },
         "cli_process": {
             "exec": cli.berth,
             "in_process_exec": cli.raw,
             "startup_ms": cli.overhead_median_ms,
             "binary_floor": floor,
-            "target": { "median_ms": CLI_EXEC_MS, "met": cli_meets },
+            "target": { "median_ms": CLI_EXEC_MS, "met": cli_verdict.met(), "verdict": cli_verdict },
         },
-        "notes": "raw = the mechanism other tools use (host: spawn `true`; bwrap: the same bwrap binary with the provider's exact arguments; docker: Engine API exec create/start/inspect, cycle = API create/start/exec/force-delete): a comparison, not Berth's overhead. own_mechanism = Berth's overhead over its own mechanism (docker exec: the same supervisor frames straight to the socket, no checks; cycle: the same adapter calls without the durable ledger). cli_process = `berth exec ID -- true` as a whole process; startup_ms = its median minus the same exec's in-process median; binary_floor = `berth --version` as a process (the binary starting and exiting, no work: under every berth command); the three sampled in every order in turn in the same run.",
+        "notes": "raw = the mechanism other tools use (host: spawn `true`; bwrap: the same bwrap binary with the provider's exact arguments; docker: Engine API exec create/start/inspect, cycle = API create/start/exec/force-delete): a comparison, not Berth's overhead. own_mechanism = Berth's overhead over its own mechanism (docker exec: the same supervisor frames straight to the socket, no checks; cycle: the same adapter calls without the durable ledger). cli_process = `berth exec ID -- true` as a whole process; startup_ms = its median minus the same exec's in-process median; binary_floor = `berth --version` as a process (the binary starting and exiting, no work: under every berth command); the three sampled in every order in turn in the same run. Every target's verdict is judged on the figure's 95% interval (percentile bootstrap): met only when the whole interval is within the target, not met only when it is wholly beyond; otherwise null (this run cannot tell).",
     });
     let mut text = String::new();
     {
@@ -396,7 +399,6 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
                 c.ratio_median, c.overhead_median_ms
             )
         };
-        let verdict = |met: bool| if met { "met" } else { "NOT met" };
         let _ = writeln!(
             text,
             "-- Berth's overhead over its own mechanism (the same work without Berth's layers)"
@@ -410,7 +412,9 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
             let _ = writeln!(
                 text,
                 "target: exec overhead ≤ {OWN_EXEC_OVERHEAD_MS} ms over the bare supervisor exchange (median): {}",
-                verdict(own_exec_meets == Some(true))
+                own_exec_verdict
+                    .map(|v| v.describe(own.overhead_interval_ms, " ms"))
+                    .unwrap_or_default()
             );
         }
         let _ = writeln!(
@@ -421,7 +425,7 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
         let _ = writeln!(
             text,
             "target: cycle ≤ {OWN_CYCLE_RATIO}× the same calls without the ledger (median): {}",
-            verdict(own_cycle_meets)
+            own_cycle_verdict.describe(own_cycle.ratio_interval, "x")
         );
         let _ = writeln!(
             text,
@@ -433,16 +437,16 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
             "round_trip_ms" => writeln!(
                 text,
                 "target: exec round trip ≤ {target_ms} ms (median): {}",
-                verdict(exec_meets)
+                exec_verdict.describe(exec_interval, " ms")
             ),
             _ => writeln!(
                 text,
                 "target: exec overhead ≤ {target_ms} ms over the raw substrate (median): {}",
-                verdict(exec_meets)
+                exec_verdict.describe(exec_interval, " ms")
             ),
         };
-        if let Some(met) = cycle_meets {
-            let _ = writeln!(text, "target: create→first exec→destroy ≤ {DOCKER_CYCLE_RATIO}× the raw API sequence (median): {}", verdict(met));
+        if let Some(v) = cycle_verdict {
+            let _ = writeln!(text, "target: create→first exec→destroy ≤ {DOCKER_CYCLE_RATIO}× the raw API sequence (median): {}", v.describe(cycle.ratio_interval, "x"));
         }
         let _ = writeln!(text, "-- the CLI as a whole process (what a user pays)");
         let _ = writeln!(
@@ -460,7 +464,7 @@ pub async fn bench(ctx: &BenchContext, args: RawOptions) -> Result<Report> {
         let _ = writeln!(
             text,
             "target: `berth exec` ≤ {CLI_EXEC_MS} ms as a process (median): {}",
-            verdict(cli_meets)
+            cli_verdict.describe(cli.berth.median_interval_ms, " ms")
         );
     }
     Ok(Report { json: doc, text })
