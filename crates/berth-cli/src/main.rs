@@ -10,6 +10,24 @@
 //! - `human` — tables, colour (terminals only) and the progress line.
 //! - `duration` — `500ms` / `30s` / `5m` / `2h` / `1d`.
 
+/// `println!` for stdout, through [`output::stdout_write`]: a reader that went away
+/// (`berth … | head`) ends the output, never the command.
+macro_rules! outln {
+    () => {
+        $crate::output::stdout_write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::stdout_write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for stdout, through [`output::stdout_write`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::stdout_write(format_args!($($arg)*))
+    };
+}
+
 mod app;
 mod cli;
 mod commands;
@@ -50,7 +68,10 @@ fn main() {
             .build()
     }
     .expect("tokio runtime starts");
-    let exit = runtime.block_on(run(cli));
+    let mut exit = runtime.block_on(run(cli));
+    if output::flush_stdout() && exit == code::OK {
+        exit = code::INTERNAL;
+    }
     // Do not wait for lingering blocking tasks: everything that must finish has finished.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     std::process::exit(exit);
@@ -77,8 +98,7 @@ async fn run(cli: Cli) -> i32 {
             use clap::CommandFactory;
             let mut script = Vec::new();
             clap_complete::generate(*shell, &mut Cli::command(), "berth", &mut script);
-            // A closed pipe (`| head`) is not an error worth a panic.
-            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            output::stdout_write_bytes(&script);
             return 0;
         }
         Command::Providers => return finish(json, name, commands::providers(&config, json)),

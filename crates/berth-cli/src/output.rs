@@ -1,5 +1,7 @@
 //! Output: the versioned JSON envelope and human error rendering.
 
+use std::io::Write as _;
+
 use serde_json::{json, Value};
 
 use crate::errors::classify;
@@ -23,6 +25,53 @@ pub async fn capture<F: std::future::Future>(work: F) -> (F::Output, Option<Valu
         .await
 }
 
+/// Set once a write to stdout failed: nothing more is written there.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set when that failure was not the reader going away (a full disk behind a redirect).
+static STDOUT_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes to stdout (what `outln!`/`out!` call). A reader that went away (`berth … | head`)
+/// ends the output, not the command: the rest is dropped, and the command finishes its work
+/// and its cleanup and exits as it would have. Any other write error (a full disk behind a
+/// redirect) is said once on stderr and makes a command that succeeded exit 1 (see
+/// [`flush_stdout`]). Never panics, unlike `println!`.
+pub fn stdout_write(args: std::fmt::Arguments<'_>) {
+    stdout_bytes(|out| out.write_fmt(args));
+}
+
+/// Writes raw bytes to stdout (a command's output, a file's bytes), as [`stdout_write`].
+pub fn stdout_write_bytes(bytes: &[u8]) {
+    stdout_bytes(|out| out.write_all(bytes));
+}
+
+fn stdout_bytes(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io::Result<()>) {
+    use std::sync::atomic::Ordering;
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = write(&mut out) {
+        if !STDOUT_GONE.swap(true, Ordering::Relaxed) && e.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            STDOUT_FAILED.store(true, Ordering::Relaxed);
+            eprintln!("berth: cannot write to stdout: {e}");
+        }
+    }
+}
+
+/// Flushes what stdout still buffers; true when output was lost to an error other than the
+/// reader going away (the command's exit code must not then say everything went well).
+pub fn flush_stdout() -> bool {
+    stdout_bytes(|out| out.flush());
+    STDOUT_FAILED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether stdout's reader went away: a command that only follows output (`logs --follow`,
+/// `watch`) stops then.
+pub fn stdout_gone() -> bool {
+    STDOUT_GONE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Prints one JSON document: `{"schema", "command", ...fields}`.
 pub fn emit(command: &str, fields: Value) {
     let mut doc = json!({ "schema": SCHEMA, "command": command });
@@ -33,7 +82,7 @@ pub fn emit(command: &str, fields: Value) {
         Ok(_) => return,
         Err(_) => doc,
     };
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(&doc).expect("json serializes")
     );

@@ -624,6 +624,131 @@ fn completions_cover_every_verb() {
     }
 }
 
+/// A reader that goes away (`berth … | head`) ends the output, not the command: no panic, the
+/// command finishes its work and its cleanup and exits with its own status; a stdout that
+/// cannot be written for another reason (a full disk) is said on stderr and exits 1.
+#[test]
+fn a_closed_stdout_ends_the_output_not_the_command() {
+    let home = Home::new();
+    for _ in 0..3 {
+        home.create("tester");
+    }
+    // The read end closed before the command writes: every write gets EPIPE.
+    let closed = |args: &[&str]| {
+        let mut child = home
+            .command("tester", args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        child.wait_with_output().unwrap()
+    };
+    for args in [
+        vec!["--json", "ledger", "list"],
+        vec!["ledger", "list"],
+        vec!["completions", "bash"],
+        // A command streaming 4 MB to the closed pipe, then exiting 3: Berth keeps it running
+        // to its end, reports its status, and destroys the sandbox it made.
+        vec![
+            "run",
+            "-p",
+            "host",
+            "--",
+            "sh",
+            "-c",
+            "head -c 4000000 /dev/zero; exit 3",
+        ],
+    ] {
+        let out = closed(&args);
+        let expected = if args[0] == "run" { 3 } else { 0 };
+        assert_eq!(
+            out.status.code(),
+            Some(expected),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            !text(&out.stderr).contains("panicked"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let (_, ledger) = home.json(&["ledger", "list"]);
+    let live = ledger["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] != "verified_gone")
+        .count();
+    assert_eq!(live, 3, "the run's sandbox was left: {ledger}");
+
+    let full = home
+        .command("tester", &["--json", "ledger", "list"])
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(1), "{}", text(&full.stderr));
+    assert!(
+        text(&full.stderr).contains("cannot write to stdout"),
+        "{}",
+        text(&full.stderr)
+    );
+}
+
+/// `bench host --raw`: every target carries its verdict judged on the figure's 95% interval —
+/// the interval brackets the median it belongs to, and `met` is true, false or (when the run
+/// cannot tell) null, always agreeing with the verdict named beside it. Nothing is left.
+#[test]
+fn raw_bench_verdicts_follow_their_intervals() {
+    let home = Home::new();
+    let (code, doc) = home.json(&["bench", "host", "--raw", "--iterations", "8"]);
+    assert_eq!(code, 0, "{doc}");
+    let agrees = |target: &Value| {
+        let met = match target["verdict"].as_str() {
+            Some("met") => Value::Bool(true),
+            Some("not_met") => Value::Bool(false),
+            Some("undecided") => Value::Null,
+            other => panic!("verdict {other:?} in {target}"),
+        };
+        assert_eq!(target["met"], met, "{target}");
+    };
+    agrees(&doc["exec_target"]);
+    agrees(&doc["own_mechanism"]["cycle_target"]);
+    agrees(&doc["cli_process"]["target"]);
+    let brackets = |figure: &Value, interval: &Value| {
+        let (low, high) = (
+            interval["low"].as_f64().unwrap(),
+            interval["high"].as_f64().unwrap(),
+        );
+        let figure = figure.as_f64().unwrap();
+        assert!(
+            low <= figure && figure <= high,
+            "{figure} outside {interval}"
+        );
+    };
+    let cycle = &doc["own_mechanism"]["cycle"];
+    brackets(&cycle["ratio_median"], &cycle["ratio_interval"]);
+    brackets(&cycle["overhead_median_ms"], &cycle["overhead_interval_ms"]);
+    let exec = &doc["exec_round_trip"];
+    brackets(
+        &exec["berth"]["median_ms"],
+        &exec["berth"]["median_interval_ms"],
+    );
+    let (_, listed) = home.json(&["ledger", "list"]);
+    let live = listed["rows"].as_array().map(|rows| {
+        rows.iter()
+            .filter(|r| r["state"] != "verified_gone")
+            .count()
+    });
+    assert_eq!(live.unwrap_or(0), 0, "{listed}");
+}
+
 /// Colour and progress are for terminals: a pipe (every `Command::output` here) and `--json`
 /// get neither; a pseudo-terminal (`script`) gets colour unless `NO_COLOR` is set.
 #[test]

@@ -300,7 +300,7 @@ pub async fn port(app: &App, args: PortArgs) -> Result<i32> {
             json!({ "sandbox": args.id, "port": args.port, "local": local.to_string() }),
         );
     } else {
-        println!("{local}");
+        outln!("{local}");
         eprintln!(
             "forwarding {local} → port {} of {} (Ctrl-C to stop)",
             args.port, args.id

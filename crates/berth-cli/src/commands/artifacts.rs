@@ -92,14 +92,18 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
             if app.json {
                 emit("artifacts query", json!({ "artifacts": rows }));
             } else if rows.is_empty() {
-                println!("no artifacts match");
+                outln!("no artifacts match");
             } else {
-                println!(
+                outln!(
                     "{:<37} {:<28} {:<8} {:<26} {:>10}  PATH",
-                    "BUNDLE", "ATTEMPT", "ACCEPTED", "MIME", "BYTES"
+                    "BUNDLE",
+                    "ATTEMPT",
+                    "ACCEPTED",
+                    "MIME",
+                    "BYTES"
                 );
                 for r in &rows {
-                    println!(
+                    outln!(
                         "{:<37} {:<28} {:<8} {:<26} {:>10}  {}",
                         r.bundle_id,
                         r.attempt_key,
@@ -119,7 +123,7 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
             if app.json {
                 emit("artifacts export", json!({ "exported": exported }));
             } else {
-                println!(
+                outln!(
                     "wrote {} rows ({} bytes, schema {}) to {}",
                     exported.rows,
                     exported.bytes,
@@ -154,7 +158,7 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
                     json!({ "table": format!("{NAMESPACE}.{TABLE}"), "warehouse": warehouse, "synced": synced, "artifacts": rows }),
                 );
             } else {
-                println!(
+                outln!(
                     "{NAMESPACE}.{TABLE} in {}: appended {} rows of {} bundles; {} rows of this \
                      owner's missions read back through the catalog",
                     warehouse.display(),
@@ -184,8 +188,8 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
                     json!({ "bundle": claim.bundle_id, "state": claim.state, "last_error": claim.last_error, "manifest": manifest }),
                 );
             } else {
-                println!("{} ({})", claim.bundle_id, claim.state.as_str());
-                println!("{}", serde_json::to_string_pretty(&manifest)?);
+                outln!("{} ({})", claim.bundle_id, claim.state.as_str());
+                outln!("{}", serde_json::to_string_pretty(&manifest)?);
             }
             Ok(code::OK)
         }
@@ -229,10 +233,7 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
                     )
                     .into())
                 }
-                (None, false) => {
-                    use std::io::Write;
-                    std::io::stdout().write_all(&bytes)?;
-                }
+                (None, false) => crate::output::stdout_write_bytes(&bytes),
             }
             if app.json {
                 emit(
@@ -260,7 +261,7 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
                     json!({ "reconciled": done, "iceberg": iceberg }),
                 );
             } else {
-                println!(
+                outln!(
                     "finished {}, expired {}, waiting {}, orphan objects {}",
                     done.finished.len(),
                     done.expired.len(),
@@ -268,10 +269,10 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
                     done.orphans.len()
                 );
                 for id in &done.waiting {
-                    println!("waiting: {id} (its mission's resume publishes it)");
+                    outln!("waiting: {id} (its mission's resume publishes it)");
                 }
                 for key in &done.orphans {
-                    println!("orphan: {key}");
+                    outln!("orphan: {key}");
                 }
             }
             Ok(code::OK)

@@ -339,7 +339,7 @@ fn keygen(json: bool, file: &Path) -> Result<i32> {
             json!({ "private_key": file, "public_key": public_path, "key_id": id }),
         );
     } else {
-        println!(
+        outln!(
             "key {id}: private {} (mode 0600; keep it secret), public {}",
             file.display(),
             public_path.display()
@@ -379,7 +379,7 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                     json!({ "evidence_dir": shown_dir, "providers": providers }),
                 );
             } else {
-                print!(
+                out!(
                     "{}",
                     render_catalog(&table, crate::human::colour_on_stdout(config))
                 );
@@ -424,7 +424,7 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                     json!({ "evidence_dir": shown_dir, "ok": problems.is_empty(), "problems": problems }),
                 );
             } else if problems.is_empty() {
-                println!(
+                outln!(
                     "catalog check: ok ({} providers; nothing claims more than its evidence)",
                     table.len()
                 );

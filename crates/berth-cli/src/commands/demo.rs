@@ -23,7 +23,7 @@ impl Steps {
         let detail = detail.into();
         let ms = self.started.elapsed().as_secs_f64() * 1000.0;
         if !self.json {
-            println!("[{ms:>8.1} ms] {step:<9} {detail}");
+            outln!("[{ms:>8.1} ms] {step:<9} {detail}");
         }
         self.log
             .push(json!({ "step": step, "detail": detail, "at_ms": ms }));
@@ -176,9 +176,9 @@ pub async fn demo(app: &App) -> Result<i32> {
             json!({ "run_id": app.ledger.run_id(), "steps": steps.log, "ledger": rows }),
         );
     } else {
-        println!("\nledger for run {}:", app.ledger.run_id());
+        outln!("\nledger for run {}:", app.ledger.run_id());
         for row in &rows {
-            println!(
+            outln!(
                 "  {:<16} {:<28} {:<14} created {} gone {}",
                 row.berth_id,
                 super::ledger::shorten(&row.origin, 28),

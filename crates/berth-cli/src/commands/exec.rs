@@ -57,10 +57,12 @@ struct Terminal;
 impl OutputSink for Terminal {
     fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
         // A closed terminal must not abort the command; the status still matters.
-        let _ = match stream {
-            Stream::Stdout => std::io::stdout().lock().write_all(bytes),
-            Stream::Stderr => std::io::stderr().lock().write_all(bytes),
-        };
+        match stream {
+            Stream::Stdout => crate::output::stdout_write_bytes(bytes),
+            Stream::Stderr => {
+                let _ = std::io::stderr().lock().write_all(bytes);
+            }
+        }
     }
 }
 
@@ -124,7 +126,7 @@ pub async fn exec(app: &App, args: ExecArgs) -> Result<i32> {
                 json!({ "sandbox": args.id, "detached": true, "handle": handle.0 }),
             );
         } else {
-            println!("{}", handle.0);
+            outln!("{}", handle.0);
         }
         return Ok(code::OK);
     }
@@ -208,7 +210,7 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
             let (_row, provider, native) = app.sandbox(id).await?;
             let data = provider.require_files()?.read(&native, path).await?;
             if local == "-" {
-                std::io::stdout().lock().write_all(&data)?;
+                crate::output::stdout_write_bytes(&data);
             } else {
                 std::fs::write(local, &data).with_context(|| format!("cannot write {local}"))?;
             }
@@ -276,14 +278,14 @@ pub async fn ps(app: &App, id: &str) -> Result<i32> {
             .collect();
         emit("ps", json!({ "sandbox": id, "processes": processes }));
     } else {
-        println!("{:<10} STATUS", "HANDLE");
+        outln!("{:<10} STATUS", "HANDLE");
         for (handle, status) in &rows {
             let shown = match status["state"].as_str() {
                 Some("finished") => format!("finished ({})", status["exit_code"]),
                 Some("unknown") => format!("unknown: {}", status["reason"].as_str().unwrap_or("")),
                 other => other.unwrap_or("").to_owned(),
             };
-            println!("{:<10} {shown}", handle.0);
+            outln!("{:<10} {shown}", handle.0);
         }
     }
     Ok(code::OK)
@@ -330,7 +332,8 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
         Terminal.chunk(Stream::Stderr, &stderr[err_seen..]);
         (out_seen, err_seen) = (stdout.len(), stderr.len());
         let running = matches!(status, Ok(berth_contract::ProcessStatus::Running));
-        if !follow || !running {
+        // Following for a reader that went away (`| head`) has no one to follow for.
+        if !follow || !running || crate::output::stdout_gone() {
             if follow {
                 if let Err(e) = &status {
                     eprintln!("berth: {e}");

@@ -100,9 +100,9 @@ pub async fn run(config: &Config, json: bool, args: &GatewayArgs) -> Result<i32>
             }),
         );
     } else {
-        println!("LISTENING {}", running.base_url());
-        println!("TOKEN {}", token.expose());
-        println!("JOURNAL {}", journal.display());
+        outln!("LISTENING {}", running.base_url());
+        outln!("TOKEN {}", token.expose());
+        outln!("JOURNAL {}", journal.display());
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();

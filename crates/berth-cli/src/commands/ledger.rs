@@ -20,7 +20,7 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
         return Ok(code::OK);
     }
     if rows.is_empty() {
-        println!(
+        outln!(
             "ledger: nothing open for owner {}{}",
             app.ledger.owner(),
             if all {
@@ -77,7 +77,7 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
             ),
         ]);
     }
-    print!(
+    out!(
         "{}",
         table.render(crate::human::colour_on_stdout(&app.config))
     );
@@ -120,7 +120,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
         );
     } else {
         if report.entries.is_empty() {
-            println!("sweep: nothing to do for owner {}", app.ledger.owner());
+            outln!("sweep: nothing to do for owner {}", app.ledger.owner());
         }
         for entry in &report.entries {
             let what = match &entry.action {
@@ -134,7 +134,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
                 SweepAction::Held { reason } => format!("kept: {reason}"),
                 SweepAction::Adopted { reason } => format!("adopted: {reason}"),
             };
-            println!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
+            outln!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
         }
     }
     Ok(if report.complete() {

@@ -61,10 +61,10 @@ async fn drive(app: &App, id: &str) -> Result<i32> {
         }
         let at = started.elapsed().as_secs_f64();
         match step {
-            Step::Claimed { task, key } => println!("[{at:>7.2}s] {task}: attempt {key} claimed"),
-            Step::Advanced { key, what } => println!("[{at:>7.2}s]   {key}: {what}"),
-            Step::Rejected { key, reason } => println!("[{at:>7.2}s]   {key}: REJECTED — {reason}"),
-            Step::Finished(state) => println!("[{at:>7.2}s] mission {id}: {}", describe(state)),
+            Step::Claimed { task, key } => outln!("[{at:>7.2}s] {task}: attempt {key} claimed"),
+            Step::Advanced { key, what } => outln!("[{at:>7.2}s]   {key}: {what}"),
+            Step::Rejected { key, reason } => outln!("[{at:>7.2}s]   {key}: REJECTED — {reason}"),
+            Step::Finished(state) => outln!("[{at:>7.2}s] mission {id}: {}", describe(state)),
         }
     };
     let state = orch.run(id, &mut report).await?;
@@ -106,7 +106,7 @@ async fn status(app: &App, id: &str) -> Result<i32> {
         .filter(|f| f.kind == "agent" || f.kind == "validator")
     {
         let detail: serde_json::Value = serde_json::from_str(&fact.detail_json).unwrap_or_default();
-        println!(
+        outln!(
             "  {} {:<9} {} ({:.0} ms)",
             fact.attempt_key,
             fact.kind,
@@ -118,7 +118,7 @@ async fn status(app: &App, id: &str) -> Result<i32> {
 }
 
 fn print_record(record: &MissionRecord, base: &str, events: i64) {
-    println!(
+    outln!(
         "mission {}: {} (base {}, {events} events)",
         record.id,
         describe(&record.state),
@@ -130,7 +130,7 @@ fn print_record(record: &MissionRecord, base: &str, events: i64) {
             TaskState::Done { accepted } => format!("done (accepted {accepted})"),
             TaskState::Exhausted => "EXHAUSTED".to_owned(),
         };
-        println!(
+        outln!(
             "  task {} — {state}, {}/{} attempts",
             task.id,
             task.attempts.len(),
@@ -157,7 +157,7 @@ fn print_record(record: &MissionRecord, base: &str, events: i64) {
                         .unwrap_or("-"),
                 ),
             };
-            println!("    #{} {} {outcome}", attempt.ordinal, attempt.key);
+            outln!("    #{} {} {outcome}", attempt.ordinal, attempt.key);
         }
     }
 }
@@ -173,7 +173,7 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
                 .create_with(&file, allow_outside_path)
                 .await?;
             if !app.json {
-                println!("mission {id} registered from {}", file.display());
+                outln!("mission {id} registered from {}", file.display());
             }
             drive(app, &id).await
         }
@@ -190,10 +190,10 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
                     .collect();
                 emit("mission list", json!({ "missions": missions }));
             } else if rows.is_empty() {
-                println!("no missions (start one with `berth mission run FILE`)");
+                outln!("no missions (start one with `berth mission run FILE`)");
             } else {
                 for r in rows {
-                    println!(
+                    outln!(
                         "{:<32} {:<10} {:>4} events  {}",
                         r.id,
                         r.state,
@@ -254,7 +254,7 @@ pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i
                 json!({ "attempt": key, "events": events }),
             );
         } else {
-            print!("{text}");
+            out!("{text}");
         }
         return Ok(code::OK);
     }
@@ -276,7 +276,7 @@ pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i
             json!({ "attempt": key, "trajectory": trajectory }),
         );
     } else {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&trajectory).expect("json serializes")
         );

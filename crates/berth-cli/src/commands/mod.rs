@@ -177,7 +177,7 @@ fn report(app: &App, command: &str, report: berth_bench::Report) -> Result<i32> 
     if app.json {
         emit(command, report.json);
     } else {
-        print!("{}", report.text);
+        out!("{}", report.text);
     }
     Ok(code::OK)
 }
@@ -185,12 +185,12 @@ fn report(app: &App, command: &str, report: berth_bench::Report) -> Result<i32> 
 /// `berth schema manifest`.
 pub fn schema(_json: bool, which: &str) -> i32 {
     match which {
-        "evidence" => print!("{}", berth_evidence::json_schema()),
-        "mission" => print!("{}", berth_mission::file::json_schema()),
-        "events" => print!("{}", berth_harness::json_schema()),
-        "bundle" => print!("{}", berth_artifacts::bundle::json_schema()),
-        "openapi" => print!("{}", crate::serve::openapi_json()),
-        _ => print!("{}", berth_manifest::json_schema()),
+        "evidence" => out!("{}", berth_evidence::json_schema()),
+        "mission" => out!("{}", berth_mission::file::json_schema()),
+        "events" => out!("{}", berth_harness::json_schema()),
+        "bundle" => out!("{}", berth_artifacts::bundle::json_schema()),
+        "openapi" => out!("{}", crate::serve::openapi_json()),
+        _ => out!("{}", berth_manifest::json_schema()),
     }
     code::OK
 }
@@ -238,13 +238,15 @@ pub fn providers(config: &Config, json: bool) -> Result<i32> {
         } else {
             "catalog only"
         };
-        println!(
+        outln!(
             "{} — {} ({adapter}; isolation: {:?})",
-            manifest.id, manifest.display_name, manifest.isolation.class
+            manifest.id,
+            manifest.display_name,
+            manifest.isolation.class
         );
-        println!("  {}", manifest.isolation.statement.replace('\n', " "));
+        outln!("  {}", manifest.isolation.statement.replace('\n', " "));
         for capability in Capability::ALL {
-            println!(
+            outln!(
                 "  {:<20} {}",
                 capability.as_str(),
                 support_str(manifest.support(capability))
@@ -252,7 +254,7 @@ pub fn providers(config: &Config, json: bool) -> Result<i32> {
         }
         let missing = registry.missing_credentials(&manifest.id, &config.env);
         if !missing.is_empty() {
-            println!("  missing credentials: {}", missing.join(", "));
+            outln!("  missing credentials: {}", missing.join(", "));
         }
     }
     Ok(code::OK)

@@ -47,10 +47,10 @@ impl Live {
             let line = serde_json::to_string(&event).expect("events serialize");
             let _ = writeln!(self.events_file, "{line}");
             if self.json {
-                println!("{line}");
+                outln!("{line}");
             } else {
                 let value = serde_json::to_value(&event).expect("events serialize");
-                println!("{}", super::watch::human(&value));
+                outln!("{}", super::watch::human(&value));
             }
             self.events.push(event);
         }
@@ -154,7 +154,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         Err(why) => Some(why.clone()),
     };
     if app.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "schema": berth_harness::EVENTS_SCHEMA,
@@ -169,13 +169,13 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         );
     } else {
         match &verdict {
-            None => println!(
+            None => outln!(
                 "berth: {} finished its turn ({} tool calls; {status}); logs in {}",
                 harness.as_str(),
                 judged.tool_calls,
                 dir.display()
             ),
-            Some(why) => println!("berth: {why}; logs in {}", dir.display()),
+            Some(why) => outln!("berth: {why}; logs in {}", dir.display()),
         }
     }
     Ok(if verdict.is_none() {

@@ -19,7 +19,7 @@ fn print_tracked(app: &App, command: &str, tracked: &Tracked, extra: serde_json:
         }
         emit(command, fields);
     } else {
-        println!("{}", tracked.berth_id);
+        outln!("{}", tracked.berth_id);
     }
 }
 
@@ -130,11 +130,11 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
             .collect();
         emit("list", json!({ "sandboxes": sandboxes }));
     } else if items.is_empty() {
-        println!("no sandboxes (create one with `berth create`)");
+        outln!("no sandboxes (create one with `berth create`)");
     } else {
-        println!("{:<16} {:<8} {:<18} OBSERVED", "ID", "PROVIDER", "LEDGER");
+        outln!("{:<16} {:<8} {:<18} OBSERVED", "ID", "PROVIDER", "LEDGER");
         for (row, obs) in &items {
-            println!(
+            outln!(
                 "{:<16} {:<8} {:<18} {}",
                 row.berth_id,
                 row.provider,
@@ -161,19 +161,21 @@ pub async fn status(app: &App, id: &str) -> Result<i32> {
             json!({ "ledger": row, "observed": observation_json(&observation), "forwards": forwards }),
         );
     } else {
-        println!("id:        {}", row.berth_id);
-        println!("provider:  {}", row.provider);
-        println!("ledger:    {}", row.state);
-        println!("observed:  {}", observation_text(&observation));
-        println!("owner:     {}", row.owner);
-        println!("run:       {}", row.run_id);
+        outln!("id:        {}", row.berth_id);
+        outln!("provider:  {}", row.provider);
+        outln!("ledger:    {}", row.state);
+        outln!("observed:  {}", observation_text(&observation));
+        outln!("owner:     {}", row.owner);
+        outln!("run:       {}", row.run_id);
         if let Some(expires) = row.expires_at {
-            println!("expires:   {}", expires.to_rfc3339());
+            outln!("expires:   {}", expires.to_rfc3339());
         }
         for forward in &forwards {
-            println!(
+            outln!(
                 "forward:   {} → port {} (berth port, pid {})",
-                forward.local, forward.port, forward.pid
+                forward.local,
+                forward.port,
+                forward.pid
             );
         }
     }
@@ -206,7 +208,7 @@ pub async fn snapshot(app: &App, id: &str, ttl: Option<&str>) -> Result<i32> {
             json!({ "sandbox": id, "key": key, "snapshot": snap }),
         );
     } else {
-        println!("{}", snap.handle);
+        outln!("{}", snap.handle);
         eprintln!("(ledger row {key}; `berth destroy {key}` deletes it)");
     }
     Ok(code::OK)
@@ -263,8 +265,8 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
         let outcome = app.ledger.destroy_row(provider.as_ref(), &row).await?;
         if !app.json {
             match &outcome {
-                DestroyOutcome::VerifiedGone { .. } => println!("{id}: destroyed (verified gone)"),
-                DestroyOutcome::Accepted { raw_state } => println!(
+                DestroyOutcome::VerifiedGone { .. } => outln!("{id}: destroyed (verified gone)"),
+                DestroyOutcome::Accepted { raw_state } => outln!(
                     "{id}: destroy accepted, not yet verified (raw state {raw_state}); \
                      `berth ledger sweep` will check again"
                 ),
@@ -325,7 +327,7 @@ pub async fn power(app: &App, id: &str, verb: Power) -> Result<i32> {
     if app.json {
         emit(name, json!({ "sandbox": id, "transition": transition }));
     } else {
-        println!("{id}: {transition:?}");
+        outln!("{id}: {transition:?}");
     }
     Ok(code::OK)
 }

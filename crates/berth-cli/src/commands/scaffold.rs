@@ -23,9 +23,9 @@ pub fn run(json: bool, command: &ProviderCommand) -> Result<i32> {
         );
     } else {
         for path in &done.written {
-            println!("wrote {}", path.display());
+            outln!("wrote {}", path.display());
         }
-        println!("next: work through {}", done.checklist.display());
+        outln!("next: work through {}", done.checklist.display());
     }
     Ok(code::OK)
 }

@@ -60,7 +60,7 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
             json!({ "provider": record.provider, "record": path, "failed_clauses": failed, "known_failures": known, "evidence": record }),
         );
     } else {
-        println!(
+        outln!(
             "evidence: {} ({} clauses, {failed} failed{}, content {}, {})",
             path.display(),
             record.clauses.len(),

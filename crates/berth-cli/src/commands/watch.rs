@@ -114,9 +114,9 @@ fn monitor_line(json_out: bool, kind: &str, key: &str, fields: Value, text: Stri
         if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
             line.extend(fields);
         }
-        println!("{line}");
+        outln!("{line}");
     } else {
-        println!("      {kind:<20} {text}");
+        outln!("      {kind:<20} {text}");
     }
 }
 
@@ -155,11 +155,11 @@ async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
         let drained = polled.lines.is_empty();
         for line in &polled.lines {
             if app.json {
-                println!("{line}");
+                outln!("{line}");
             } else {
                 match serde_json::from_str::<Value>(line) {
-                    Ok(event) => println!("{}", human(&event)),
-                    Err(_) => println!("      (unreadable line) {line}"),
+                    Ok(event) => outln!("{}", human(&event)),
+                    Err(_) => outln!("      (unreadable line) {line}"),
                 }
             }
         }
@@ -174,14 +174,18 @@ async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
                 logs = now;
             }
         }
+        // Following for a reader that went away (`| head`) has no one to follow for.
+        if crate::output::stdout_gone() {
+            return Ok(());
+        }
         if logs.agent_done() && drained {
             // One last read: the run may have ended right after the poll above.
             let tail = follower.poll()?;
             for line in &tail.lines {
                 if app.json {
-                    println!("{line}");
+                    outln!("{line}");
                 } else if let Ok(event) = serde_json::from_str::<Value>(line) {
-                    println!("{}", human(&event));
+                    outln!("{}", human(&event));
                 }
             }
             if tail.lines.is_empty() {
@@ -244,7 +248,7 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
                 if agent && followed.insert(key.clone()) {
                     progressed = true;
                     if !app.json {
-                        println!("{}: attempt {} ({key})", task.id, attempt.ordinal);
+                        outln!("{}: attempt {} ({key})", task.id, attempt.ordinal);
                     }
                     follow_attempt(app, &key, &limits).await?;
                 }
@@ -269,7 +273,7 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
         }
         if record.state != MissionState::Running && !progressed {
             if !app.json {
-                println!("mission {id}: {:?}", record.state);
+                outln!("mission {id}: {:?}", record.state);
             }
             return Ok(code::OK);
         }

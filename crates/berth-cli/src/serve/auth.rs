@@ -97,7 +97,7 @@ pub async fn create(
             json!({ "id": row.id, "owner": row.owner, "scope": row.scope, "name": row.name, "token": token }),
         );
     } else {
-        println!("{token}");
+        outln!("{token}");
         eprintln!(
             "token {} for owner `{}` with scope {}: shown once, stored only as its hash",
             row.id, row.owner, row.scope
@@ -112,9 +112,12 @@ pub async fn list(store: &Store, json: bool) -> Result<i32> {
     if json {
         emit("token list", json!({ "tokens": tokens }));
     } else {
-        println!(
+        outln!(
             "{:<16} {:<6} {:<8} {:<24} NAME",
-            "ID", "SCOPE", "STATE", "OWNER"
+            "ID",
+            "SCOPE",
+            "STATE",
+            "OWNER"
         );
         for t in &tokens {
             let state = if t.revoked_at.is_some() {
@@ -122,9 +125,13 @@ pub async fn list(store: &Store, json: bool) -> Result<i32> {
             } else {
                 "live"
             };
-            println!(
+            outln!(
                 "{:<16} {:<6} {:<8} {:<24} {}",
-                t.id, t.scope, state, t.owner, t.name
+                t.id,
+                t.scope,
+                state,
+                t.owner,
+                t.name
             );
         }
     }

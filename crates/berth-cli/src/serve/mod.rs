@@ -75,7 +75,7 @@ pub async fn run(app: &App, listen: SocketAddr) -> Result<i32> {
         .await
         .with_context(|| format!("listen on {listen}"))?;
     let local = listener.local_addr()?;
-    println!("listening on http://{local}");
+    outln!("listening on http://{local}");
     if !local.ip().is_loopback() {
         eprintln!(
             "berth: warning: serving on {local}, beyond this machine; every route still needs a \
