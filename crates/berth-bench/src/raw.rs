@@ -4,7 +4,7 @@
 //! so drift (other load on the machine) hits all alike and each measurement follows each other
 //! equally often (none always follows the heaviest). Reported: median, p95 (nearest rank), min
 //! and sample count, plus the median ratio and overhead with their 95% intervals (a target is
-//! met or not only when the interval says so; see [`crate::stats::Verdict`]). Every baseline is
+//! met or not only when the interval says so; see `stats::Verdict`). Every baseline is
 //! labelled for what it is:
 //! - **own mechanism** (Berth's overhead): docker exec — the same supervisor request and frames
 //!   sent straight to the sandbox's socket, without Berth's checks; cycle — the same adapter
