@@ -168,16 +168,16 @@ impl App {
             .cleanup_run(&self.registry.bind(&self.provider_config))
             .await
         {
-            Ok(report) if !report.complete() => eprintln!(
+            Ok(report) if !report.complete() => errln!(
                 "berth: warning: cleanup incomplete; run `berth ledger sweep` ({:?})",
                 report.entries
             ),
             Ok(report) if !report.entries.is_empty() => {
-                eprintln!("berth: cleaned up {} sandbox(es)", report.entries.len())
+                errln!("berth: cleaned up {} sandbox(es)", report.entries.len())
             }
             Ok(_) => {}
             Err(err) => {
-                eprintln!("berth: warning: cleanup failed: {err}; run `berth ledger sweep`")
+                errln!("berth: warning: cleanup failed: {err}; run `berth ledger sweep`")
             }
         }
     }

@@ -28,6 +28,15 @@ macro_rules! out {
     };
 }
 
+/// `eprintln!` without its panic: a stderr that cannot be written (a pipe closed by `| head`
+/// with `2>&1`) must not turn a finished command into a crash.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod app;
 mod cli;
 mod commands;
@@ -182,7 +191,7 @@ async fn run(cli: Cli) -> i32 {
         }
         Ending::Signalled(code, what) => {
             app.cleanup_after_failure().await;
-            eprintln!("berth: {what}; this run's sandboxes were cleaned up");
+            errln!("berth: {what}; this run's sandboxes were cleaned up");
             code
         }
     }

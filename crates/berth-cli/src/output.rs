@@ -54,7 +54,7 @@ fn stdout_bytes(write: impl FnOnce(&mut std::io::StdoutLock<'static>) -> std::io
         if !STDOUT_GONE.swap(true, Ordering::Relaxed) && e.kind() != std::io::ErrorKind::BrokenPipe
         {
             STDOUT_FAILED.store(true, Ordering::Relaxed);
-            eprintln!("berth: cannot write to stdout: {e}");
+            errln!("berth: cannot write to stdout: {e}");
         }
     }
 }
@@ -94,9 +94,9 @@ pub fn failure(json: bool, command: &str, err: &anyhow::Error) -> i32 {
     if json {
         emit(command, json!({ "error": failure }));
     } else {
-        eprintln!("berth: error: {}", failure.message);
+        errln!("berth: error: {}", failure.message);
         if let Some(hint) = &failure.hint {
-            eprintln!("hint: {hint}");
+            errln!("hint: {hint}");
         }
     }
     failure.exit_code

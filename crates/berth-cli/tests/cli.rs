@@ -674,6 +674,17 @@ fn a_closed_stdout_ends_the_output_not_the_command() {
             text(&out.stderr)
         );
     }
+    // Both stdout and stderr closed (`2>&1 | head`): an error still exits with its own code
+    // (3, not found), not a panic's (101 before).
+    let mut child = home
+        .command("tester", &["destroy", "bx-no-such-sandbox"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(3));
     let (_, ledger) = home.json(&["ledger", "list"]);
     let live = ledger["entries"]
         .as_array()

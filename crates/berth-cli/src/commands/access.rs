@@ -169,7 +169,7 @@ pub async fn ssh(app: &App, args: SshArgs) -> Result<i32> {
         Exit::Signalled { signal } => Ok(128 + signal),
         // Never a made-up code: 125 is Berth's own "could not run it / status unknown".
         other => {
-            eprintln!("berth: the terminal session ended without the command's status: {other:?}");
+            errln!("berth: the terminal session ended without the command's status: {other:?}");
             Ok(code::EXEC_FAILED)
         }
     }
@@ -301,9 +301,10 @@ pub async fn port(app: &App, args: PortArgs) -> Result<i32> {
         );
     } else {
         outln!("{local}");
-        eprintln!(
+        errln!(
             "forwarding {local} → port {} of {} (Ctrl-C to stop)",
-            args.port, args.id
+            args.port,
+            args.id
         );
     }
     let _ = std::io::stdout().flush();
@@ -320,7 +321,7 @@ pub async fn port(app: &App, args: PortArgs) -> Result<i32> {
                 Ok(stream) => stream,
                 // One refused connection is that client's business; the forward stays open.
                 Err(err) => {
-                    eprintln!("berth: port {port}: {err}");
+                    errln!("berth: port {port}: {err}");
                     return;
                 }
             };

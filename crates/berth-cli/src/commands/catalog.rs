@@ -430,7 +430,7 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                 );
             } else {
                 for problem in &problems {
-                    eprintln!("catalog check: {problem}");
+                    errln!("catalog check: {problem}");
                 }
             }
             Ok(if problems.is_empty() {

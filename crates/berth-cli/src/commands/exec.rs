@@ -79,7 +79,7 @@ async fn run_request(
     if let (false, Some(streaming)) = (app.json, provider.streaming()) {
         let summary: ExecSummary = streaming.exec_streaming(id, req, &mut Terminal).await?;
         if let ExitStatus::TimedOut | ExitStatus::Unknown { .. } = summary.status {
-            eprintln!("berth: command {}", summary.status);
+            errln!("berth: command {}", summary.status);
         }
         return Ok(summary.status);
     }
@@ -104,11 +104,11 @@ async fn run_request(
         Terminal.chunk(Stream::Stdout, &output.stdout);
         match &output.stderr {
             Some(stderr) => Terminal.chunk(Stream::Stderr, stderr),
-            None => eprintln!("berth: this provider merges stderr into stdout"),
+            None => errln!("berth: this provider merges stderr into stdout"),
         }
         // An exit code the user cannot read as the command's own (124, 125) says why.
         if let ExitStatus::TimedOut | ExitStatus::Unknown { .. } = output.status {
-            eprintln!("berth: command {}", output.status);
+            errln!("berth: command {}", output.status);
         }
     }
     Ok(output.status)
@@ -155,9 +155,10 @@ pub async fn run(app: &App, args: RunArgs) -> Result<i32> {
         )
         .await?;
     if !app.json {
-        eprintln!(
+        errln!(
             "berth: running in {} ({})",
-            tracked.berth_id, tracked.provider
+            tracked.berth_id,
+            tracked.provider
         );
     }
     match app.config.fault {
@@ -178,7 +179,7 @@ pub async fn run(app: &App, args: RunArgs) -> Result<i32> {
     if !args.keep {
         super::sandbox::destroy_tracked(app, provider.as_ref(), &tracked).await?;
     } else if !app.json {
-        eprintln!("berth: kept {}", tracked.berth_id);
+        errln!("berth: kept {}", tracked.berth_id);
     }
     Ok(status?.shell_code())
 }
@@ -245,7 +246,7 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
             json!({ "from": source, "to": destination, "bytes": bytes }),
         );
     } else if destination != "-" {
-        eprintln!("copied {bytes} bytes");
+        errln!("copied {bytes} bytes");
     }
     Ok(code::OK)
 }
@@ -336,7 +337,7 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
         if !follow || !running || crate::output::stdout_gone() {
             if follow {
                 if let Err(e) = &status {
-                    eprintln!("berth: {e}");
+                    errln!("berth: {e}");
                 }
             }
             return Ok(code::OK);
@@ -356,7 +357,7 @@ pub async fn kill(app: &App, id: &str, handle: &str) -> Result<i32> {
             json!({ "sandbox": id, "handle": handle.0, "killed": true }),
         );
     } else {
-        eprintln!("killed {}", handle.0);
+        errln!("killed {}", handle.0);
     }
     Ok(code::OK)
 }

@@ -58,9 +58,11 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
         })
         .await?;
     for step in &fallback.skipped {
-        eprintln!(
+        errln!(
             "berth: provider `{}` skipped ({}): {}",
-            step.provider, step.kind, step.message
+            step.provider,
+            step.kind,
+            step.message
         );
     }
     print_tracked(
@@ -209,7 +211,7 @@ pub async fn snapshot(app: &App, id: &str, ttl: Option<&str>) -> Result<i32> {
         );
     } else {
         outln!("{}", snap.handle);
-        eprintln!("(ledger row {key}; `berth destroy {key}` deletes it)");
+        errln!("(ledger row {key}; `berth destroy {key}` deletes it)");
     }
     Ok(code::OK)
 }

@@ -39,7 +39,7 @@ pub async fn verify(app: &App, args: VerifyArgs) -> Result<i32> {
         graded += 1;
         if !json {
             line.clear();
-            eprintln!(
+            errln!(
                 "{:<40} {:<15} {}",
                 clause.clause,
                 format!("{:?}", clause.grade).to_lowercase(),

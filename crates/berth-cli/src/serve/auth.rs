@@ -98,9 +98,11 @@ pub async fn create(
         );
     } else {
         outln!("{token}");
-        eprintln!(
+        errln!(
             "token {} for owner `{}` with scope {}: shown once, stored only as its hash",
-            row.id, row.owner, row.scope
+            row.id,
+            row.owner,
+            row.scope
         );
     }
     Ok(code::OK)
@@ -150,7 +152,7 @@ pub async fn revoke(store: &Store, json: bool, id: &str) -> Result<i32> {
     if json {
         emit("token revoke", json!({ "id": id, "revoked": true }));
     } else {
-        eprintln!("revoked {id}");
+        errln!("revoked {id}");
     }
     Ok(code::OK)
 }

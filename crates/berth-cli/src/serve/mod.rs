@@ -77,7 +77,7 @@ pub async fn run(app: &App, listen: SocketAddr) -> Result<i32> {
     let local = listener.local_addr()?;
     outln!("listening on http://{local}");
     if !local.ip().is_loopback() {
-        eprintln!(
+        errln!(
             "berth: warning: serving on {local}, beyond this machine; every route still needs a \
              token, but traffic is plain HTTP"
         );

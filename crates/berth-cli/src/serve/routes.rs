@@ -333,7 +333,7 @@ impl Call<'_> {
             };
             if let Err(err) = self.server.store.audit_append(&audit).await {
                 // An unaudited mutation is reported, never hidden.
-                eprintln!("berth serve: cannot write the audit log: {err}");
+                errln!("berth serve: cannot write the audit log: {err}");
                 return failure(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     self.command,
