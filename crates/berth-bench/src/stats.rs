@@ -164,6 +164,17 @@ impl Verdict {
         }
     }
 
+    /// For a target of at least `target`.
+    pub(crate) fn at_least(interval: Interval, target: f64) -> Verdict {
+        if interval.low >= target {
+            Verdict::Met
+        } else if interval.high < target {
+            Verdict::NotMet
+        } else {
+            Verdict::Undecided
+        }
+    }
+
     /// `true`/`false` when decided; `None` (JSON null) when this run cannot tell.
     pub(crate) fn met(self) -> Option<bool> {
         match self {
@@ -219,6 +230,9 @@ mod interval_tests {
         assert_eq!(Verdict::at_most(many, 12.0), Verdict::Met);
         assert_eq!(Verdict::at_most(many, 8.0), Verdict::NotMet);
         assert_eq!(Verdict::at_most(few, 10.0), Verdict::Undecided);
+        assert_eq!(Verdict::at_least(many, 8.0), Verdict::Met);
+        assert_eq!(Verdict::at_least(many, 12.0), Verdict::NotMet);
+        assert_eq!(Verdict::at_least(few, 10.0), Verdict::Undecided);
         assert_eq!(Verdict::Undecided.met(), None);
         assert_eq!(
             Verdict::at_most(median_interval(&[1.0]), 5.0),
