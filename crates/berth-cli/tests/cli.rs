@@ -624,6 +624,50 @@ fn completions_cover_every_verb() {
     }
 }
 
+/// A file a user names that is a FIFO or a device is refused at once as invalid input: the
+/// FIFO's `open` used to block forever (`mission run FIFO` hung, deaf to SIGTERM) and
+/// `/dev/zero` never ends. Each command must answer within seconds.
+#[test]
+fn named_files_that_are_fifos_or_devices_are_refused_at_once() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let fifo = home.path().join("named.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let fifo = fifo.to_str().unwrap();
+    let target = format!("{id}:/copied");
+    for args in [
+        vec!["mission", "run", fifo],
+        vec!["gateway", "--script", fifo],
+        vec!["cp", fifo, &target],
+        vec!["cp", "/dev/zero", &target],
+    ] {
+        let mut child = home
+            .command("tester", &args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{args:?} blocked on a file that is not regular");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(5), "{args:?}: {stderr}");
+        assert!(stderr.contains("not a regular file"), "{args:?}: {stderr}");
+    }
+    home.run(&["destroy", &id]);
+}
+
 /// A reader that goes away (`berth … | head`) ends the output, not the command: no panic, the
 /// command finishes its work and its cleanup and exits with its own status; a stdout that
 /// cannot be written for another reason (a full disk) is said on stderr and exits 1.

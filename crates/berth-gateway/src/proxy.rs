@@ -138,13 +138,10 @@ impl Proxy {
     /// [`Proxy::trust_pem`] with the PEM file named by [`PROXY_CA_FILE_VAR`], when that is set
     /// (Berth's environment, passed in by the caller).
     pub fn trust_configured(self, ca_file: Option<&str>) -> Result<Proxy, GatewayError> {
-        use std::io::Read;
         let Some(path) = ca_file.filter(|p| !p.is_empty()) else {
             return Ok(self);
         };
-        let mut pem = Vec::new();
-        std::fs::File::open(path)
-            .and_then(|f| f.take(1 << 20).read_to_end(&mut pem))
+        let pem = berth_files::read_regular(std::path::Path::new(path), 1 << 20)
             .map_err(|e| GatewayError::Proxy(format!("{PROXY_CA_FILE_VAR} `{path}`: {e}")))?;
         self.trust_pem(&pem)
     }

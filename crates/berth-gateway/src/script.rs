@@ -289,19 +289,15 @@ impl Script {
 
     /// Reads a script file (bounded).
     pub fn load(path: &Path) -> Result<Script, GatewayError> {
-        use std::io::Read;
-        let file = std::fs::File::open(path)
-            .map_err(|e| GatewayError::Script(format!("cannot open {}: {e}", path.display())))?;
-        let mut text = String::new();
-        file.take(MAX_SCRIPT_BYTES + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| GatewayError::Script(format!("cannot read {}: {e}", path.display())))?;
-        if text.len() as u64 > MAX_SCRIPT_BYTES {
-            return Err(GatewayError::Script(format!(
-                "{} is over {MAX_SCRIPT_BYTES} bytes",
-                path.display()
-            )));
-        }
+        let shown = path.display();
+        let bytes = berth_files::read_regular(path, MAX_SCRIPT_BYTES).map_err(|e| match e {
+            berth_files::ReadError::TooLarge { .. } => {
+                GatewayError::Script(format!("{shown} is over {MAX_SCRIPT_BYTES} bytes"))
+            }
+            other => GatewayError::Script(format!("cannot read {shown}: {other}")),
+        })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| GatewayError::Script(format!("{shown} is not UTF-8 text")))?;
         Script::parse(&text)
     }
 

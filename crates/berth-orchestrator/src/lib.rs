@@ -92,26 +92,19 @@ pub enum OrchestratorError {
     Unreadable(String),
 }
 
-/// Reads a mission file: a regular file of at most [`berth_mission::file::MAX_FILE_BYTES`].
+/// Reads a mission file: a regular file of at most [`berth_mission::file::MAX_FILE_BYTES`]
+/// (a FIFO, device or directory is refused without blocking).
 fn read_mission_file(path: &Path) -> Result<String, OrchestratorError> {
-    use std::io::Read;
     let shown = path.display();
     let fail = |why: String| OrchestratorError::Unreadable(format!("cannot read {shown}: {why}"));
-    let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
-    let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(fail("not a regular file".into()));
-    }
-    let max = berth_mission::file::MAX_FILE_BYTES;
-    let mut bytes = Vec::new();
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| fail(e.to_string()))?;
-    if bytes.len() as u64 > max {
-        return Err(fail(format!(
-            "larger than {max} bytes, the limit for mission files"
-        )));
-    }
+    let bytes = berth_files::read_regular(path, berth_mission::file::MAX_FILE_BYTES).map_err(
+        |e| match e {
+            berth_files::ReadError::TooLarge { max } => fail(format!(
+                "larger than {max} bytes, the limit for mission files"
+            )),
+            other => fail(other.to_string()),
+        },
+    )?;
     String::from_utf8(bytes).map_err(|_| fail("not UTF-8 text".into()))
 }
 

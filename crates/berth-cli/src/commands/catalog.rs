@@ -17,21 +17,6 @@ use crate::output::emit;
 /// The largest evidence record read; real records are a few KiB.
 const MAX_EVIDENCE_BYTES: u64 = 4 * 1024 * 1024;
 
-/// At most `max` bytes of an opened file that must be a regular file; the inner `Err` says why
-/// the content is refused (for the caller's message), the outer one is an I/O failure.
-fn read_regular(file: std::fs::File, max: u64) -> std::io::Result<Result<Vec<u8>, String>> {
-    use std::io::Read;
-    if !file.metadata()?.is_file() {
-        return Ok(Err("not a regular file".into()));
-    }
-    let mut bytes = Vec::new();
-    file.take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Ok(Err(format!("larger than {max} bytes")));
-    }
-    Ok(Ok(bytes))
-}
-
 fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
     let path = dir.join(format!("{}.json", berth_manifest::file_stem(id)));
     let invalid = |why: String| {
@@ -40,14 +25,16 @@ fn load(dir: &Path, id: &str) -> Result<Option<EvidenceRecord>> {
             "regenerate it with `berth verify`",
         )
     };
-    let file = match std::fs::File::open(&path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    let bytes = match berth_files::read_regular(&path, MAX_EVIDENCE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(berth_files::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(berth_files::ReadError::Io(e)) => {
+            return Err(e).with_context(|| format!("cannot read {}", path.display()))
+        }
+        Err(refused) => return Err(invalid(refused.to_string()).into()),
     };
-    let bytes = read_regular(file, MAX_EVIDENCE_BYTES)
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .map_err(invalid)?;
     let record = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
     Ok(Some(record))
 }
@@ -81,10 +68,7 @@ const SHIPPED_KEYS: &[(&str, &str)] = &[(
 /// Reads a small text file (keys): a regular file of at most 4 KiB.
 fn read_small(path: &Path, what: &str) -> Result<String> {
     let invalid = |why: String| CliError::invalid(format!("{what} {}: {why}", path.display()), "");
-    let file = std::fs::File::open(path).map_err(|e| invalid(e.to_string()))?;
-    let bytes = read_regular(file, 4096)
-        .map_err(|e| invalid(e.to_string()))?
-        .map_err(invalid)?;
+    let bytes = berth_files::read_regular(path, 4096).map_err(|e| invalid(e.to_string()))?;
     String::from_utf8(bytes).map_err(|_| invalid("not UTF-8 text".into()).into())
 }
 

@@ -52,6 +52,9 @@ pub(crate) fn request(app: &App, spec: &CommandSpec) -> Result<ExecRequest> {
     Ok(req)
 }
 
+/// The largest file `cp` copies into a sandbox (it is held in memory on the way).
+const MAX_COPY_BYTES: u64 = 1 << 30;
+
 struct Terminal;
 
 impl OutputSink for Terminal {
@@ -220,10 +223,31 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
         (Endpoint::Local(local), Endpoint::Sandbox { id, path }) => {
             let data = if local == "-" {
                 let mut data = Vec::new();
-                std::io::stdin().lock().read_to_end(&mut data)?;
+                std::io::stdin()
+                    .lock()
+                    .take(MAX_COPY_BYTES + 1)
+                    .read_to_end(&mut data)?;
+                if data.len() as u64 > MAX_COPY_BYTES {
+                    return Err(CliError::invalid(
+                        format!("stdin holds more than {MAX_COPY_BYTES} bytes, the limit for `cp`"),
+                        "copy a smaller file, or archive and split it",
+                    )
+                    .into());
+                }
                 data
             } else {
-                std::fs::read(local).with_context(|| format!("cannot read {local}"))?
+                berth_files::read_regular(std::path::Path::new(local), MAX_COPY_BYTES).map_err(
+                    |e| match e {
+                        berth_files::ReadError::Io(io) => {
+                            anyhow::Error::new(io).context(format!("cannot read {local}"))
+                        }
+                        refused => CliError::invalid(
+                            format!("cannot copy {local}: {refused}"),
+                            "`cp` copies one regular file (or `-` for stdin)",
+                        )
+                        .into(),
+                    },
+                )?
             };
             let (_row, provider, native) = app.sandbox(id).await?;
             provider

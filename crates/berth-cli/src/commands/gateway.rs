@@ -20,9 +20,18 @@ fn invalid(err: GatewayError) -> anyhow::Error {
     CliError::invalid(err.to_string(), hint).into()
 }
 
+/// The largest price table read (real ones are a few KiB).
+const MAX_PRICE_TABLE_BYTES: u64 = 1 << 20;
+
 fn load_prices(path: &std::path::Path) -> Result<Prices> {
-    let text = std::fs::read_to_string(path)
+    let bytes = berth_files::read_regular(path, MAX_PRICE_TABLE_BYTES)
         .with_context(|| format!("cannot read the price table {}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        CliError::invalid(
+            format!("the price table {} is not UTF-8 text", path.display()),
+            "",
+        )
+    })?;
     let prices: Prices =
         toml::from_str(&text).map_err(|e| invalid(GatewayError::Prices(e.to_string())))?;
     prices.check().map_err(invalid)?;
