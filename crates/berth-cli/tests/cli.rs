@@ -774,6 +774,8 @@ fn raw_bench_verdicts_follow_their_intervals() {
         assert_eq!(target["met"], met, "{target}");
     };
     agrees(&doc["exec_target"]);
+    agrees(&doc["cycle_target"]);
+    assert_eq!(doc["cycle_target"]["overhead_ms"], 2.0);
     agrees(&doc["own_mechanism"]["cycle_target"]);
     agrees(&doc["cli_process"]["target"]);
     let brackets = |figure: &Value, interval: &Value| {
