@@ -33,7 +33,15 @@ fn private_home(home: &std::path::Path, state: &std::path::Path) -> Result<()> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+            .map_err(|e| {
+                crate::errors::CliError::setup(
+                    format!("cannot create {}: {e}", dir.display()),
+                    &format!(
+                        "BERTH_HOME ({}) must be a directory Berth can create and write",
+                        home.display()
+                    ),
+                )
+            })?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot make {} private", dir.display()))
     };

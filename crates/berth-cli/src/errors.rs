@@ -83,6 +83,16 @@ impl CliError {
         }
     }
 
+    /// A setup error (this host lacks something the command needs) with the fix as the hint.
+    pub fn setup(message: impl Into<String>, hint: &str) -> Self {
+        CliError {
+            kind: ErrorKind::Setup.as_str(),
+            exit_code: code::SETUP,
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
+    }
+
     /// An invalid-input error with a hint.
     pub fn invalid(message: impl Into<String>, hint: &str) -> Self {
         CliError {

@@ -624,6 +624,31 @@ fn completions_cover_every_verb() {
     }
 }
 
+/// A `BERTH_HOME` that is a file is a setup error naming the fix (it was exit 1, "internal").
+#[test]
+fn a_berth_home_that_is_a_file_is_a_setup_error() {
+    let home = Home::new();
+    let file = home.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["--json", "list"])
+        .env("BERTH_HOME", &file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(14), "{}", text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["error"]["kind"], "setup");
+    assert!(
+        doc["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("BERTH_HOME"),
+        "{doc}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"x", "the file was changed");
+}
+
 /// A file a user names that is a FIFO or a device is refused at once as invalid input: the
 /// FIFO's `open` used to block forever (`mission run FIFO` hung, deaf to SIGTERM) and
 /// `/dev/zero` never ends. Each command must answer within seconds.

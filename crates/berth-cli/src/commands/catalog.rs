@@ -235,7 +235,10 @@ fn statuses(
     if let Some(dir) = explicit {
         if !dir.is_dir() {
             return Err(CliError::invalid(
-                format!("evidence directory {} does not exist", dir.display()),
+                match dir.symlink_metadata() {
+                    Err(_) => format!("evidence directory {} does not exist", dir.display()),
+                    Ok(_) => format!("evidence directory {} is not a directory", dir.display()),
+                },
                 "name a directory `berth verify --out` wrote, or leave --evidence out",
             )
             .into());
