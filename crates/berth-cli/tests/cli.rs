@@ -650,8 +650,8 @@ fn a_berth_home_that_is_a_file_is_a_setup_error() {
 }
 
 /// A file a user names that is a FIFO or a device is refused at once as invalid input: the
-/// FIFO's `open` used to block forever (`mission run FIFO` hung, deaf to SIGTERM) and
-/// `/dev/zero` never ends. Each command must answer within seconds.
+/// FIFO's `open` used to block forever (`mission run FIFO` and `cp ID:f FIFO` hung, deaf to
+/// SIGTERM) and `/dev/zero` never ends. Each command must answer within seconds.
 #[test]
 fn named_files_that_are_fifos_or_devices_are_refused_at_once() {
     let home = Home::new();
@@ -660,12 +660,15 @@ fn named_files_that_are_fifos_or_devices_are_refused_at_once() {
     let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(made.success());
     let fifo = fifo.to_str().unwrap();
-    let target = format!("{id}:/copied");
+    let target = format!("{id}:copied");
+    home.run(&["exec", &id, "--", "sh", "-c", "echo hi > copied"]);
     for args in [
         vec!["mission", "run", fifo],
         vec!["gateway", "--script", fifo],
         vec!["cp", fifo, &target],
         vec!["cp", "/dev/zero", &target],
+        // As a destination too: the FIFO's open blocked just the same.
+        vec!["cp", &target, fifo],
     ] {
         let mut child = home
             .command("tester", &args)

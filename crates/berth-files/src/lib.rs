@@ -5,14 +5,15 @@
 //! deaf to SIGTERM while the thread is stuck in it), a character device (`/dev/zero` never
 //! ends), a directory, or a huge file. [`open_regular`] opens without blocking
 //! (`O_NONBLOCK | O_NOCTTY`), refuses anything but a regular file, and [`read_regular`] reads at
-//! most a bound.
+//! most a bound. [`write_regular`] is the same for a file a user names as a destination: a
+//! FIFO there would block the `open` just the same.
 
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// Why a file was not read.
+/// Why a file was not read (or written).
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// Opening or reading failed (missing, no permission, …).
@@ -58,6 +59,33 @@ pub fn read_opened(file: File, max: u64) -> Result<Vec<u8>, ReadError> {
         return Err(ReadError::TooLarge { max });
     }
     Ok(bytes)
+}
+
+/// Writes `bytes` to `path`, creating or truncating a regular file there; a FIFO, device or
+/// directory is refused without blocking (a FIFO with no reader fails the non-blocking open;
+/// one with a reader, or a device, is refused before a byte is written).
+pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
+    use std::io::Write;
+    let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(flags.bits() as i32)
+        .open(path);
+    let mut file = match opened {
+        Ok(file) => file,
+        // ENXIO: a FIFO nobody reads; EISDIR: a directory.
+        Err(_) if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) => {
+            return Err(ReadError::NotRegular)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !file.metadata()?.is_file() {
+        return Err(ReadError::NotRegular);
+    }
+    file.write_all(bytes)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -107,5 +135,25 @@ mod tests {
             read_regular(&dir.path().join("missing"), 10),
             Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound
         ));
+
+        // As a destination: a regular file is created or replaced; a FIFO (no reader), a
+        // device or a directory is refused, at once.
+        write_regular(&file, b"new").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        let (sent, got) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sent.send(write_regular(&fifo, b"x"));
+        });
+        let result = got
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("writing to a FIFO with no reader blocked");
+        assert!(matches!(result, Err(ReadError::NotRegular)), "{result:?}");
+        for refused in [Path::new("/dev/null"), dir.path()] {
+            assert!(
+                matches!(write_regular(refused, b"x"), Err(ReadError::NotRegular)),
+                "{}",
+                refused.display()
+            );
+        }
     }
 }

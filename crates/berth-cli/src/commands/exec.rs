@@ -2,7 +2,7 @@
 
 use std::io::{Read, Write};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use berth_contract::{
     ExecRequest, ExecSummary, ExitStatus, NativeId, OutputSink, Provider, ProviderExt, Stream,
 };
@@ -216,7 +216,18 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
             if local == "-" {
                 crate::output::stdout_write_bytes(&data);
             } else {
-                std::fs::write(local, &data).with_context(|| format!("cannot write {local}"))?;
+                berth_files::write_regular(std::path::Path::new(local), &data).map_err(
+                    |e| match e {
+                        berth_files::ReadError::Io(io) => {
+                            anyhow::Error::new(io).context(format!("cannot write {local}"))
+                        }
+                        refused => CliError::invalid(
+                            format!("cannot copy to {local}: {refused}"),
+                            "`cp` writes one regular file (or `-` for stdout)",
+                        )
+                        .into(),
+                    },
+                )?;
             }
             data.len()
         }
