@@ -3,10 +3,10 @@
 //!
 //! A path can name anything: a FIFO (whose `open` blocks until a writer appears — forever, and
 //! deaf to SIGTERM while the thread is stuck in it), a character device (`/dev/zero` never
-//! ends), a directory, or a huge file. [`open_regular`] opens without blocking
-//! (`O_NONBLOCK | O_NOCTTY`), refuses anything but a regular file, and [`read_regular`] reads at
-//! most a bound. [`write_regular`] is the same for a file a user names as a destination: a
-//! FIFO there would block the `open` just the same.
+//! ends), a directory, or a huge file. [`read_regular`] opens without blocking
+//! (`O_NONBLOCK | O_NOCTTY`), refuses anything but a regular file and reads at most a bound
+//! ([`read_bounded`], which also bounds a stream such as stdin). [`write_regular`] is the same
+//! for a file a user names as a destination: a FIFO there would block the `open` just the same.
 
 use std::fs::File;
 use std::io::Read;
@@ -30,31 +30,33 @@ pub enum ReadError {
     },
 }
 
-/// Opens `path` for reading if it is a regular file, without ever blocking in `open` (a FIFO
-/// with no writer) or making a terminal the controlling one.
-pub fn open_regular(path: &Path) -> Result<File, ReadError> {
+/// Opens `path` with `options` without ever blocking in `open` (a FIFO with no writer, or no
+/// reader) or making a terminal the controlling one. For a regular file O_NONBLOCK changes
+/// nothing.
+fn open_nonblocking(options: &mut std::fs::OpenOptions, path: &Path) -> std::io::Result<File> {
     let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(flags.bits() as i32)
-        .open(path)?;
-    // Checked on the opened file, so a path swapped after the check changes nothing. For a
-    // regular file O_NONBLOCK changes nothing either.
-    if !file.metadata()?.is_file() {
-        return Err(ReadError::NotRegular);
+    options.custom_flags(flags.bits() as i32).open(path)
+}
+
+/// Refuses an opened file that is not a regular file (checked on the file, so a path swapped
+/// after the open changes nothing).
+fn regular(file: File) -> Result<File, ReadError> {
+    match file.metadata()?.is_file() {
+        true => Ok(file),
+        false => Err(ReadError::NotRegular),
     }
-    Ok(file)
 }
 
 /// The bytes of the regular file at `path`, at most `max` of them.
 pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
-    read_opened(open_regular(path)?, max)
+    let file = open_nonblocking(std::fs::OpenOptions::new().read(true), path)?;
+    read_bounded(regular(file)?, max)
 }
 
-/// At most `max` bytes of a file [`open_regular`] opened.
-pub fn read_opened(file: File, max: u64) -> Result<Vec<u8>, ReadError> {
+/// At most `max` bytes of `reader` (a file, stdin); more is [`ReadError::TooLarge`].
+pub fn read_bounded(reader: impl Read, max: u64) -> Result<Vec<u8>, ReadError> {
     let mut bytes = Vec::new();
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    reader.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
         return Err(ReadError::TooLarge { max });
     }
@@ -66,14 +68,14 @@ pub fn read_opened(file: File, max: u64) -> Result<Vec<u8>, ReadError> {
 /// one with a reader, or a device, is refused before a byte is written).
 pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
     use std::io::Write;
-    let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
-    let opened = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(flags.bits() as i32)
-        .open(path);
-    let mut file = match opened {
+    let opened = open_nonblocking(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+        path,
+    );
+    let file = match opened {
         Ok(file) => file,
         // ENXIO: a FIFO nobody reads; EISDIR: a directory.
         Err(_) if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) => {
@@ -81,9 +83,7 @@ pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
         }
         Err(e) => return Err(e.into()),
     };
-    if !file.metadata()?.is_file() {
-        return Err(ReadError::NotRegular);
-    }
+    let mut file = regular(file)?;
     file.write_all(bytes)?;
     Ok(())
 }
@@ -91,6 +91,16 @@ pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `work`'s result, failing the test when it does not return within 5 s (it blocked).
+    fn at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+        let (sent, got) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sent.send(work());
+        });
+        got.recv_timeout(std::time::Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{what} blocked"))
+    }
 
     /// Each kind of path a user can name: read, or refused at once with the reason — a FIFO
     /// with no writer must not block (it did: `mission run FIFO` hung, deaf to SIGTERM).
@@ -114,14 +124,10 @@ mod tests {
             0,
         )
         .unwrap();
-        let (sent, got) = std::sync::mpsc::channel();
         let fifo_path = fifo.clone();
-        std::thread::spawn(move || {
-            let _ = sent.send(read_regular(&fifo_path, 10).map(|_| ()));
+        let result = at_once("reading a FIFO with no writer", move || {
+            read_regular(&fifo_path, 10).map(|_| ())
         });
-        let result = got
-            .recv_timeout(std::time::Duration::from_secs(5))
-            .expect("reading a FIFO with no writer blocked");
         assert!(matches!(result, Err(ReadError::NotRegular)), "{result:?}");
 
         for refused in [Path::new("/dev/zero"), dir.path()] {
@@ -140,13 +146,9 @@ mod tests {
         // device or a directory is refused, at once.
         write_regular(&file, b"new").unwrap();
         assert_eq!(std::fs::read(&file).unwrap(), b"new");
-        let (sent, got) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = sent.send(write_regular(&fifo, b"x"));
+        let result = at_once("writing to a FIFO with no reader", move || {
+            write_regular(&fifo, b"x")
         });
-        let result = got
-            .recv_timeout(std::time::Duration::from_secs(5))
-            .expect("writing to a FIFO with no reader blocked");
         assert!(matches!(result, Err(ReadError::NotRegular)), "{result:?}");
         for refused in [Path::new("/dev/null"), dir.path()] {
             assert!(

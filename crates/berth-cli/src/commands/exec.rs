@@ -1,6 +1,6 @@
 //! exec / run / cp.
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use anyhow::Result;
 use berth_contract::{
@@ -54,6 +54,20 @@ pub(crate) fn request(app: &App, spec: &CommandSpec) -> Result<ExecRequest> {
 
 /// The largest file `cp` copies into a sandbox (it is held in memory on the way).
 const MAX_COPY_BYTES: u64 = 1 << 30;
+
+/// A local file `cp` could not read or write: an I/O failure as itself under `io_context`, a
+/// refused one (not a regular file, too large) as invalid input.
+fn local_file_error(
+    e: berth_files::ReadError,
+    io_context: String,
+    refused_as: String,
+    hint: &str,
+) -> anyhow::Error {
+    match e {
+        berth_files::ReadError::Io(io) => anyhow::Error::new(io).context(io_context),
+        refused => CliError::invalid(format!("{refused_as}: {refused}"), hint).into(),
+    }
+}
 
 struct Terminal;
 
@@ -216,47 +230,39 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
             if local == "-" {
                 crate::output::stdout_write_bytes(&data);
             } else {
-                berth_files::write_regular(std::path::Path::new(local), &data).map_err(
-                    |e| match e {
-                        berth_files::ReadError::Io(io) => {
-                            anyhow::Error::new(io).context(format!("cannot write {local}"))
-                        }
-                        refused => CliError::invalid(
-                            format!("cannot copy to {local}: {refused}"),
-                            "`cp` writes one regular file (or `-` for stdout)",
-                        )
-                        .into(),
-                    },
-                )?;
+                berth_files::write_regular(std::path::Path::new(local), &data).map_err(|e| {
+                    local_file_error(
+                        e,
+                        format!("cannot write {local}"),
+                        format!("cannot copy to {local}"),
+                        "`cp` writes one regular file (or `-` for stdout)",
+                    )
+                })?;
             }
             data.len()
         }
         (Endpoint::Local(local), Endpoint::Sandbox { id, path }) => {
             let data = if local == "-" {
-                let mut data = Vec::new();
-                std::io::stdin()
-                    .lock()
-                    .take(MAX_COPY_BYTES + 1)
-                    .read_to_end(&mut data)?;
-                if data.len() as u64 > MAX_COPY_BYTES {
-                    return Err(CliError::invalid(
-                        format!("stdin holds more than {MAX_COPY_BYTES} bytes, the limit for `cp`"),
-                        "copy a smaller file, or archive and split it",
-                    )
-                    .into());
-                }
-                data
-            } else {
-                berth_files::read_regular(std::path::Path::new(local), MAX_COPY_BYTES).map_err(
-                    |e| match e {
-                        berth_files::ReadError::Io(io) => {
-                            anyhow::Error::new(io).context(format!("cannot read {local}"))
-                        }
-                        refused => CliError::invalid(
-                            format!("cannot copy {local}: {refused}"),
-                            "`cp` copies one regular file (or `-` for stdin)",
+                berth_files::read_bounded(std::io::stdin().lock(), MAX_COPY_BYTES).map_err(|e| {
+                    match e {
+                        berth_files::ReadError::TooLarge { max } => CliError::invalid(
+                            format!("stdin holds more than {max} bytes, the limit for `cp`"),
+                            "copy a smaller file, or archive and split it",
                         )
                         .into(),
+                        berth_files::ReadError::Io(io) => io.into(),
+                        other => anyhow::Error::new(other),
+                    }
+                })?
+            } else {
+                berth_files::read_regular(std::path::Path::new(local), MAX_COPY_BYTES).map_err(
+                    |e| {
+                        local_file_error(
+                            e,
+                            format!("cannot read {local}"),
+                            format!("cannot copy {local}"),
+                            "`cp` copies one regular file (or `-` for stdin)",
+                        )
                     },
                 )?
             };
