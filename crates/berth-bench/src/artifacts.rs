@@ -214,11 +214,12 @@ pub async fn bench(ctx: &BenchContext, rounds: usize) -> Result<Report> {
     let secs = |v: &[Duration]| v.iter().map(Duration::as_secs_f64).collect::<Vec<_>>();
     let (p_s, r_s, rp_s) = (secs(&published), secs(&raw), secs(&raw_parallel));
     let throughput_ratio = |copy: &[f64]| {
-        crate::stats::bootstrap(&[&p_s, copy], |s| {
+        let [interval] = crate::stats::bootstrap(&[&p_s, copy], |s| {
             let (left, right) = s.split_at_mut(1);
-            crate::stats::median(&mut right[0]).unwrap_or(f64::NAN)
-                / crate::stats::median(&mut left[0]).unwrap_or(f64::NAN)
-        })
+            [crate::stats::median(&mut right[0]).unwrap_or(f64::NAN)
+                / crate::stats::median(&mut left[0]).unwrap_or(f64::NAN)]
+        });
+        interval
     };
     let one_thread_interval = throughput_ratio(&r_s);
     let interval = if baseline == "raw_copy" {

@@ -67,13 +67,11 @@ fn millis(samples: &[Duration]) -> Vec<f64> {
 pub(crate) fn compare(berth: &mut [Duration], raw: &mut [Duration]) -> Comparison {
     let (b, r) = (millis(berth), millis(raw));
     let median_of = |s: &mut [f64]| median(s).unwrap_or(f64::NAN);
-    let ratio_interval = bootstrap(&[&b, &r], |s| {
+    // One resampling serves both figures (each is a function of the two medians).
+    let [ratio_interval, overhead_interval_ms] = bootstrap(&[&b, &r], |s| {
         let (left, right) = s.split_at_mut(1);
-        median_of(&mut left[0]) / median_of(&mut right[0])
-    });
-    let overhead_interval_ms = bootstrap(&[&b, &r], |s| {
-        let (left, right) = s.split_at_mut(1);
-        median_of(&mut left[0]) - median_of(&mut right[0])
+        let (berth, raw) = (median_of(&mut left[0]), median_of(&mut right[0]));
+        [berth / raw, berth - raw]
     });
     let berth = summarize(berth);
     let raw = summarize(raw);
@@ -97,19 +95,21 @@ pub(crate) struct Interval {
 /// Resamples per interval: enough for stable 2.5% and 97.5% points.
 const RESAMPLES: usize = 2000;
 
-/// The 95% interval of `statistic` over `samples` by the percentile bootstrap: each sample is
-/// drawn again with replacement, `RESAMPLES` times, and the statistic's 2.5th and 97.5th
-/// percentiles are the interval. The generator's seed is fixed, so the same samples always give
-/// the same interval. Samples with fewer than two values give an interval of NaN (unknown).
-pub(crate) fn bootstrap(
+/// The 95% intervals of the `N` figures `statistic` computes over `samples`, by the percentile
+/// bootstrap: each sample is drawn again with replacement, `RESAMPLES` times, and each figure's
+/// 2.5th and 97.5th percentiles are its interval (figures of the same samples share one
+/// resampling). The generator's seed is fixed, so the same samples always give the same
+/// intervals. Samples with fewer than two values give intervals of NaN (unknown).
+pub(crate) fn bootstrap<const N: usize>(
     samples: &[&[f64]],
-    statistic: impl Fn(&mut [Vec<f64>]) -> f64,
-) -> Interval {
+    statistic: impl Fn(&mut [Vec<f64>]) -> [f64; N],
+) -> [Interval; N] {
+    let unknown = Interval {
+        low: f64::NAN,
+        high: f64::NAN,
+    };
     if samples.iter().any(|s| s.len() < 2) {
-        return Interval {
-            low: f64::NAN,
-            high: f64::NAN,
-        };
+        return [unknown; N];
     }
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = |below: usize| {
@@ -122,23 +122,26 @@ pub(crate) fn bootstrap(
         .iter()
         .map(|s| Vec::with_capacity(s.len()))
         .collect();
-    let mut figures = Vec::with_capacity(RESAMPLES);
+    let mut figures: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(RESAMPLES));
     for _ in 0..RESAMPLES {
         for (into, from) in drawn.iter_mut().zip(samples) {
             into.clear();
             into.extend((0..from.len()).map(|_| from[next(from.len())]));
         }
-        figures.push(statistic(&mut drawn));
+        for (kept, figure) in figures.iter_mut().zip(statistic(&mut drawn)) {
+            kept.push(figure);
+        }
     }
-    Interval {
+    figures.map(|mut figures| Interval {
         low: percentile(&mut figures, 0.025).unwrap_or(f64::NAN),
         high: percentile(&mut figures, 0.975).unwrap_or(f64::NAN),
-    }
+    })
 }
 
 /// The 95% interval of the median of one sample (paired differences, for instance).
 pub(crate) fn median_interval(sample: &[f64]) -> Interval {
-    bootstrap(&[sample], |s| median(&mut s[0]).unwrap_or(f64::NAN))
+    let [interval] = bootstrap(&[sample], |s| [median(&mut s[0]).unwrap_or(f64::NAN)]);
+    interval
 }
 
 /// A target's verdict, as sure as the run can make it: met only when the figure's whole 95%
