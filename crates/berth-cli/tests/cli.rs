@@ -792,20 +792,11 @@ fn raw_bench_verdicts_follow_their_intervals() {
     let home = Home::new();
     let (code, doc) = home.json(&["bench", "host", "--raw", "--iterations", "8"]);
     assert_eq!(code, 0, "{doc}");
-    let agrees = |target: &Value| {
-        let met = match target["verdict"].as_str() {
-            Some("met") => Value::Bool(true),
-            Some("not_met") => Value::Bool(false),
-            Some("undecided") => Value::Null,
-            other => panic!("verdict {other:?} in {target}"),
-        };
-        assert_eq!(target["met"], met, "{target}");
-    };
-    agrees(&doc["exec_target"]);
-    agrees(&doc["cycle_target"]);
+    assert_verdict_agrees(&doc["exec_target"]);
+    assert_verdict_agrees(&doc["cycle_target"]);
     assert_eq!(doc["cycle_target"]["overhead_ms"], 2.0);
-    agrees(&doc["own_mechanism"]["cycle_target"]);
-    agrees(&doc["cli_process"]["target"]);
+    assert_verdict_agrees(&doc["own_mechanism"]["cycle_target"]);
+    assert_verdict_agrees(&doc["cli_process"]["target"]);
     let brackets = |figure: &Value, interval: &Value| {
         let (low, high) = (
             interval["low"].as_f64().unwrap(),

@@ -198,13 +198,7 @@ fn the_gateway_bench_reports_its_overhead_and_unknown_start_up_for_missing_clis(
     assert_eq!(doc["target"]["overhead_median_ms"], 1.0);
     // Judged on the overhead's interval: decided (true/false) or, when this run cannot tell,
     // null — and always the same answer as the verdict it names.
-    let met = match doc["target"]["verdict"].as_str() {
-        Some("met") => Value::Bool(true),
-        Some("not_met") => Value::Bool(false),
-        Some("undecided") => Value::Null,
-        other => panic!("verdict {other:?}"),
-    };
-    assert_eq!(doc["target"]["met"], met);
+    common::assert_verdict_agrees(&doc["target"]);
     let interval = &doc["target"]["overhead_interval_ms"];
     assert!(interval["low"].as_f64().unwrap() <= interval["high"].as_f64().unwrap());
     for cli in ["opencode", "codex", "claude-code"] {

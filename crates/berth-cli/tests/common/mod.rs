@@ -290,3 +290,15 @@ pub fn serve(home: &Home) -> Served {
         .to_owned();
     Served { child, addr }
 }
+
+/// A bench target's `met` agrees with the verdict it names: true for `met`, false for
+/// `not_met`, null for `undecided` (the run could not tell); any other verdict fails.
+pub fn assert_verdict_agrees(target: &Value) {
+    let met = match target["verdict"].as_str() {
+        Some("met") => Value::Bool(true),
+        Some("not_met") => Value::Bool(false),
+        Some("undecided") => Value::Null,
+        other => panic!("verdict {other:?} in {target}"),
+    };
+    assert_eq!(target["met"], met, "{target}");
+}
