@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// The argument that selects reaper mode in the binaries that embed it.
@@ -66,7 +66,22 @@ fn descendants(root: i32) -> Vec<i32> {
     found
 }
 
+/// Whether the reaper has any child at all, of any kind (`__WALL`), exited or not. Without one
+/// it has no descendant either: a process whose parent dies is re-parented to the reaper, so
+/// the top of whatever is left of the subtree is always the reaper's child. Asked before
+/// reading `/proc`: a command that leaves nothing behind (the usual case) costs no `/proc`
+/// lookups, and the reaper's `/proc` entries — which the caller's wait must invalidate — stay
+/// few.
+fn has_children() -> bool {
+    let any =
+        WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT | WaitPidFlag::__WALL;
+    !matches!(waitid(Id::All, any), Err(Errno::ECHILD))
+}
+
 fn signal_subtree(signal: Signal) {
+    if !has_children() {
+        return;
+    }
     for pid in descendants(std::process::id() as i32) {
         let _ = kill(Pid::from_raw(pid), signal);
     }
@@ -191,7 +206,9 @@ fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 
 
     let mut status: Option<String> = None;
     loop {
-        match waitpid(None, None) {
+        // `__WALL`: children of every kind (the kernel gives a re-parented process SIGCHLD as
+        // its exit signal, but nothing is lost by not relying on it).
+        match waitpid(None, Some(WaitPidFlag::__WALL)) {
             Ok(WaitStatus::Exited(pid, code)) if pid == root => {
                 status = Some(format!("exited {code}"));
                 signal_subtree(Signal::SIGKILL);
@@ -206,15 +223,8 @@ fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 
                 }
             }
             Err(Errno::EINTR) => {}
-            Err(Errno::ECHILD) => {
-                // No child left to reap; a descendant whose parent is still alive is not our
-                // child yet. Kill it and wait for it to be re-parented to us.
-                if descendants(std::process::id() as i32).is_empty() {
-                    break;
-                }
-                signal_subtree(Signal::SIGKILL);
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            // No child of any kind left: no descendant either (see `has_children`).
+            Err(Errno::ECHILD) => break,
             Err(_) => break,
         }
     }

@@ -390,3 +390,62 @@ fn a_reaper_that_cannot_enter_says_why_and_starts_nothing() {
     let (said, _) = reap_entering(&["0", "0", "/", "/mnt", "--", "/bin/true"]);
     assert_eq!(said, "failed other usage: refusing to enter as root\n");
 }
+
+/// A command that leaves a child made by `clone` with no exit signal still ends its reaper,
+/// with the command's own status, and that child dies with it: the reaper ends once it has no
+/// child of any kind, without reading `/proc`, so whatever the command left must be its child
+/// by then (re-parented to it) and killed.
+#[test]
+fn a_reaper_ends_when_its_command_leaves_a_clone_child() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let script = "import ctypes, os, time\n\
+                  libc = ctypes.CDLL(None, use_errno=True)\n\
+                  pid = libc.syscall(56, 0, 0, 0, 0, 0)\n\
+                  if pid == 0:\n    time.sleep(300)\n    os._exit(0)\n\
+                  assert pid > 0, ctypes.get_errno()\n\
+                  open('clone.pid', 'w').write(str(pid))\n";
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut reaper = Command::new(env!("CARGO_BIN_EXE_berth-supervisor"))
+        .arg(berth_supervisor::reaper::REAP_ARG)
+        .args(["python3", "-c", script])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ended = loop {
+        if let Some(status) = reaper.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let clone: i32 = std::fs::read_to_string(dir.path().join("clone.pid"))
+        .expect("the command made its clone child")
+        .parse()
+        .unwrap();
+    let clone = nix::unistd::Pid::from_raw(clone);
+    if ended.is_none() {
+        let _ = reaper.kill();
+        let _ = reaper.wait();
+        let _ = nix::sys::signal::kill(clone, nix::sys::signal::Signal::SIGKILL);
+        panic!("the reaper did not end within 20 s of its command");
+    }
+    let mut said = String::new();
+    ours.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (&ours).take(4096).read_to_string(&mut said).unwrap();
+    assert_eq!(said, "started\nexited 0\n");
+    // The reaper reaped it before ending, so the pid names nothing (or, at worst, a stranger:
+    // never a sleeping python of ours).
+    let left = std::fs::read_to_string(format!("/proc/{clone}/cmdline")).unwrap_or_default();
+    assert!(
+        !left.contains("python"),
+        "the clone child {clone} outlived its reaper: {left:?}"
+    );
+}
