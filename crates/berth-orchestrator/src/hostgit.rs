@@ -60,6 +60,28 @@ pub(crate) fn git_with_input(
     spawn_git(dir, transport, args, input)?.finish()
 }
 
+/// Git's absolute path, found once on this process's `PATH` (absolute entries only; the
+/// first regular, executable `git`). A command whose environment sets `PATH` and whose program
+/// is a bare name is started with `fork` (the standard library must search the new `PATH`
+/// itself): for a process the size of `berth` that copy cost more than the rest of the spawn.
+/// Named by its path, git is started with `posix_spawn`. Not found: the bare name, whose
+/// start then fails as it always did.
+fn git_program() -> &'static std::ffi::OsStr {
+    static GIT: std::sync::OnceLock<std::ffi::OsString> = std::sync::OnceLock::new();
+    GIT.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .filter(|dir| dir.is_absolute())
+            .map(|dir| dir.join("git"))
+            .find(|git| {
+                std::fs::metadata(git)
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            })
+            .map_or_else(|| "git".into(), Into::into)
+    })
+}
+
 /// A hardened git process started by [`spawn_git`], running beside the caller until
 /// [`RunningGit::finish`].
 pub(crate) struct RunningGit {
@@ -76,7 +98,7 @@ pub(crate) fn spawn_git(
     args: &[&str],
     input: Option<&[u8]>,
 ) -> Result<RunningGit, OrchestratorError> {
-    let mut cmd = std::process::Command::new("git");
+    let mut cmd = std::process::Command::new(git_program());
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", "/nonexistent")
@@ -175,4 +197,28 @@ pub(crate) fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Git is started by its absolute path (so with `posix_spawn`, not a `fork` of Berth), the
+    /// same git a `PATH` search finds, and it runs.
+    #[test]
+    fn git_is_named_by_the_path_a_search_finds() {
+        let program = Path::new(git_program());
+        assert!(program.is_absolute(), "{}", program.display());
+        let which = std::process::Command::new("sh")
+            .args(["-c", "command -v git"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&which.stdout).trim(),
+            program.to_str().unwrap()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let version = git(dir.path(), &["--version"]).unwrap();
+        assert!(version.starts_with("git version"), "{version}");
+    }
 }
