@@ -29,6 +29,12 @@ pub struct App {
 fn private_home(home: &std::path::Path, state: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let private_dir = |dir: &std::path::Path| -> Result<()> {
+        // Most starts find it there and private already: one stat, no mkdir or chmod.
+        if std::fs::metadata(dir)
+            .is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o777 == 0o700)
+        {
+            return Ok(());
+        }
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -45,9 +51,14 @@ fn private_home(home: &std::path::Path, state: &std::path::Path) -> Result<()> {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot make {} private", dir.display()))
     };
-    let fresh = !home.exists()
-        || std::fs::read_dir(home).is_ok_and(|mut d| d.next().is_none())
-        || home.join("berth.db").is_file();
+    // Berth makes its home private only when it makes it (missing or empty). A directory that
+    // already holds other files — a shared one — is left as it is, at every start: not only
+    // until Berth's own store appears in it.
+    let fresh = match std::fs::metadata(home) {
+        Err(_) => true,
+        Ok(m) if m.is_dir() && m.permissions().mode() & 0o777 == 0o700 => false,
+        Ok(_) => std::fs::read_dir(home).is_ok_and(|mut d| d.next().is_none()),
+    };
     if fresh {
         private_dir(home)?;
     }
@@ -61,7 +72,9 @@ fn private_store(home: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     for store in ["berth.db", "berth.db-wal", "berth.db-shm"] {
         let path = home.join(store);
-        if path.is_file() {
+        if std::fs::metadata(&path)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o777 != 0o600)
+        {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
                 .with_context(|| format!("cannot make {} private", path.display()))?;
         }

@@ -472,6 +472,24 @@ fn berth_home_is_private() {
     assert_eq!(mode(&shared.path().join("state")), 0o700);
     assert_eq!(mode(&shared.path().join("missions")), 0o700);
     assert_eq!(mode(&shared.path().join("berth.db")), 0o600);
+    // Opened up later (by hand, a copy, a umask): made private again at the next start.
+    for (path, open) in [("state", 0o755), ("missions", 0o777), ("berth.db", 0o644)] {
+        std::fs::set_permissions(
+            shared.path().join(path),
+            std::fs::Permissions::from_mode(open),
+        )
+        .unwrap();
+    }
+    let out = berth(shared.path(), "hostile-home", &["list"]);
+    assert!(out.status.success());
+    assert_eq!(
+        mode(shared.path()),
+        0o755,
+        "a shared directory was closed once Berth's store was in it"
+    );
+    assert_eq!(mode(&shared.path().join("state")), 0o700);
+    assert_eq!(mode(&shared.path().join("missions")), 0o700);
+    assert_eq!(mode(&shared.path().join("berth.db")), 0o600);
     let fresh = shared.path().join("new/home");
     let out = berth(&fresh, "hostile-home", &["list"]);
     assert!(
