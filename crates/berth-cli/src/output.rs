@@ -66,6 +66,37 @@ pub fn flush_stdout() -> bool {
     STDOUT_FAILED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether everything written so far reached stdout (flushed, no write failed), or was kept
+/// for `berth serve`. A command whose output is the only copy of something (a new token) must
+/// not call it done when it was not.
+pub fn delivered() -> bool {
+    if CAPTURED.try_with(|_| ()).is_ok() {
+        return true;
+    }
+    stdout_bytes(|out| out.flush());
+    !STDOUT_GONE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether stdout is `/dev/null` (redirected there, or closed when Berth started: the runtime
+/// then opens `/dev/null` in its place), so what is written there is lost. Never, under
+/// `berth serve`.
+pub fn stdout_is_null() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if CAPTURED.try_with(|_| ()).is_ok() {
+        return false;
+    }
+    let stdout = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::fs::File::from)
+        .and_then(|f| f.metadata());
+    match (stdout, std::fs::metadata("/dev/null")) {
+        (Ok(out), Ok(null)) => out.file_type().is_char_device() && out.rdev() == null.rdev(),
+        _ => false,
+    }
+}
+
 /// Whether stdout's reader went away: a command that only follows output (`logs --follow`,
 /// `watch`) stops then.
 pub fn stdout_gone() -> bool {

@@ -784,6 +784,90 @@ fn a_closed_stdout_ends_the_output_not_the_command() {
     );
 }
 
+/// A new API token is printed once and stored only as its hash: one that never reached stdout
+/// (a closed pipe, a full disk) is revoked and the command fails, instead of exiting 0 and
+/// leaving a live token nobody holds. One printed is live.
+#[test]
+fn a_token_that_cannot_be_shown_is_revoked() {
+    let home = Home::new();
+    let create = [
+        "token", "create", "--owner", "ci@team", "--scope", "read", "--name", "t",
+    ];
+    let json_create: Vec<&str> = ["--json"].iter().chain(create.iter()).copied().collect();
+    for args in [&create[..], &json_create[..]] {
+        let mut child = home
+            .command("tester", args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        // With --json the error is a document on stdout, which is gone too.
+        if args[0] != "--json" {
+            assert!(
+                text(&out.stderr).contains("was revoked"),
+                "{}",
+                text(&out.stderr)
+            );
+        }
+    }
+    // A stdout that is /dev/null (or closed when berth started, which the runtime turns into
+    // /dev/null) would swallow it: refused before any token exists.
+    for null in [
+        Stdio::null(),
+        Stdio::from(std::fs::File::open("/dev/null").unwrap()),
+    ] {
+        let out = home
+            .command("tester", &create)
+            .stdout(null)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("/dev/null"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let full = home
+        .command("tester", &create)
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(full.status.code(), Some(1), "{}", text(&full.stderr));
+    let (code, listed) = home.json(&["token", "list"]);
+    assert_eq!(code, 0, "{listed}");
+    let tokens = listed["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 3, "{listed}");
+    assert!(
+        tokens.iter().all(|t| !t["revoked_at"].is_null()),
+        "a token nobody saw is live: {listed}"
+    );
+    let (code, shown) = home.json(&create);
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown["token"].as_str().is_some_and(|t| !t.is_empty()));
+    let (_, listed) = home.json(&["token", "list"]);
+    let live = listed["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["revoked_at"].is_null())
+        .count();
+    assert_eq!(live, 1, "{listed}");
+}
+
 /// `bench host --raw`: every target carries its verdict judged on the figure's 95% interval —
 /// the interval brackets the median it belongs to, and `met` is true, false or (when the run
 /// cannot tell) null, always agreeing with the verdict named beside it. Nothing is left.

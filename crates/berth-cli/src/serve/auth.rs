@@ -86,6 +86,13 @@ pub async fn create(
         )
         .into());
     }
+    if crate::output::stdout_is_null() {
+        return Err(CliError::invalid(
+            "stdout is /dev/null: the new token, shown only once, would be lost",
+            "send stdout somewhere that keeps it, e.g. `berth token create … > token.txt`",
+        )
+        .into());
+    }
     let token = format!("{PREFIX}{}", random_hex(32)?);
     let id = format!("tk-{}", random_hex(6)?);
     let row = store
@@ -98,6 +105,23 @@ pub async fn create(
         );
     } else {
         outln!("{token}");
+    }
+    // The printed token is its only copy: one that never reached stdout (closed, a full disk)
+    // is revoked, and the command fails, rather than leaving a live token nobody has.
+    if !crate::output::delivered() {
+        store.token_revoke(&row.id).await?;
+        return Err(CliError {
+            kind: "internal",
+            exit_code: crate::errors::code::INTERNAL,
+            message: format!(
+                "the new token {} could not be written to stdout, so it was revoked",
+                row.id
+            ),
+            hint: Some("create it again with stdout going somewhere that keeps it".into()),
+        }
+        .into());
+    }
+    if !json {
         errln!(
             "token {} for owner `{}` with scope {}: shown once, stored only as its hash",
             row.id,
