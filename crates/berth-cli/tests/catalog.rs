@@ -330,3 +330,32 @@ fn provider_scaffold_compiles_passes_its_tests_and_the_catalog_check() {
     assert_eq!(caps["core"]["status"], "UNKNOWN");
     assert_eq!(caps["files"]["status"], "UNSUPPORTED");
 }
+
+/// `catalog keygen FILE` makes two new files: a public half that already exists (here a
+/// symlink planted to a file of someone else's) is refused without following it, and the
+/// private half it had just made is removed, so nothing is left half-made.
+#[test]
+fn keygen_never_follows_or_replaces_and_leaves_nothing_half_made() {
+    let home = Home::new();
+    let key = home.path().join("signing.key");
+    let victim = home.path().join("victim.txt");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, home.path().join("signing.key.pub")).unwrap();
+    let out = home.run(&["catalog", "keygen", key.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("signing.key.pub"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert!(
+        !key.exists(),
+        "the private key was left without its public half"
+    );
+    // An existing private key is never replaced either.
+    std::fs::write(&key, "an older key\n").unwrap();
+    let out = home.run(&["catalog", "keygen", key.to_str().unwrap()]);
+    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), "an older key\n");
+}

@@ -310,15 +310,29 @@ fn keygen(json: bool, file: &Path) -> Result<i32> {
     let key = ed25519_dalek::SigningKey::from_bytes(&seed);
     let public = key.verifying_key().to_bytes();
     let public_path = PathBuf::from(format!("{}.pub", file.display()));
-    let mut private = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(file)
-        .with_context(|| format!("cannot create {} (it must not exist)", file.display()))?;
-    private.write_all(format!("{}\n", hex::encode(seed)).as_bytes())?;
-    std::fs::write(&public_path, format!("{}\n", hex::encode(public)))
-        .with_context(|| format!("cannot write {}", public_path.display()))?;
+    // Both files are new (never a symlink followed, never an existing file replaced), and a
+    // failure part-way leaves neither behind.
+    let create = |path: &Path, mode: u32, text: String| -> Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)
+            .with_context(|| format!("cannot create {} (it must not exist)", path.display()))?;
+        let written = file
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_all());
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(path);
+            return Err(anyhow::Error::from(e).context(format!("cannot write {}", path.display())));
+        }
+        Ok(())
+    };
+    create(file, 0o600, format!("{}\n", hex::encode(seed)))?;
+    if let Err(e) = create(&public_path, 0o644, format!("{}\n", hex::encode(public))) {
+        let _ = std::fs::remove_file(file);
+        return Err(e);
+    }
     let id = berth_evidence::key_id(&public);
     if json {
         emit(
