@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use berth_contract::{
     CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
-    ExecRequest, ExecSummary, FileEntry, Files, Fork, LabelFilter, Listed, Listing, NativeId,
-    NetworkMode, Observation, OutputSink, Provider, ProviderError, Result, SnapshotRef, Snapshots,
-    StreamingExec,
+    ExecRequest, ExecSummary, ExitStatus, FileEntry, Files, Fork, LabelFilter, Listed, Listing,
+    NativeId, NetworkMode, Observation, OutputSink, Provider, ProviderError, Result, SnapshotRef,
+    Snapshots, StreamingExec,
 };
 
 use crate::classify::io_error;
@@ -264,7 +264,36 @@ impl<L: Launcher> LocalProvider<L> {
         if finished.as_ref().is_ok_and(|f| f.contained) {
             mark.contained();
         }
-        self.launcher.interpret(finished?)
+        // A destroy that ran meanwhile killed the command and its reaper: say so, rather than
+        // report a reaper that vanished as if it were a fault of Berth's.
+        let destroyed = || !self.layout.sandbox(&meta.name).exists();
+        let finished = match finished {
+            Err(err) if destroyed() => {
+                return Err(ProviderError::new(
+                    ErrorKind::NotFound,
+                    PROVIDER_ID,
+                    format!(
+                        "sandbox `{}` was destroyed while the command was starting ({err})",
+                        meta.name
+                    ),
+                ))
+            }
+            Ok(mut finished) => {
+                if let ExitStatus::Unknown { reason } = &finished.status {
+                    if destroyed() {
+                        finished.status = ExitStatus::Unknown {
+                            reason: format!(
+                                "sandbox `{}` was destroyed while the command ran: {reason}",
+                                meta.name
+                            ),
+                        };
+                    }
+                }
+                finished
+            }
+            Err(err) => return Err(err),
+        };
+        self.launcher.interpret(finished)
     }
 
     /// Creates the sandbox directory, optionally filled from an archive.

@@ -475,8 +475,18 @@ async fn execs_racing_a_destroy_leave_nothing_running() {
         let runner = tokio::spawn(async move {
             let line = "setsid sleep 300 </dev/null >/dev/null 2>&1 & sleep 300";
             let mut started = 0;
-            while host.exec(&racing, &ExecRequest::shell(line)).await.is_ok() {
-                started += 1;
+            loop {
+                match host.exec(&racing, &ExecRequest::shell(line)).await {
+                    Ok(_) => started += 1,
+                    // The sandbox is gone or going: said so, never as a fault of Berth's.
+                    Err(e) => {
+                        assert!(
+                            matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Conflict),
+                            "{e}"
+                        );
+                        break;
+                    }
+                }
             }
             started
         });
@@ -499,5 +509,43 @@ async fn execs_racing_a_destroy_leave_nothing_running() {
             f.host.observe(&id).await.unwrap(),
             Observation::Absent
         ));
+    }
+}
+
+/// A command running when its sandbox is destroyed is killed with it; its exec ends saying
+/// that the sandbox was destroyed (the command's own status is unknown: it never reported one).
+#[tokio::test]
+async fn an_exec_whose_sandbox_is_destroyed_says_so() {
+    let f = fixture();
+    let id = create(&f.host, "bx-destroyed-under").await;
+    let host = f.host.clone();
+    let running = id.clone();
+    let exec = tokio::spawn(async move {
+        host.exec(&running, &ExecRequest::shell("echo up > up; sleep 300"))
+            .await
+    });
+    let ws = f.host.workspace_dir(&id).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !Path::new(&ws).join("up").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f.host.destroy(&id).await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), exec)
+        .await
+        .expect("the exec outlived its sandbox")
+        .unwrap();
+    match out {
+        Ok(out) => match out.status {
+            ExitStatus::Unknown { reason } => assert!(
+                reason.contains("was destroyed while the command ran"),
+                "{reason}"
+            ),
+            other => panic!("status {other:?}"),
+        },
+        Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound, "{e}"),
     }
 }
