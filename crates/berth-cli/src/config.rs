@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use berth_factory::Environment;
 
 /// Resolved configuration.
@@ -47,18 +47,36 @@ pub enum Fault {
 impl Config {
     /// Reads the process environment once.
     pub fn from_process() -> Result<Config> {
-        let vars: Vec<(String, String)> = std::env::vars().collect();
+        // `std::env::vars` panics on a variable that is not UTF-8 (anything in the caller's
+        // environment): such variables are left out; BERTH_HOME, a path, is read as bytes.
+        let vars: Vec<(String, String)> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
         let get = |name: &str| {
             vars.iter()
                 .find(|(k, v)| k == name && !v.is_empty())
                 .map(|(_, v)| v.clone())
         };
-        let home = match (get("BERTH_HOME"), get("XDG_DATA_HOME"), get("HOME")) {
+        let berth_home = std::env::var_os("BERTH_HOME").filter(|h| !h.is_empty());
+        let home = match (berth_home, get("XDG_DATA_HOME"), get("HOME")) {
             (Some(home), _, _) => PathBuf::from(home),
             (None, Some(data), _) => PathBuf::from(data).join("berth"),
             (None, None, Some(user_home)) => PathBuf::from(user_home).join(".local/share/berth"),
             (None, None, None) => bail!("cannot place berth's state: set BERTH_HOME or HOME"),
         };
+        // Absolute from here on: sandboxes, the reaper and the store are reached from other
+        // working directories (a command's cwd is its workspace), where a relative home names
+        // somewhere else.
+        let home = std::path::absolute(&home)
+            .with_context(|| format!("cannot place berth's state at {}", home.display()))?;
+        if home.to_str().is_none() {
+            // SQLite takes only UTF-8 file names: refused here, before anything is created.
+            return Err(crate::errors::CliError::setup(
+                format!("berth's home {} is not a UTF-8 path", home.display()),
+                "set BERTH_HOME to a directory whose path is UTF-8",
+            )
+            .into());
+        }
         let owner = match get("BERTH_OWNER") {
             Some(owner) => owner,
             None => {

@@ -499,3 +499,72 @@ fn berth_home_is_private() {
     );
     assert_eq!(mode(&fresh), 0o700);
 }
+
+/// The caller's environment is not Berth's to trust: a variable that is not UTF-8 is no crash
+/// (it was a panic, exit 101, in every command), and a `BERTH_HOME` that is not UTF-8, or is
+/// relative, still names one place — reached from any working directory (a relative home
+/// made `exec` fail: the reaper was looked up from the command's own directory).
+#[test]
+fn odd_environments_and_relative_homes_work() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let cmd = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.args(args)
+            .env("BERTH_OWNER", "tester")
+            .env_remove("BERTH_FAULT")
+            .stdin(Stdio::null());
+        cmd
+    };
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let home = tempfile::tempdir().unwrap();
+    let out = cmd(&["list"])
+        .env("BERTH_HOME", home.path())
+        .env(OsStr::from_bytes(b"WEIRD"), OsStr::from_bytes(b"\xff\xfe"))
+        .env(OsStr::from_bytes(b"ODD\xffNAME"), "x")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let base = tempfile::tempdir().unwrap();
+    let (a, b) = (base.path().join("a"), base.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let in_dir = |dir: &std::path::Path, berth_home: &OsStr, args: &[&str]| {
+        cmd(args)
+            .env("BERTH_HOME", berth_home)
+            .current_dir(dir)
+            .output()
+            .unwrap()
+    };
+    // A home whose path is not UTF-8 (SQLite takes only UTF-8 file names): a setup error
+    // naming BERTH_HOME, and nothing made.
+    let odd = OsStr::from_bytes(b"h\xffome");
+    let out = in_dir(&a, odd, &["create", "-p", "host"]);
+    assert_eq!(out.status.code(), Some(14), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("BERTH_HOME"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!a.join(std::path::Path::new(odd)).exists());
+    for name in [OsStr::new("home"), OsStr::new("other home")] {
+        let out = in_dir(&a, name, &["--json", "create", "-p", "host"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+        let out = in_dir(&a, name, &["exec", &id, "--", "true"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        // The same home named relative to another directory.
+        let mut from_b = b"../a/".to_vec();
+        from_b.extend_from_slice(name.as_bytes());
+        let out = in_dir(&b, OsStr::from_bytes(&from_b), &["exec", &id, "--", "true"]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let out = in_dir(&b, OsStr::from_bytes(&from_b), &["destroy", &id]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(a
+            .join(std::path::Path::new(name))
+            .join("berth.db")
+            .is_file());
+    }
+}
