@@ -116,7 +116,11 @@ fn read_private(path: &Path) -> Result<String, String> {
     if meta.len() > MAX_LOGIN_BYTES as u64 {
         return Err(format!("{} is too large", path.display()));
     }
-    std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))
+    // Opened without blocking and checked regular (a FIFO put there would hang the run), and
+    // bounded again on the opened file.
+    let bytes = berth_files::read_regular(path, MAX_LOGIN_BYTES as u64)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8", path.display()))
 }
 
 /// An attempt's exclusive hold on a login; released when dropped.
@@ -322,6 +326,30 @@ mod tests {
         let err = find(dir.path(), "other", Harness::Codex).unwrap_err();
         assert!(err.contains("no login `other`"), "{err}");
         assert!(find(dir.path(), "mine", Harness::Codex).is_ok());
+    }
+
+    /// A logins configuration that is a FIFO (private mode, so past the mode check) is
+    /// refused at once: reading it used to block the run forever, deaf to SIGTERM.
+    #[test]
+    fn a_configuration_that_is_a_fifo_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join(LOGINS_FILE);
+        let made = std::process::Command::new("mkfifo")
+            .args(["-m", "600"])
+            .arg(&config)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (done, took) = std::sync::mpsc::channel();
+        let home = dir.path().to_owned();
+        std::thread::spawn(move || {
+            let _ = done.send(find(&home, "mine", Harness::Codex));
+        });
+        let err = took
+            .recv_timeout(Duration::from_secs(10))
+            .expect("reading a FIFO configuration blocked")
+            .unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 
     #[tokio::test]

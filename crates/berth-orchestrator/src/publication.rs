@@ -120,8 +120,12 @@ fn secrets(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Vec<String> {
         Harness::parse(&spec.file.harness.kind),
     ) {
         if let Ok(login) = crate::logins::find(orch.home, name, harness) {
-            if let Ok(text) = std::fs::read_to_string(&login.file) {
-                if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) {
+            // The login's bytes, bounded and never a FIFO (its values are masked wherever the
+            // attempt's files are published).
+            let read =
+                berth_files::read_regular(&login.file, crate::logins::MAX_LOGIN_BYTES as u64);
+            if let Ok(text) = read {
+                if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&text) {
                     collect_strings(&value, &mut found);
                 }
             }

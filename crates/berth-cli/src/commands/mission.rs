@@ -228,9 +228,13 @@ pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i
         .into());
     };
     let path = logs.dir.join("events.jsonl");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    // Written by Berth from the agent's output, but its size is the agent's: bounded, and
+    // opened without blocking.
+    const MAX_EVENTS: u64 = 256 << 20;
+    let text = match berth_files::read_regular(&path, MAX_EVENTS) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map_err(|_| anyhow::anyhow!("{} is not UTF-8", path.display()))?,
+        Err(berth_files::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(crate::errors::CliError::not_found(
                 format!(
                     "attempt `{key}` has no events yet ({} is missing)",
