@@ -101,6 +101,29 @@ pub fn parse(origin: &str, text: &str) -> Result<ProviderManifest, ManifestError
     Ok(manifest)
 }
 
+/// The largest manifest file read (the built-in ones are a few kB).
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// A manifest file's text: a regular file (a FIFO named `*.toml` would block the read for
+/// ever), at most [`MAX_MANIFEST_BYTES`].
+fn read_manifest(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_MANIFEST_BYTES} bytes"
+        )));
+    }
+    Ok(text)
+}
+
 /// Loads every `*.toml` in `dir`, sorted by file name. Duplicate ids are an error.
 pub fn load_dir(dir: &Path) -> Result<Vec<ProviderManifest>, ManifestError> {
     let read_err = |source| ManifestError::Read {
@@ -115,7 +138,7 @@ pub fn load_dir(dir: &Path) -> Result<Vec<ProviderManifest>, ManifestError> {
     paths.sort();
     let mut manifests: Vec<(String, ProviderManifest)> = Vec::new();
     for path in paths {
-        let text = std::fs::read_to_string(&path).map_err(|source| ManifestError::Read {
+        let text = read_manifest(&path).map_err(|source| ManifestError::Read {
             path: path.clone(),
             source,
         })?;

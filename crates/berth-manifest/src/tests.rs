@@ -109,6 +109,42 @@ fn load_dir_rejects_duplicates_and_reads_sorted() {
     assert!(matches!(err, ManifestError::Duplicate { .. }), "{err}");
 }
 
+/// A `*.toml` in a catalog directory that is a FIFO, or far larger than any manifest, is an
+/// error naming the file at once (a FIFO blocked the read for ever).
+#[test]
+fn load_dir_refuses_fifos_and_huge_files_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("a.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let (done, took) = std::sync::mpsc::channel();
+    let path = dir.path().to_owned();
+    std::thread::spawn(move || {
+        let _ = done.send(load_dir(&path).map(|m| m.len()));
+    });
+    let chain = |err: &ManifestError| {
+        let source = std::error::Error::source(err).map(|s| s.to_string());
+        format!("{err}: {}", source.unwrap_or_default())
+    };
+    let err = took
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("loading a catalog with a FIFO blocked")
+        .unwrap_err();
+    let said = chain(&err);
+    assert!(
+        said.contains("a.toml") && said.contains("not a regular file"),
+        "{said}"
+    );
+    std::fs::remove_file(&fifo).unwrap();
+    let huge = format!("{}\n# {}\n", host_text(), "x".repeat(2 << 20));
+    std::fs::write(dir.path().join("b.toml"), huge).unwrap();
+    let said = chain(&load_dir(dir.path()).unwrap_err());
+    assert!(said.contains("larger than"), "{said}");
+}
+
 #[test]
 fn in_repo_catalog_matches_embedded() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../catalog/providers");
