@@ -66,11 +66,16 @@ pub fn flush_stdout() -> bool {
     STDOUT_FAILED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Whether `berth serve` is running the command (its document is kept, stdout unused).
+fn capturing() -> bool {
+    CAPTURED.try_with(|_| ()).is_ok()
+}
+
 /// Whether everything written so far reached stdout (flushed, no write failed), or was kept
 /// for `berth serve`. A command whose output is the only copy of something (a new token) must
 /// not call it done when it was not.
 pub fn delivered() -> bool {
-    if CAPTURED.try_with(|_| ()).is_ok() {
+    if capturing() {
         return true;
     }
     stdout_bytes(|out| out.flush());
@@ -83,7 +88,7 @@ pub fn delivered() -> bool {
 pub fn stdout_is_null() -> bool {
     use std::os::fd::AsFd;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    if CAPTURED.try_with(|_| ()).is_ok() {
+    if capturing() {
         return false;
     }
     let stdout = std::io::stdout()

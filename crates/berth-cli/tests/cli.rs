@@ -657,8 +657,7 @@ fn named_files_that_are_fifos_or_devices_are_refused_at_once() {
     let home = Home::new();
     let id = home.create("tester");
     let fifo = home.path().join("named.fifo");
-    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
+    berth_testkit::make_fifo(&fifo);
     let fifo = fifo.to_str().unwrap();
     let target = format!("{id}:copied");
     home.run(&["exec", &id, "--", "sh", "-c", "echo hi > copied"]);
@@ -696,6 +695,31 @@ fn named_files_that_are_fifos_or_devices_are_refused_at_once() {
     home.run(&["destroy", &id]);
 }
 
+/// `berth ARGS` whose stdout's read end is closed before it writes: every write gets EPIPE.
+fn with_stdout_closed(home: &Home, args: &[&str]) -> std::process::Output {
+    let mut child = home
+        .command("tester", args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    child.wait_with_output().unwrap()
+}
+
+/// `berth ARGS` whose stdout is `/dev/full`: every write fails with ENOSPC.
+fn with_stdout_full(home: &Home, args: &[&str]) -> std::process::Output {
+    home.command("tester", args)
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap()
+}
+
 /// A reader that goes away (`berth … | head`) ends the output, not the command: no panic, the
 /// command finishes its work and its cleanup and exits with its own status; a stdout that
 /// cannot be written for another reason (a full disk) is said on stderr and exits 1.
@@ -705,17 +729,6 @@ fn a_closed_stdout_ends_the_output_not_the_command() {
     for _ in 0..3 {
         home.create("tester");
     }
-    // The read end closed before the command writes: every write gets EPIPE.
-    let closed = |args: &[&str]| {
-        let mut child = home
-            .command("tester", args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        child.wait_with_output().unwrap()
-    };
     for args in [
         vec!["--json", "ledger", "list"],
         vec!["ledger", "list"],
@@ -732,7 +745,7 @@ fn a_closed_stdout_ends_the_output_not_the_command() {
             "head -c 4000000 /dev/zero; exit 3",
         ],
     ] {
-        let out = closed(&args);
+        let out = with_stdout_closed(&home, &args);
         let expected = if args[0] == "run" { 3 } else { 0 };
         assert_eq!(
             out.status.code(),
@@ -766,16 +779,7 @@ fn a_closed_stdout_ends_the_output_not_the_command() {
         .count();
     assert_eq!(live, 3, "the run's sandbox was left: {ledger}");
 
-    let full = home
-        .command("tester", &["--json", "ledger", "list"])
-        .stdout(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open("/dev/full")
-                .unwrap(),
-        )
-        .output()
-        .unwrap();
+    let full = with_stdout_full(&home, &["--json", "ledger", "list"]);
     assert_eq!(full.status.code(), Some(1), "{}", text(&full.stderr));
     assert!(
         text(&full.stderr).contains("cannot write to stdout"),
@@ -795,14 +799,7 @@ fn a_token_that_cannot_be_shown_is_revoked() {
     ];
     let json_create: Vec<&str> = ["--json"].iter().chain(create.iter()).copied().collect();
     for args in [&create[..], &json_create[..]] {
-        let mut child = home
-            .command("tester", args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let out = child.wait_with_output().unwrap();
+        let out = with_stdout_closed(&home, args);
         assert_eq!(
             out.status.code(),
             Some(1),
@@ -836,16 +833,7 @@ fn a_token_that_cannot_be_shown_is_revoked() {
             text(&out.stderr)
         );
     }
-    let full = home
-        .command("tester", &create)
-        .stdout(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open("/dev/full")
-                .unwrap(),
-        )
-        .output()
-        .unwrap();
+    let full = with_stdout_full(&home, &create);
     assert_eq!(full.status.code(), Some(1), "{}", text(&full.stderr));
     let (code, listed) = home.json(&["token", "list"]);
     assert_eq!(code, 0, "{listed}");

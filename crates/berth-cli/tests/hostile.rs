@@ -9,13 +9,19 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-fn berth(home: &Path, owner: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(args)
+/// `berth ARGS` as `owner` with `BERTH_HOME` = `home` (any bytes), not yet run.
+fn berth_command(home: &std::ffi::OsStr, owner: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+    cmd.args(args)
         .env("BERTH_HOME", home)
         .env("BERTH_OWNER", owner)
         .env_remove("BERTH_FAULT")
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn berth(home: &Path, owner: &str, args: &[&str]) -> Output {
+    berth_command(home.as_os_str(), owner, args)
         .output()
         .unwrap()
 }
@@ -300,6 +306,13 @@ fn a_workspace_without_a_repository_is_rejected_with_a_reason() {
     );
 }
 
+/// Berth's own parts of a home — `state/`, `missions/`, the store — are private.
+fn berths_own_parts_are_private(home: &Path) {
+    assert_eq!(mode(&home.join("state")), 0o700);
+    assert_eq!(mode(&home.join("missions")), 0o700);
+    assert_eq!(mode(&home.join("berth.db")), 0o600);
+}
+
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -469,9 +482,7 @@ fn berth_home_is_private() {
         0o755,
         "a directory that is not Berth's was changed"
     );
-    assert_eq!(mode(&shared.path().join("state")), 0o700);
-    assert_eq!(mode(&shared.path().join("missions")), 0o700);
-    assert_eq!(mode(&shared.path().join("berth.db")), 0o600);
+    berths_own_parts_are_private(shared.path());
     // Opened up later (by hand, a copy, a umask): made private again at the next start.
     for (path, open) in [("state", 0o755), ("missions", 0o777), ("berth.db", 0o644)] {
         std::fs::set_permissions(
@@ -487,9 +498,7 @@ fn berth_home_is_private() {
         0o755,
         "a shared directory was closed once Berth's store was in it"
     );
-    assert_eq!(mode(&shared.path().join("state")), 0o700);
-    assert_eq!(mode(&shared.path().join("missions")), 0o700);
-    assert_eq!(mode(&shared.path().join("berth.db")), 0o600);
+    berths_own_parts_are_private(shared.path());
     let fresh = shared.path().join("new/home");
     let out = berth(&fresh, "hostile-home", &["list"]);
     assert!(
@@ -508,18 +517,9 @@ fn berth_home_is_private() {
 fn odd_environments_and_relative_homes_work() {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    let cmd = |args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
-        cmd.args(args)
-            .env("BERTH_OWNER", "tester")
-            .env_remove("BERTH_FAULT")
-            .stdin(Stdio::null());
-        cmd
-    };
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
     let home = tempfile::tempdir().unwrap();
-    let out = cmd(&["list"])
-        .env("BERTH_HOME", home.path())
+    let out = berth_command(home.path().as_os_str(), "tester", &["list"])
         .env(OsStr::from_bytes(b"WEIRD"), OsStr::from_bytes(b"\xff\xfe"))
         .env(OsStr::from_bytes(b"ODD\xffNAME"), "x")
         .output()
@@ -531,8 +531,7 @@ fn odd_environments_and_relative_homes_work() {
     std::fs::create_dir_all(&a).unwrap();
     std::fs::create_dir_all(&b).unwrap();
     let in_dir = |dir: &std::path::Path, berth_home: &OsStr, args: &[&str]| {
-        cmd(args)
-            .env("BERTH_HOME", berth_home)
+        berth_command(berth_home, "tester", args)
             .current_dir(dir)
             .output()
             .unwrap()

@@ -91,16 +91,7 @@ pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `work`'s result, failing the test when it does not return within 5 s (it blocked).
-    fn at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
-        let (sent, got) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = sent.send(work());
-        });
-        got.recv_timeout(std::time::Duration::from_secs(5))
-            .unwrap_or_else(|_| panic!("{what} blocked"))
-    }
+    use berth_testkit::{at_once, make_fifo};
 
     /// Each kind of path a user can name: read, or refused at once with the reason — a FIFO
     /// with no writer must not block (it did: `mission run FIFO` hung, deaf to SIGTERM).
@@ -116,14 +107,7 @@ mod tests {
         ));
 
         let fifo = dir.path().join("fifo");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::FileType::Fifo,
-            rustix::fs::Mode::from_raw_mode(0o600),
-            0,
-        )
-        .unwrap();
+        make_fifo(&fifo);
         let fifo_path = fifo.clone();
         let result = at_once("reading a FIFO with no writer", move || {
             read_regular(&fifo_path, 10).map(|_| ())

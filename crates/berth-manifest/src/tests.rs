@@ -115,24 +115,16 @@ fn load_dir_rejects_duplicates_and_reads_sorted() {
 fn load_dir_refuses_fifos_and_huge_files_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("a.toml");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
-    let (done, took) = std::sync::mpsc::channel();
-    let path = dir.path().to_owned();
-    std::thread::spawn(move || {
-        let _ = done.send(load_dir(&path).map(|m| m.len()));
-    });
+    berth_testkit::make_fifo(&fifo);
     let chain = |err: &ManifestError| {
         let source = std::error::Error::source(err).map(|s| s.to_string());
         format!("{err}: {}", source.unwrap_or_default())
     };
-    let err = took
-        .recv_timeout(std::time::Duration::from_secs(10))
-        .expect("loading a catalog with a FIFO blocked")
-        .unwrap_err();
+    let path = dir.path().to_owned();
+    let err = berth_testkit::at_once("loading a catalog with a FIFO", move || {
+        load_dir(&path).map(|m| m.len())
+    })
+    .unwrap_err();
     let said = chain(&err);
     assert!(
         said.contains("a.toml") && said.contains("not a regular file"),

@@ -334,21 +334,12 @@ mod tests {
     fn a_configuration_that_is_a_fifo_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join(LOGINS_FILE);
-        let made = std::process::Command::new("mkfifo")
-            .args(["-m", "600"])
-            .arg(&config)
-            .status()
-            .unwrap();
-        assert!(made.success());
-        let (done, took) = std::sync::mpsc::channel();
+        berth_testkit::make_fifo(&config);
         let home = dir.path().to_owned();
-        std::thread::spawn(move || {
-            let _ = done.send(find(&home, "mine", Harness::Codex));
-        });
-        let err = took
-            .recv_timeout(Duration::from_secs(10))
-            .expect("reading a FIFO configuration blocked")
-            .unwrap_err();
+        let err = berth_testkit::at_once("reading a FIFO configuration", move || {
+            find(&home, "mine", Harness::Codex)
+        })
+        .unwrap_err();
         assert!(err.contains("not a regular file"), "{err}");
     }
 

@@ -158,3 +158,24 @@ pub fn agent_cli_dir() -> Option<PathBuf> {
         dir.display()
     );
 }
+
+/// Makes a FIFO (mode 0600) at `path`, with nothing ever opening its other end.
+pub fn make_fifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .args(["-m", "600"])
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// `work`'s result, failing the test when it does not return within 5 s: it blocked (on a
+/// FIFO with no writer, say). The blocked thread is left behind; the test fails anyway.
+pub fn at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sent, got) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sent.send(work());
+    });
+    got.recv_timeout(Duration::from_secs(5))
+        .unwrap_or_else(|_| panic!("{what} blocked"))
+}
