@@ -98,6 +98,9 @@ impl Objects {
                 .with_allow_http(endpoint.starts_with("http://"))
                 .with_virtual_hosted_style_request(false);
         }
+        // The client's TLS needs a process-wide crypto provider (see Cargo.toml): ring, installed
+        // once (a second install only reports that one is there).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let store = builder
             .build()
             .map_err(|e| storage("configure the S3 object store", e))?;
@@ -261,5 +264,41 @@ impl Objects {
         }
         keys.sort();
         Ok(keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// reqwest carries no crypto provider of its own in this build (ring is installed by
+    /// `Objects::s3`): an https endpoint must get a TLS handshake, not a panic or plain HTTP.
+    #[tokio::test]
+    async fn an_https_endpoint_gets_a_tls_handshake() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut record = [0u8; 3];
+            socket.read_exact(&mut record).await.unwrap();
+            record
+        });
+        let objects = Objects::s3(&S3Config {
+            url: "s3://bucket".into(),
+            endpoint: Some(format!("https://127.0.0.1:{port}")),
+            region: "us-east-1".into(),
+            access_key_id: "id".into(),
+            secret_access_key: "key".into(),
+        })
+        .unwrap();
+        let client = tokio::spawn(async move { objects.get("any").await });
+        let record = tokio::time::timeout(std::time::Duration::from_secs(20), server)
+            .await
+            .expect("the client connects within 20 s")
+            .unwrap();
+        // A TLS record: handshake (22), protocol version 3.x.
+        assert_eq!(record[..2], [22, 3], "not a TLS handshake: {record:?}");
+        client.abort();
     }
 }
