@@ -40,7 +40,10 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Every subcommand's arguments are built only when it is the one invoked (or help or completions
+// need them): building the whole tree was ~0.3 ms of every `berth` process.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// List providers, their isolation and declared capabilities.
     Providers,
@@ -331,6 +334,7 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum LedgerCommand {
     /// Show ledger entries (open ones unless `--all`).
     List {
@@ -407,6 +411,7 @@ pub struct VerifyArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum CatalogCommand {
     /// Show each provider's capabilities as VERIFIED / FAILED / UNKNOWN / UNSUPPORTED, with the
     /// evidence record behind them.
@@ -431,7 +436,8 @@ pub enum CatalogCommand {
     },
 }
 
-/// Where catalog commands read manifests and evidence from, and whom they trust.
+// Where catalog commands read manifests and evidence from, and whom they trust. (Not a doc
+// comment: on a flattened `Args` struct it would replace its command's about.)
 #[derive(Debug, Args)]
 pub struct EvidenceSource {
     /// Read manifests from this directory instead of the ones built in.
@@ -449,6 +455,7 @@ pub struct EvidenceSource {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ProviderCommand {
     /// Generate a compiling adapter crate, its manifest (status UNKNOWN), conformance wiring and
     /// the contribution checklist.
@@ -466,6 +473,7 @@ pub enum ProviderCommand {
 }
 
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum MissionCommand {
     /// Register a mission file and run it to completion, showing each step.
     Run {
@@ -508,7 +516,7 @@ pub enum MissionCommand {
     },
 }
 
-/// `berth gateway`.
+// `berth gateway`'s arguments. (Not a doc comment: see EvidenceSource.)
 #[derive(Debug, clap::Args)]
 pub struct GatewayArgs {
     /// A model script (TOML; see the README's "Model gateway" section).
@@ -538,6 +546,7 @@ pub struct GatewayArgs {
 
 /// `berth attempt …`.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum AttemptCommand {
     /// An agent attempt's trajectory: Harbor's ATIF (v1.4), or Berth's normalized events.
     Trajectory {
@@ -559,6 +568,7 @@ pub enum AttemptCommand {
 
 /// `berth artifacts …`.
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum ArtifactsCommand {
     /// Index rows by any coordinate (every option given must match).
     Query {
@@ -602,7 +612,7 @@ pub enum ArtifactsCommand {
     },
 }
 
-/// Which index rows (every option given must match).
+// Which index rows (every option given must match). (Not a doc comment: see EvidenceSource.)
 #[derive(Debug, Clone, clap::Args)]
 pub struct ArtifactFilter {
     /// Mission id.
@@ -631,7 +641,7 @@ pub struct ArtifactFilter {
     pub path: Option<String>,
 }
 
-/// How a watcher reports silence.
+// How a watcher reports silence. (Not a doc comment: see EvidenceSource.)
 #[derive(Debug, Clone, clap::Args)]
 pub struct WatchArgs {
     /// A heartbeat after this long without a new event (e.g. `5s`).
@@ -642,7 +652,7 @@ pub struct WatchArgs {
     pub stall: String,
 }
 
-/// `berth prompt`.
+// `berth prompt`'s arguments. (Not a doc comment: see EvidenceSource.)
 #[derive(Debug, clap::Args)]
 pub struct PromptArgs {
     /// The sandbox.
@@ -670,4 +680,65 @@ pub struct PromptArgs {
     /// Deadline for the agent.
     #[arg(long, default_value = "10m")]
     pub timeout: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Deferred arguments are built after a subcommand's own settings, so a doc comment on an
+    /// `Args` struct would replace the about its parent lists: every subcommand's help must open
+    /// with what its parent's help lists for it, as a user sees both.
+    #[test]
+    fn deferred_subcommands_keep_the_about_their_parent_lists() {
+        fn help(path: &[&str]) -> String {
+            let argv = std::iter::once("berth").chain(path.iter().copied());
+            let err = Cli::command()
+                .try_get_matches_from(argv.chain(["--help"]))
+                .expect_err("--help ends parsing");
+            assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp, "{path:?}");
+            err.to_string()
+        }
+        fn words(text: &str) -> Vec<&str> {
+            text.split_whitespace().take(4).collect()
+        }
+        fn check(parent: &clap::Command, path: &[&str], seen: &mut usize) {
+            let parent_help = help(path);
+            for sub in parent.get_subcommands().filter(|s| s.get_name() != "help") {
+                let mut sub_path = path.to_vec();
+                sub_path.push(sub.get_name());
+                let listed = parent_help
+                    .lines()
+                    .find_map(|line| {
+                        line.strip_prefix("  ")?
+                            .strip_prefix(sub.get_name())?
+                            .strip_prefix(' ')
+                            .map(str::trim)
+                    })
+                    .unwrap_or_else(|| panic!("{sub_path:?} not listed in:\n{parent_help}"));
+                let own = help(&sub_path);
+                let opening = own.lines().next().unwrap_or_default();
+                assert_eq!(
+                    words(listed),
+                    words(opening),
+                    "{sub_path:?}: listed as {listed:?}, its help opens {opening:?}"
+                );
+                *seen += 1;
+                check(sub, &sub_path, seen);
+            }
+        }
+        let mut tree = Cli::command();
+        tree.build();
+        let mut seen = 0;
+        check(&tree, &[], &mut seen);
+        assert!(seen > 40, "only {seen} subcommands were checked");
+    }
+
+    /// clap's own consistency checks, over the whole tree with every deferred part built.
+    #[test]
+    fn the_command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }
