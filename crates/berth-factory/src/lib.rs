@@ -195,7 +195,9 @@ impl Entry {
         let (origin, text) = self
             .source
             .expect("an entry without a parsed manifest has a source");
-        let _ = self.parsed.set(berth_manifest::parse(origin, text)?);
+        let _ = self
+            .parsed
+            .set(berth_manifest::parse_embedded(origin, text)?);
         Ok(self.parsed.get().expect("just set"))
     }
 }

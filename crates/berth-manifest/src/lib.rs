@@ -15,7 +15,7 @@ mod model;
 
 use std::path::{Path, PathBuf};
 
-pub use embedded::embedded;
+pub use embedded::{embedded, parse_embedded};
 pub use model::{
     Credential, CredentialKind, ImageModel, Isolation, IsolationClass, Lifecycle, Pricing,
     PricingConfidence, Provenance, ProviderManifest, Verification, Walls, SCHEMA_VERSION,

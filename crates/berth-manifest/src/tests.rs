@@ -182,3 +182,31 @@ proptest::proptest! {
         let _ = crate::parse("m.toml", &mutated);
     }
 }
+
+/// Every embedded manifest has a JSON form made from its exact text, and reads through it as the
+/// same manifest as through TOML; any other text goes through `parse` and gets its errors.
+#[test]
+fn embedded_manifests_read_the_same_through_their_json_form() {
+    for (origin, text) in embedded() {
+        assert!(
+            embedded::AS_JSON
+                .iter()
+                .any(|(o, t, _)| o == origin && t == text),
+            "{origin} has no JSON form"
+        );
+        let through_json = parse_embedded(origin, text).unwrap();
+        let through_toml = parse(origin, text).unwrap();
+        assert_eq!(through_json, through_toml, "{origin}");
+    }
+    // A changed text is not the one a JSON form was made from: it is parsed as TOML.
+    let changed = host_text().replace("schema_version = 1", "schema_version = 99");
+    assert!(matches!(
+        parse_embedded("catalog/providers/host.toml", &changed),
+        Err(ManifestError::SchemaVersion { found: 99, .. })
+    ));
+    let broken = format!("{}\n[[[", host_text());
+    assert!(matches!(
+        parse_embedded("catalog/providers/host.toml", &broken),
+        Err(ManifestError::Syntax { .. })
+    ));
+}
