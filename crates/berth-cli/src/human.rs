@@ -8,6 +8,26 @@ pub fn colour_on_stdout(config: &crate::config::Config) -> bool {
     config.colour_allowed && std::io::stdout().is_terminal()
 }
 
+/// `text` safe to print on a terminal: every control character (C0, DEL, C1: escape sequences
+/// that could retitle a window, move the cursor or hide what follows) is written as `\u{..}`,
+/// except line breaks and tabs when `lines` says the text may span lines. Error messages and
+/// table cells carry names and text from sandboxes and repositories.
+pub fn printable(text: &str, lines: bool) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && !(lines && (c == '\n' || c == '\t'));
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// A style for one cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Style {
@@ -52,9 +72,14 @@ impl Table {
         }
     }
 
-    /// Appends a row of styled cells.
+    /// Appends a row of styled cells (each shown on one line, control characters escaped).
     pub fn styled_row(&mut self, cells: Vec<(String, Style)>) {
-        self.rows.push(cells);
+        self.rows.push(
+            cells
+                .into_iter()
+                .map(|(cell, style)| (printable(&cell, false).into_owned(), style))
+                .collect(),
+        );
     }
 
     /// The rendered table, one line per row, the last column unpadded.
@@ -115,7 +140,7 @@ impl Progress {
     pub fn show(&self, message: &str) {
         if self.on {
             let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\r\x1b[2K{message}");
+            let _ = write!(err, "\r\x1b[2K{}", printable(message, false));
             let _ = err.flush();
         }
     }
@@ -165,5 +190,30 @@ mod tests {
             .replace("\x1b[2m", "")
             .replace("\x1b[0m", "");
         assert_eq!(stripped, plain);
+    }
+
+    #[test]
+    fn control_characters_are_shown_never_sent() {
+        let hostile = "a\x1b]0;pwned\x07b\x1b[2Jc\u{9b}31md\x7fe";
+        let shown = printable(hostile, true);
+        assert_eq!(
+            shown,
+            "a\\u{1b}]0;pwned\\u{7}b\\u{1b}[2Jc\\u{9b}31md\\u{7f}e"
+        );
+        assert!(!shown.chars().any(char::is_control));
+        // Messages keep their lines and tabs; a table cell or a progress line does not.
+        assert_eq!(printable("one\n\ttwo", true), "one\n\ttwo");
+        assert_eq!(printable("one\n\ttwo", false), "one\\u{a}\\u{9}two");
+        assert!(matches!(
+            printable("plain é 名", true),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let mut table = Table::new(&["ID", "STATE"]);
+        table.styled_row(vec![
+            ("bx-\x1b[8m".into(), Style::Plain),
+            ("x\ny".into(), Style::Good),
+        ]);
+        let rendered = table.render(false);
+        assert_eq!(rendered, "ID            STATE\nbx-\\u{1b}[8m  x\\u{a}y\n");
     }
 }

@@ -130,9 +130,13 @@ pub fn failure(json: bool, command: &str, err: &anyhow::Error) -> i32 {
     if json {
         emit(command, json!({ "error": failure }));
     } else {
-        errln!("berth: error: {}", failure.message);
+        // Messages carry names and text from sandboxes and repositories: shown, never obeyed.
+        errln!(
+            "berth: error: {}",
+            crate::human::printable(&failure.message, true)
+        );
         if let Some(hint) = &failure.hint {
-            errln!("hint: {hint}");
+            errln!("hint: {}", crate::human::printable(hint, true));
         }
     }
     failure.exit_code

@@ -567,3 +567,32 @@ fn odd_environments_and_relative_homes_work() {
             .is_file());
     }
 }
+
+/// Names and text in an error are shown, not obeyed: argv is often model-written, and a command
+/// name carrying terminal escape sequences (retitle the window, clear the screen) reaches stderr
+/// escaped — the error still names it, and the exit code is still `docker exec`'s 127.
+#[test]
+fn escape_sequences_in_an_error_are_shown_not_sent() {
+    let home = tempfile::tempdir().unwrap();
+    let owner = "hostile-escapes";
+    let created = berth(home.path(), owner, &["--json", "create", "-p", "host"]);
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = berth(
+        home.path(),
+        owner,
+        &["exec", &id, "--", "no-such\x1b]0;owned\x07\x1b[2J"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    assert!(
+        !out.stderr.iter().any(|b| *b == 0x1b || *b == 0x07),
+        "a control character reached the terminal: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("no-such\\u{1b}]0;owned\\u{7}\\u{1b}[2J"),
+        "{stderr}"
+    );
+    let gone = berth(home.path(), owner, &["destroy", &id]);
+    assert!(gone.status.success());
+}

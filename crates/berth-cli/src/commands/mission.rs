@@ -52,6 +52,7 @@ fn exit_for(state: &MissionState) -> i32 {
 }
 
 async fn drive(app: &App, id: &str) -> Result<i32> {
+    use crate::human::printable;
     let orch = orchestrator(app);
     let json = app.json;
     let started = std::time::Instant::now();
@@ -62,8 +63,16 @@ async fn drive(app: &App, id: &str) -> Result<i32> {
         let at = started.elapsed().as_secs_f64();
         match step {
             Step::Claimed { task, key } => outln!("[{at:>7.2}s] {task}: attempt {key} claimed"),
-            Step::Advanced { key, what } => outln!("[{at:>7.2}s]   {key}: {what}"),
-            Step::Rejected { key, reason } => outln!("[{at:>7.2}s]   {key}: REJECTED — {reason}"),
+            // What an attempt did and why it was rejected come from sandboxes and repositories.
+            Step::Advanced { key, what } => {
+                outln!("[{at:>7.2}s]   {key}: {}", printable(what, true))
+            }
+            Step::Rejected { key, reason } => {
+                outln!(
+                    "[{at:>7.2}s]   {key}: REJECTED — {}",
+                    printable(reason, true)
+                )
+            }
             Step::Finished(state) => outln!("[{at:>7.2}s] mission {id}: {}", describe(state)),
         }
     };
@@ -157,7 +166,12 @@ fn print_record(record: &MissionRecord, base: &str, events: i64) {
                         .unwrap_or("-"),
                 ),
             };
-            outln!("    #{} {} {outcome}", attempt.ordinal, attempt.key);
+            outln!(
+                "    #{} {} {}",
+                attempt.ordinal,
+                attempt.key,
+                crate::human::printable(&outcome, true)
+            );
         }
     }
 }

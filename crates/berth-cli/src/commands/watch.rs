@@ -98,14 +98,16 @@ pub(super) fn human(event: &Value) -> String {
         "unparsed" => one_line(&data["text"]),
         _ => String::new(),
     };
-    format!(
+    // An agent's words and tool output come from the sandbox: shown, never obeyed.
+    let line = format!(
         "{:>5} {:<20} {what}",
         event["seq"]
             .as_u64()
             .map(|s| s.to_string())
             .unwrap_or_default(),
         event["kind"].as_str().unwrap_or("?")
-    )
+    );
+    crate::human::printable(&line, false).into_owned()
 }
 
 fn monitor_line(json_out: bool, kind: &str, key: &str, fields: Value, text: String) {
@@ -116,7 +118,7 @@ fn monitor_line(json_out: bool, kind: &str, key: &str, fields: Value, text: Stri
         }
         outln!("{line}");
     } else {
-        outln!("      {kind:<20} {text}");
+        outln!("      {kind:<20} {}", crate::human::printable(&text, false));
     }
 }
 
@@ -280,5 +282,27 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
         if !progressed {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// An agent's text (model-written, from the sandbox) reaches the terminal with its escape
+    /// sequences shown, not sent.
+    #[test]
+    fn an_agents_escape_sequences_are_shown_not_sent() {
+        let event = json!({
+            "seq": 3,
+            "kind": "agent_message_chunk",
+            "data": { "text": "done\x1b]0;owned\x07\x1b[2J" }
+        });
+        let line = super::human(&event);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(
+            line.ends_with("done\\u{1b}]0;owned\\u{7}\\u{1b}[2J"),
+            "{line:?}"
+        );
     }
 }
