@@ -327,7 +327,12 @@ pub async fn ps(app: &App, id: &str) -> Result<i32> {
                 Some("unknown") => format!("unknown: {}", status["reason"].as_str().unwrap_or("")),
                 other => other.unwrap_or("").to_owned(),
             };
-            outln!("{:<10} {shown}", handle.0);
+            // A process's state and reason come from the sandbox's supervisor.
+            outln!(
+                "{:<10} {}",
+                handle.0,
+                crate::human::printable(&shown, false)
+            );
         }
     }
     Ok(code::OK)

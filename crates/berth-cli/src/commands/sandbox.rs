@@ -99,11 +99,13 @@ fn observation_json(
 }
 
 fn observation_text(observation: &Result<Observation, berth_contract::ProviderError>) -> String {
-    match observation {
+    let text = match observation {
         Ok(Observation::Absent) => "absent".into(),
         Ok(Observation::Present { state, raw, .. }) => format!("{state} (raw: {raw})"),
         Err(err) => format!("UNKNOWN({err})"),
-    }
+    };
+    // A raw state and an error's text come from the provider, and through it the sandbox.
+    crate::human::printable(&text, false).into_owned()
 }
 
 /// `berth list`.
@@ -332,4 +334,31 @@ pub async fn power(app: &App, id: &str, verb: Power) -> Result<i32> {
         outln!("{id}: {transition:?}");
     }
     Ok(code::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_contract::{CanonicalState, ErrorKind, Observation, ProviderError};
+
+    /// A raw state and a provider error reach `list` and `status` from the provider (and through
+    /// it the sandbox): their control characters are shown, never sent.
+    #[test]
+    fn an_observation_is_shown_not_sent() {
+        let present = Ok(Observation::Present {
+            state: CanonicalState::Running,
+            raw: "up\x1b]0;owned\x07".into(),
+            soft_deleted: false,
+            labels: Default::default(),
+        });
+        let failed = Err(ProviderError::new(
+            ErrorKind::Unavailable,
+            "observe",
+            "no\x1b[2Jreply",
+        ));
+        for observation in [present, failed] {
+            let text = super::observation_text(&observation);
+            assert!(!text.chars().any(char::is_control), "{text:?}");
+            assert!(text.contains("\\u{1b}"), "{text:?}");
+        }
+    }
 }
