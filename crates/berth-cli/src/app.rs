@@ -28,11 +28,11 @@ pub struct App {
 /// user reaches them. A directory that is not Berth's is never changed.
 fn private_home(home: &std::path::Path, state: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let private_already =
+        |m: &std::fs::Metadata| m.is_dir() && m.permissions().mode() & 0o777 == 0o700;
     let private_dir = |dir: &std::path::Path| -> Result<()> {
         // Most starts find it there and private already: one stat, no mkdir or chmod.
-        if std::fs::metadata(dir)
-            .is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o777 == 0o700)
-        {
+        if std::fs::metadata(dir).is_ok_and(|m| private_already(&m)) {
             return Ok(());
         }
         std::fs::DirBuilder::new()
@@ -56,7 +56,7 @@ fn private_home(home: &std::path::Path, state: &std::path::Path) -> Result<()> {
     // until Berth's own store appears in it.
     let fresh = match std::fs::metadata(home) {
         Err(_) => true,
-        Ok(m) if m.is_dir() && m.permissions().mode() & 0o777 == 0o700 => false,
+        Ok(m) if private_already(&m) => false,
         Ok(_) => std::fs::read_dir(home).is_ok_and(|mut d| d.next().is_none()),
     };
     if fresh {
