@@ -18,13 +18,18 @@ fn main() {
     let mut out = String::from("&[\n");
     for path in files {
         println!("cargo:rerun-if-changed={}", path.display());
-        let text = std::fs::read_to_string(&path).expect("a manifest is UTF-8");
-        // A manifest that does not parse gets no JSON form: `parse` reports it as it should.
+        // A manifest that cannot be read, named or parsed here gets no JSON form: `parse`
+        // reads its text and reports it as it should.
+        let (Ok(text), Some(name)) = (
+            std::fs::read_to_string(&path),
+            path.file_name().and_then(|n| n.to_str()),
+        ) else {
+            continue;
+        };
         let Ok(value) = text.parse::<toml::Table>() else {
             continue;
         };
         let json = serde_json::to_string(&value).expect("a TOML table is JSON");
-        let name = path.file_name().unwrap().to_str().unwrap();
         writeln!(
             out,
             "    ({:?}, {:?}, {:?}),",
