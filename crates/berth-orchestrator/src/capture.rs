@@ -17,12 +17,18 @@ use crate::OrchestratorError;
 
 /// Run in the attempt's repository (`sh -c`, a constant: nothing is interpolated). Writes a tar
 /// archive of the files git would commit (tracked and untracked, ignores honoured; deleted
-/// files are skipped) to stdout. A workspace that is no longer a git repository fails.
-pub const SCRIPT: &str = "l=$(mktemp) || exit 90
-git ls-files -z --cached --others --exclude-standard > \"$l\" || { rm -f \"$l\"; exit 91; }
-tar --null --no-recursion --ignore-failed-read --hard-dereference -T \"$l\" -cf -
-s=$?; rm -f \"$l\"
-[ $s -le 1 ] || exit $s";
+/// files are skipped) to stdout. A workspace that is no longer a git repository fails (91).
+///
+/// git's list goes straight into tar through a pipe, never through a file: a capture killed
+/// part-way (a timeout, a cancelled attempt) leaves nothing behind, and the host provider's
+/// `/tmp` is the host's. POSIX `sh` has no `pipefail`, so git's own status comes back on
+/// descriptor 3 (the command substitution) while tar writes the archive to descriptor 4 (the
+/// script's stdout): a failed listing is never a complete-looking archive with status 0.
+pub const SCRIPT: &str = "exec 4>&1
+g=$( { { git ls-files -z --cached --others --exclude-standard 3>&- 4>&-; echo $? >&3; } | tar --null --no-recursion --ignore-failed-read --hard-dereference -T - -cf - 3>&- >&4 4>&-; } 3>&1 )
+t=$?
+[ $t -le 1 ] || exit $t
+[ \"$g\" = 0 ] || exit 91";
 
 /// The largest archive a capture accepts (bytes).
 pub(crate) const LIMIT: usize = 256 << 20;
@@ -592,5 +598,103 @@ mod tests {
         )
         .unwrap();
         assert_eq!(git(&repo, &["rev-parse", &format!("{two}^")]).unwrap(), one);
+    }
+
+    /// A repository with `files` (path, bytes) committed or left untracked as given.
+    fn repository(files: &[(&str, Vec<u8>, bool)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        git(dir.path(), &["init", "-q", "-b", "main"]).unwrap();
+        for (path, bytes, tracked) in files {
+            let at = dir.path().join(path);
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            std::fs::write(&at, bytes).unwrap();
+            if *tracked {
+                git(dir.path(), &["add", path]).unwrap();
+            }
+        }
+        dir
+    }
+
+    /// `sh -c SCRIPT` in `repo` with `TMPDIR` set to `tmp`, in a process group of its own.
+    fn capture_command(repo: &Path, tmp: &Path) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut command = std::process::Command::new("sh");
+        command
+            .args(["-c", SCRIPT])
+            .current_dir(repo)
+            .env("TMPDIR", tmp)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0);
+        command
+    }
+
+    #[test]
+    fn the_capture_archives_what_git_would_commit() {
+        let repo = repository(&[
+            ("tracked.txt", b"t\n".to_vec(), true),
+            ("dir/untracked.txt", b"u\n".to_vec(), false),
+            (".gitignore", b"ignored.txt\n".to_vec(), false),
+            ("ignored.txt", b"i\n".to_vec(), false),
+        ]);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = capture_command(repo.path(), tmp.path()).output().unwrap();
+        assert!(out.status.success(), "{:?}", out.status);
+        let capture = parse(&out.stdout).unwrap();
+        let paths: Vec<_> = capture
+            .files
+            .keys()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        assert_eq!(paths, [".gitignore", "dir/untracked.txt", "tracked.txt"]);
+        assert_eq!(capture.files[&b"dir/untracked.txt"[..]].data, b"u\n");
+
+        // No longer a repository: git's failure is the script's, whatever tar made of it.
+        std::fs::remove_dir_all(repo.path().join(".git")).unwrap();
+        let out = capture_command(repo.path(), tmp.path()).output().unwrap();
+        assert_eq!(out.status.code(), Some(91));
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    /// A capture SIGKILLed while tar is writing (its reader stopped reading) leaves no file
+    /// behind: there is none to leave. (The script made its list with `mktemp` once; killed,
+    /// its `rm` never ran, and the host provider's `/tmp` is the host's.)
+    #[test]
+    fn a_killed_capture_leaves_no_file_behind() {
+        use std::io::Read;
+        let repo = repository(&[("big.bin", vec![7u8; 8 << 20], false)]);
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = capture_command(repo.path(), tmp.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The archive has begun, so the list is made; tar now blocks on the full pipe.
+        let mut first = [0u8; 512];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut first)
+            .unwrap();
+        assert_eq!(&first[..7], b"big.bin");
+        let group = format!("-{}", child.id());
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert!(!status.success());
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "left behind in TMPDIR: {left:?}");
+        let mut in_repo: Vec<_> = std::fs::read_dir(repo.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        in_repo.sort();
+        assert_eq!(in_repo, [".git", "big.bin"]);
     }
 }
