@@ -382,9 +382,7 @@ pub(crate) async fn run(
             Some(Report::Exited(code)) => ExitStatus::Exited { code },
             Some(Report::Signalled(signal)) => ExitStatus::Signalled { signal },
             other => ExitStatus::Unknown {
-                reason: format!(
-                    "the reaper ended ({exit:?}) without reporting the command's status (said {other:?})"
-                ),
+                reason: berth_supervisor::reaper::status_lost(&exit.to_string(), other.as_ref()),
             },
         }
     } else if let Some(code) = exit.code() {
@@ -393,7 +391,7 @@ pub(crate) async fn run(
         ExitStatus::Signalled { signal }
     } else {
         ExitStatus::Unknown {
-            reason: format!("wait returned {exit:?}"),
+            reason: format!("wait returned {exit}"),
         }
     };
     Ok(Finished {

@@ -276,6 +276,24 @@ impl Report {
     }
 }
 
+/// Why a command's status is unknown when its reaper ended without reporting one, in words a
+/// person reads: `ended` says how the reaper itself ended (e.g. `signal: 9 (SIGKILL)`), `last`
+/// what it said after the start, if anything.
+pub fn status_lost(ended: &str, last: Option<&Report>) -> String {
+    let said = match last {
+        None => "nothing after the start".to_owned(),
+        Some(Report::Started) => "only that the command started".to_owned(),
+        Some(Report::Failed { kind, message }) => {
+            format!("that the command could not start ({kind}): {message}")
+        }
+        Some(Report::Exited(code)) => format!("that the command exited {code}"),
+        Some(Report::Signalled(signal)) => {
+            format!("that the command was killed by signal {signal}")
+        }
+    };
+    format!("the reaper ended ({ended}) without reporting the command's status; it said {said}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +312,25 @@ mod tests {
         );
         assert_eq!(Report::parse("exited x"), None);
         assert_eq!(Report::parse("nonsense"), None);
+    }
+
+    /// A lost status reads as words, never as Rust's debug form.
+    #[test]
+    fn a_lost_status_is_said_in_words() {
+        let text = status_lost("signal: 9 (SIGKILL)", None);
+        assert_eq!(
+            text,
+            "the reaper ended (signal: 9 (SIGKILL)) without reporting the command's status; it \
+             said nothing after the start"
+        );
+        let text = status_lost("exit status: 0", Some(&Report::Started));
+        assert!(
+            text.ends_with("it said only that the command started"),
+            "{text}"
+        );
+        for text in [text, status_lost("x", Some(&Report::Exited(3)))] {
+            assert!(!text.contains("None") && !text.contains("Some("), "{text}");
+        }
     }
 
     proptest::proptest! {

@@ -345,12 +345,12 @@ fn exec(
         Some(Report::Exited(code)) => Exit::Exited { code },
         Some(Report::Signalled(signal)) => Exit::Signalled { signal },
         other => Exit::Unknown {
-            reason: format!(
-                "the reaper ended ({}) without reporting the command's status (said {other:?})",
-                match status {
-                    Ok(status) => format!("{status}"),
+            reason: crate::reaper::status_lost(
+                &match status {
+                    Ok(status) => status.to_string(),
                     Err(err) => err.to_string(),
-                }
+                },
+                other.as_ref(),
             ),
         },
     }
