@@ -189,16 +189,21 @@ impl App {
             .cleanup_run(&self.registry.bind(&self.provider_config))
             .await
         {
-            Ok(report) if !report.complete() => errln!(
-                "berth: warning: cleanup incomplete; run `berth ledger sweep` ({:?})",
-                report.entries
-            ),
+            Ok(report) if !report.complete() => {
+                errln!("berth: warning: cleanup incomplete; run `berth ledger sweep`:");
+                for entry in &report.entries {
+                    errln!("  {}", crate::commands::ledger::sweep_line(entry));
+                }
+            }
             Ok(report) if !report.entries.is_empty() => {
                 errln!("berth: cleaned up {} sandbox(es)", report.entries.len())
             }
             Ok(_) => {}
             Err(err) => {
-                errln!("berth: warning: cleanup failed: {err}; run `berth ledger sweep`")
+                errln!(
+                    "berth: warning: cleanup failed: {}; run `berth ledger sweep`",
+                    crate::human::printable(&err.to_string(), true)
+                )
             }
         }
     }

@@ -211,7 +211,12 @@ fn docker_user_path_through_the_cli() {
         (125, &Value::from("conflict")),
         "{doc}"
     );
-    assert_eq!(home.json_as(&me, &["resume", &id]).0, 0);
+    // For people: the state it settled in, in words (not Rust's debug form).
+    let out = home.run_as(&me, &["resume", &id]);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout)),
+        (Some(0), format!("{id}: running\n"))
+    );
     let (code, doc) = home.json_as(&me, &["fork", &id]);
     assert_eq!(code, 0, "{doc}");
     let fork = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();

@@ -596,3 +596,46 @@ fn escape_sequences_in_an_error_are_shown_not_sent() {
     let gone = berth(home.path(), owner, &["destroy", &id]);
     assert!(gone.status.success());
 }
+
+/// A resource's labels are the provider's to report and, on host, the sandbox's to rewrite
+/// (its metadata sits beside its workspace). A sweep that finds one labelled for another owner
+/// leaves it alone and says whose it claims to be, with control characters shown, not sent.
+#[test]
+fn a_relabelled_sandbox_is_swept_as_foreign_and_its_label_shown_not_sent() {
+    let home = tempfile::tempdir().unwrap();
+    let owner = "hostile-labels";
+    let created = berth(home.path(), owner, &["--json", "create", "-p", "host"]);
+    let created: Value = serde_json::from_slice(&created.stdout).unwrap();
+    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let meta = home
+        .path()
+        .join("state/host/sandboxes")
+        .join(&id)
+        .join("sandbox.json");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    doc["labels"]["berth.owner"] = Value::from("evil\x1b]0;owned\x07");
+    std::fs::write(&meta, serde_json::to_vec(&doc).unwrap()).unwrap();
+
+    let out = berth(home.path(), owner, &["ledger", "sweep"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.stdout
+            .iter()
+            .chain(&out.stderr)
+            .any(|b| *b == 0x1b || *b == 0x07),
+        "a control character reached the terminal: {stdout:?}"
+    );
+    assert!(
+        stdout.contains(
+            "skipped, not ours: the resource is labelled for owner `evil\\u{1b}]0;owned\\u{7}`"
+        ),
+        "{stdout}"
+    );
+    assert!(home.path().join("state/host/sandboxes").join(&id).is_dir());
+    // Put back as it was, it is ours again and goes.
+    doc["labels"]["berth.owner"] = Value::from(owner);
+    std::fs::write(&meta, serde_json::to_vec(&doc).unwrap()).unwrap();
+    assert!(berth(home.path(), owner, &["destroy", &id])
+        .status
+        .success());
+}

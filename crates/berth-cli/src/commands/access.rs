@@ -169,7 +169,17 @@ pub async fn ssh(app: &App, args: SshArgs) -> Result<i32> {
         Exit::Signalled { signal } => Ok(128 + signal),
         // Never a made-up code: 125 is Berth's own "could not run it / status unknown".
         other => {
-            errln!("berth: the terminal session ended without the command's status: {other:?}");
+            let why = match &other {
+                Exit::TimedOut => "it timed out".to_owned(),
+                Exit::SpawnFailed { kind, message } => format!("{kind}: {message}"),
+                Exit::Unknown { reason } => reason.clone(),
+                Exit::BadRequest { message } => format!("bad request: {message}"),
+                _ => "the supervisor answered something else".to_owned(),
+            };
+            errln!(
+                "berth: the terminal session ended without the command's status: {}",
+                crate::human::printable(&why, false)
+            );
             Ok(code::EXEC_FAILED)
         }
     }

@@ -431,7 +431,10 @@ pub fn run(config: &Config, json: bool, command: &CatalogCommand) -> Result<i32>
                 );
             } else {
                 for problem in &problems {
-                    errln!("catalog check: {problem}");
+                    errln!(
+                        "catalog check: {}",
+                        crate::human::printable(&problem.to_string(), true)
+                    );
                 }
             }
             Ok(if problems.is_empty() {

@@ -96,7 +96,10 @@ async fn run_request(
     if let (false, Some(streaming)) = (app.json, provider.streaming()) {
         let summary: ExecSummary = streaming.exec_streaming(id, req, &mut Terminal).await?;
         if let ExitStatus::TimedOut | ExitStatus::Unknown { .. } = summary.status {
-            errln!("berth: command {}", summary.status);
+            errln!(
+                "berth: command {}",
+                crate::human::printable(&summary.status.to_string(), true)
+            );
         }
         return Ok(summary.status);
     }
@@ -125,7 +128,10 @@ async fn run_request(
         }
         // An exit code the user cannot read as the command's own (124, 125) says why.
         if let ExitStatus::TimedOut | ExitStatus::Unknown { .. } = output.status {
-            errln!("berth: command {}", output.status);
+            errln!(
+                "berth: command {}",
+                crate::human::printable(&output.status.to_string(), true)
+            );
         }
     }
     Ok(output.status)

@@ -1,7 +1,7 @@
 //! `berth ledger list|sweep`.
 
 use anyhow::Result;
-use berth_ledger::{SweepAction, SweepScope};
+use berth_ledger::{SweepAction, SweepEntry, SweepScope};
 use berth_store::LedgerState;
 use serde_json::json;
 
@@ -123,18 +123,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
             outln!("sweep: nothing to do for owner {}", app.ledger.owner());
         }
         for entry in &report.entries {
-            let what = match &entry.action {
-                SweepAction::Destroyed => "destroyed, verified gone".to_owned(),
-                SweepAction::AlreadyGone => "already gone".to_owned(),
-                SweepAction::Accepted { raw_state } => {
-                    format!("destroy accepted, not verified (raw {raw_state})")
-                }
-                SweepAction::Failed { kind, message } => format!("FAILED ({kind}): {message}"),
-                SweepAction::SkippedForeign { reason } => format!("skipped, not ours: {reason}"),
-                SweepAction::Held { reason } => format!("kept: {reason}"),
-                SweepAction::Adopted { reason } => format!("adopted: {reason}"),
-            };
-            outln!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
+            outln!("{}", sweep_line(entry));
         }
     }
     Ok(if report.complete() {
@@ -142,6 +131,24 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
     } else {
         code::CLEANUP_INCOMPLETE
     })
+}
+
+/// One sweep entry for people: id, provider, what happened. The provider's messages and an
+/// observed resource's labels (in a foreign one's reason) are shown, never sent.
+pub(crate) fn sweep_line(entry: &SweepEntry) -> String {
+    let what = match &entry.action {
+        SweepAction::Destroyed => "destroyed, verified gone".to_owned(),
+        SweepAction::AlreadyGone => "already gone".to_owned(),
+        SweepAction::Accepted { raw_state } => {
+            format!("destroy accepted, not verified (raw {raw_state})")
+        }
+        SweepAction::Failed { kind, message } => format!("FAILED ({kind}): {message}"),
+        SweepAction::SkippedForeign { reason } => format!("skipped, not ours: {reason}"),
+        SweepAction::Held { reason } => format!("kept: {reason}"),
+        SweepAction::Adopted { reason } => format!("adopted: {reason}"),
+    };
+    let line = format!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
+    crate::human::printable(&line, false).into_owned()
 }
 
 pub(super) fn shorten(text: &str, max: usize) -> String {

@@ -83,7 +83,7 @@ async fn drive(app: &App, id: &str) -> Result<i32> {
     Ok(exit_for(&state))
 }
 
-fn describe(state: &MissionState) -> String {
+pub(super) fn describe(state: &MissionState) -> String {
     match state {
         MissionState::Running => "running".into(),
         MissionState::Succeeded => "succeeded".into(),

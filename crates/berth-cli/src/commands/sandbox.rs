@@ -271,8 +271,9 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
             match &outcome {
                 DestroyOutcome::VerifiedGone { .. } => outln!("{id}: destroyed (verified gone)"),
                 DestroyOutcome::Accepted { raw_state } => outln!(
-                    "{id}: destroy accepted, not yet verified (raw state {raw_state}); \
-                     `berth ledger sweep` will check again"
+                    "{id}: destroy accepted, not yet verified (raw state {}); \
+                     `berth ledger sweep` will check again",
+                    crate::human::printable(raw_state, false)
                 ),
             }
         }
@@ -331,7 +332,14 @@ pub async fn power(app: &App, id: &str, verb: Power) -> Result<i32> {
     if app.json {
         emit(name, json!({ "sandbox": id, "transition": transition }));
     } else {
-        outln!("{id}: {transition:?}");
+        let shown = match &transition {
+            berth_contract::Transition::Settled { state } => state.as_str().to_owned(),
+            berth_contract::Transition::Accepted { raw_state } => format!(
+                "accepted, not settled yet (raw state {})",
+                crate::human::printable(raw_state, false)
+            ),
+        };
+        outln!("{id}: {shown}");
     }
     Ok(code::OK)
 }

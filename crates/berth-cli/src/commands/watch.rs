@@ -161,7 +161,10 @@ async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
             } else {
                 match serde_json::from_str::<Value>(line) {
                     Ok(event) => outln!("{}", human(&event)),
-                    Err(_) => outln!("      (unreadable line) {line}"),
+                    Err(_) => outln!(
+                        "      (unreadable line) {}",
+                        crate::human::printable(line, false)
+                    ),
                 }
             }
         }
@@ -275,7 +278,7 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
         }
         if record.state != MissionState::Running && !progressed {
             if !app.json {
-                outln!("mission {id}: {:?}", record.state);
+                outln!("mission {id}: {}", super::mission::describe(&record.state));
             }
             return Ok(code::OK);
         }
