@@ -16,6 +16,9 @@ use serde::Serialize;
 
 use crate::{Ledger, LedgerError, ORPHAN_AFTER};
 
+/// A provider a sweep built for its rows, or what its rows get when it cannot be built.
+type Constructed = Result<std::sync::Arc<dyn Provider>, SweepAction>;
+
 /// What a sweep did to one resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -52,6 +55,15 @@ pub enum SweepAction {
     Adopted {
         /// Why it is provably ours.
         reason: String,
+    },
+    /// The provider could not be listed (not reachable, not set up): whatever it holds under
+    /// this owner's label without a row is unknown. The rows are swept all the same; this
+    /// entry names no resource of ours, so it does not make the sweep incomplete.
+    NotListed {
+        /// Error kind.
+        kind: String,
+        /// Why.
+        message: String,
     },
 }
 
@@ -97,6 +109,7 @@ impl SweepReport {
                     | SweepAction::SkippedForeign { .. }
                     | SweepAction::Held { .. }
                     | SweepAction::Adopted { .. }
+                    | SweepAction::NotListed { .. }
             )
         })
     }
@@ -128,10 +141,21 @@ impl Ledger {
     ) -> Result<SweepReport, LedgerError> {
         let mut report = SweepReport::default();
         // Listing first: a sandbox it adopts gets a row, which the sweep below then considers.
+        // One provider that cannot be listed (docker not running) must not stop the rest, nor
+        // the rows below: it is reported, and the sweep goes on.
         for provider_id in &scope.discover {
-            report
-                .entries
-                .extend(self.discover(providers, provider_id).await?);
+            match self.discover(providers, provider_id).await {
+                Ok(found) => report.entries.extend(found),
+                Err(LedgerError::Provider { source, .. }) => report.entries.push(SweepEntry {
+                    berth_id: format!("<listing {provider_id}>"),
+                    provider: provider_id.clone(),
+                    action: SweepAction::NotListed {
+                        kind: source.kind().as_str().to_owned(),
+                        message: source.to_string(),
+                    },
+                }),
+                Err(other) => return Err(other),
+            }
         }
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
@@ -160,19 +184,33 @@ impl Ledger {
             }
         }
         report.entries.extend(kept);
-        let mut constructed: Vec<(String, std::sync::Arc<dyn Provider>)> = Vec::new();
+        // Each provider constructed once; one that cannot be (not set up, not built in) fails
+        // its own rows, never another provider's: a must-fire cleanup sweeps what it can.
+        let mut constructed: Vec<(String, Constructed)> = Vec::new();
         for row in rows {
             let provider = match constructed.iter().find(|(id, _)| *id == row.provider) {
                 Some((_, provider)) => provider.clone(),
                 None => {
-                    let provider = providers.provider(&row.provider).map_err(|source| {
-                        LedgerError::Provider {
-                            berth_id: row.berth_id.clone(),
-                            source,
-                        }
-                    })?;
+                    let provider =
+                        providers
+                            .provider(&row.provider)
+                            .map_err(|source| SweepAction::Failed {
+                                kind: source.kind().as_str().to_owned(),
+                                message: source.to_string(),
+                            });
                     constructed.push((row.provider.clone(), provider.clone()));
                     provider
+                }
+            };
+            let provider = match provider {
+                Ok(provider) => provider,
+                Err(cannot) => {
+                    report.entries.push(SweepEntry {
+                        berth_id: row.berth_id,
+                        provider: row.provider,
+                        action: cannot,
+                    });
+                    continue;
                 }
             };
             let action = match self.destroy_row(provider.as_ref(), &row).await {

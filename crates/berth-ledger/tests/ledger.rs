@@ -75,6 +75,32 @@ async fn present(host: &Arc<dyn Provider>, id: &str) -> bool {
     )
 }
 
+/// A row written straight into the store, as created: `provider` and `native` are whatever
+/// the test claims (a forged row, a provider that is not there).
+async fn created_row(ledger: &Ledger, run: &str, provider: &str, berth_id: &str, native: &str) {
+    ledger
+        .store()
+        .ledger_insert_intent(&NewLedgerRow {
+            berth_id: berth_id.into(),
+            provider: provider.into(),
+            owner: ledger.owner().into(),
+            run_id: run.into(),
+            ledger_token: format!("token-{berth_id}"),
+            labels: Default::default(),
+            origin: "create".into(),
+            kind: Default::default(),
+            expires_at: None,
+            durability: Default::default(),
+        })
+        .await
+        .unwrap();
+    ledger
+        .store()
+        .ledger_mark_created(berth_id, native)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn create_records_intent_then_result_and_destroy_verifies() {
     let w = world().await;
@@ -175,27 +201,7 @@ async fn a_forged_row_pointing_at_a_foreign_resource_is_refused() {
     let victim = create(&bob, &w.host).await;
     let alice = ledger(&w, "alice", "run-a").await;
     // A row that claims bob's sandbox for alice (a corrupted or hand-edited ledger).
-    alice
-        .store()
-        .ledger_insert_intent(&NewLedgerRow {
-            berth_id: "bx-forged".into(),
-            provider: "host".into(),
-            owner: "alice".into(),
-            run_id: "run-a".into(),
-            ledger_token: "forged-token".into(),
-            labels: Default::default(),
-            origin: "create".into(),
-            kind: Default::default(),
-            expires_at: None,
-            durability: Default::default(),
-        })
-        .await
-        .unwrap();
-    alice
-        .store()
-        .ledger_mark_created("bx-forged", &victim)
-        .await
-        .unwrap();
+    created_row(&alice, "run-a", "host", "bx-forged", &victim).await;
     let report = alice
         .sweep(&w.registry.bind(&w.config), &SweepScope::default())
         .await
@@ -535,4 +541,98 @@ async fn adoption_refuses_a_label_naming_another_sandbox_or_another_stores_token
     for name in ["bx-planted", "bx-other-store"] {
         w.host.destroy(&NativeId(name.into())).await.unwrap();
     }
+}
+
+/// Providers as a machine without a reachable docker engine has them: host works, docker
+/// answers `unavailable` to every call (construction here; listing in the CLI's case).
+struct DockerDown<'a>(&'a World);
+
+impl berth_contract::ProviderLookup for DockerDown<'_> {
+    fn provider(&self, id: &str) -> berth_contract::Result<Arc<dyn Provider>> {
+        if id == "docker" {
+            return Err(ProviderError::new(
+                ErrorKind::Unavailable,
+                "docker",
+                "docker engine not reachable",
+            ));
+        }
+        self.0.registry.bind(&self.0.config).provider(id)
+    }
+}
+
+/// One provider that cannot be listed or constructed does not stop a sweep: the rest is
+/// destroyed and verified, the unreachable listing and row are reported, and the sweep is
+/// incomplete only for the row it could not verify. (Before: the first unreachable provider
+/// failed the whole sweep, so `berth ledger sweep` swept nothing on a machine without docker
+/// running, and a must-fire cleanup left the host's sandboxes behind.)
+#[tokio::test]
+async fn an_unreachable_provider_does_not_stop_the_sweep() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let on_host = create(&alice, &w.host).await;
+    created_row(&alice, "run-a", "docker", "bx-on-docker", "container-id").await;
+    let report = alice
+        .sweep(
+            &DockerDown(&w),
+            &SweepScope {
+                discover: vec!["docker".into(), "host".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the sweep runs to the end");
+    let action = |id: &str| {
+        report
+            .entries
+            .iter()
+            .find(|e| e.berth_id == id)
+            .map(|e| e.action.clone())
+            .unwrap_or_else(|| panic!("no entry for {id}: {:?}", report.entries))
+    };
+    assert_eq!(action(&on_host), SweepAction::Destroyed);
+    assert!(!present(&w.host, &on_host).await);
+    assert!(
+        matches!(action("<listing docker>"), SweepAction::NotListed { kind, .. } if kind == "unavailable")
+    );
+    assert!(
+        matches!(action("bx-on-docker"), SweepAction::Failed { kind, .. } if kind == "unavailable")
+    );
+    assert!(!report.complete(), "the docker row is not verified gone");
+    assert_eq!(
+        alice
+            .store()
+            .ledger_get("bx-on-docker")
+            .await
+            .unwrap()
+            .state,
+        LedgerState::Created,
+        "its row stays open for the next sweep"
+    );
+
+    // The must-fire cleanup of a run: the host sandbox goes even though the docker row fails.
+    let run = ledger(&w, "alice", "run-b").await;
+    created_row(&run, "run-b", "docker", "bx-also-on-docker", "container-id").await;
+    let on_host = create(&run, &w.host).await;
+    let report = run.cleanup_run(&DockerDown(&w)).await.unwrap();
+    assert_eq!(report.entries.len(), 2, "{:?}", report.entries);
+    assert!(!present(&w.host, &on_host).await);
+    assert!(!report.complete());
+
+    // Only the listing is unreachable: nothing of ours is left unverified, so it is complete.
+    let bob = Ledger::new(Store::open(&w.db).await.unwrap(), "bob", "run-c");
+    let report = bob
+        .sweep(
+            &DockerDown(&w),
+            &SweepScope {
+                discover: vec!["docker".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(report.complete(), "{:?}", report.entries);
+    assert!(matches!(
+        report.entries.as_slice(),
+        [entry] if matches!(entry.action, SweepAction::NotListed { .. })
+    ));
 }

@@ -146,6 +146,10 @@ pub(crate) fn sweep_line(entry: &SweepEntry) -> String {
         SweepAction::SkippedForeign { reason } => format!("skipped, not ours: {reason}"),
         SweepAction::Held { reason } => format!("kept: {reason}"),
         SweepAction::Adopted { reason } => format!("adopted: {reason}"),
+        SweepAction::NotListed { kind, message } => format!(
+            "not listed ({kind}): {message}; what it holds under your label without a row is \
+             unknown"
+        ),
     };
     let line = format!("{:<16} {:<6} {what}", entry.berth_id, entry.provider);
     crate::human::printable(&line, false).into_owned()
