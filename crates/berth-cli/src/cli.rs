@@ -157,7 +157,8 @@ pub enum Command {
         /// Sandbox id.
         id: String,
     },
-    /// Destroy sandboxes and verify they are gone.
+    /// Destroy sandboxes and verify they are gone; one that cannot be destroyed stops none of
+    /// the others.
     Destroy {
         /// Sandbox ids.
         #[arg(required = true)]

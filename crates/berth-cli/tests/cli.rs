@@ -413,6 +413,55 @@ fn a_sweep_goes_on_when_docker_cannot_be_listed() {
     );
 }
 
+/// `berth destroy A B C` where one id cannot be destroyed (a typo here; another owner's, or a
+/// provider that is down, alike) destroys the others all the same, as `docker rm` does, reports
+/// the one, and exits with its code. Before, the first failure ended the command and the ids
+/// after it were left running.
+#[test]
+fn destroy_of_several_goes_on_past_one_that_fails() {
+    let home = Home::new();
+    let first = home.create("tester");
+    let last = home.create("tester");
+    let (code, doc) = home.json(&["destroy", &first, "bx-no-such-one", &last]);
+    assert_eq!(code, 3, "not found, the failure's own code: {doc}");
+    let destroyed: Vec<_> = doc["destroyed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["id"].as_str().unwrap(),
+                d["result"]["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        destroyed,
+        vec![
+            (first.as_str(), "verified_gone"),
+            (last.as_str(), "verified_gone")
+        ],
+        "{doc}"
+    );
+    assert_eq!(doc["failed"][0]["id"], "bx-no-such-one", "{doc}");
+    assert_eq!(doc["failed"][0]["error"]["kind"], "not_found", "{doc}");
+    for id in [&first, &last] {
+        assert!(!home.sandbox_dir(id).exists());
+        assert_eq!(home.ledger_state("tester", id), "verified_gone");
+    }
+    // For people: each failure on stderr, named; each destroyed id on stdout.
+    let again = home.create("tester");
+    let out = home.run(&["destroy", "bx-no-such-one", &again]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        text(&out.stderr).contains("berth: error: bx-no-such-one: "),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains(&format!("{again}: destroyed (verified gone)")));
+    assert!(!home.sandbox_dir(&again).exists());
+}
+
 #[test]
 fn must_not_fire_sweep_leaves_other_owners_alone() {
     let home = Home::new();

@@ -264,9 +264,29 @@ pub async fn restore(app: &App, handle: &str, provider_id: &str, ttl: &str) -> R
 /// `berth destroy`.
 pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
     let mut results = Vec::new();
+    // Of several ids, one that cannot be destroyed (a typo, another owner's, a provider that is
+    // down) stops none of the others, as with `docker rm`; each failure is reported and the
+    // first one's exit code is the command's. One id fails as any command does.
+    let mut failed: Vec<(&String, crate::errors::Failure)> = Vec::new();
     for id in ids {
-        let (row, provider) = app.row(id).await?;
-        let outcome = app.ledger.destroy_row(provider.as_ref(), &row).await?;
+        let outcome = match destroy_one(app, id).await {
+            Ok(outcome) => outcome,
+            Err(err) if ids.len() > 1 => {
+                let failure = crate::errors::classify(&err);
+                if !app.json {
+                    errln!(
+                        "berth: error: {}",
+                        crate::human::printable(&format!("{id}: {}", failure.message), true)
+                    );
+                    if let Some(hint) = &failure.hint {
+                        errln!("hint: {}", crate::human::printable(hint, true));
+                    }
+                }
+                failed.push((id, failure));
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
         if !app.json {
             match &outcome {
                 DestroyOutcome::VerifiedGone { .. } => outln!("{id}: destroyed (verified gone)"),
@@ -280,16 +300,28 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
         results.push(json!({ "id": id, "result": outcome }));
     }
     if app.json {
-        emit("destroy", json!({ "destroyed": results }));
+        let mut doc = json!({ "destroyed": results });
+        if !failed.is_empty() {
+            doc["failed"] = failed
+                .iter()
+                .map(|(id, failure)| json!({ "id": id, "error": failure }))
+                .collect();
+        }
+        emit("destroy", doc);
     }
     let all_gone = results
         .iter()
         .all(|r| r["result"]["outcome"] == "verified_gone");
-    Ok(if all_gone {
-        code::OK
-    } else {
-        code::CLEANUP_INCOMPLETE
+    Ok(match failed.first() {
+        Some((_, failure)) => failure.exit_code,
+        None if all_gone => code::OK,
+        None => code::CLEANUP_INCOMPLETE,
     })
+}
+
+async fn destroy_one(app: &App, id: &str) -> Result<DestroyOutcome> {
+    let (row, provider) = app.row(id).await?;
+    Ok(app.ledger.destroy_row(provider.as_ref(), &row).await?)
 }
 
 /// Destroys a sandbox this invocation created (used by run/demo/bench).
