@@ -289,7 +289,7 @@ pub(crate) async fn run(
                     return Err(ProviderError::new(
                         ErrorKind::Unknown,
                         PROVIDER_ID,
-                        format!("the reaper did not start `{program}` (said {other:?})"),
+                        berth_supervisor::reaper::start_unconfirmed(&program, other.as_ref()),
                     ));
                 }
             }

@@ -207,6 +207,31 @@ async fn processes_that_left_the_group_die_with_their_exec() {
     f.host.destroy(&id).await.unwrap();
 }
 
+/// A reaper that ends without saying whether the command started (here `true` stands in for
+/// one killed at its start) fails the exec with that said in words, never Rust's debug form
+/// (it read "the reaper did not start `true` (said None)"), and the exec does not run.
+#[tokio::test]
+async fn a_reaper_that_says_nothing_fails_the_exec_in_words() {
+    let f = fixture_with(Some("/bin/true".into()));
+    let id = create(&f.host, "bx-silent-reaper").await;
+    let err = f
+        .host
+        .exec(&id, &ExecRequest::shell("echo ran > ran"))
+        .await
+        .expect_err("nothing confirmed the start");
+    let said = err.to_string();
+    assert!(
+        said.contains("the reaper ended before saying whether `/bin/sh` started"),
+        "{said}"
+    );
+    for debug in ["None", "Some("] {
+        assert!(!said.contains(debug), "{said}");
+    }
+    let ws = f.host.workspace_dir(&id).unwrap();
+    assert!(!Path::new(&ws).join("ran").exists());
+    f.host.destroy(&id).await.unwrap();
+}
+
 /// Without a reaper (library use), destroy still finds processes that left the group.
 #[tokio::test]
 async fn destroy_kills_processes_that_left_the_group() {

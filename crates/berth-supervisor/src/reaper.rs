@@ -276,6 +276,20 @@ impl Report {
     }
 }
 
+impl Report {
+    /// What the reaper said, in words a person reads.
+    fn in_words(&self) -> String {
+        match self {
+            Report::Started => "that the command started".to_owned(),
+            Report::Failed { kind, message } => {
+                format!("that the command could not start ({kind}): {message}")
+            }
+            Report::Exited(code) => format!("that the command exited {code}"),
+            Report::Signalled(signal) => format!("that the command was killed by signal {signal}"),
+        }
+    }
+}
+
 /// Why a command's status is unknown when its reaper ended without reporting one, in words a
 /// person reads: `ended` says how the reaper itself ended (e.g. `signal: 9 (SIGKILL)`), `last`
 /// what it said after the start, if anything.
@@ -283,15 +297,24 @@ pub fn status_lost(ended: &str, last: Option<&Report>) -> String {
     let said = match last {
         None => "nothing after the start".to_owned(),
         Some(Report::Started) => "only that the command started".to_owned(),
-        Some(Report::Failed { kind, message }) => {
-            format!("that the command could not start ({kind}): {message}")
-        }
-        Some(Report::Exited(code)) => format!("that the command exited {code}"),
-        Some(Report::Signalled(signal)) => {
-            format!("that the command was killed by signal {signal}")
-        }
+        Some(report) => report.in_words(),
     };
     format!("the reaper ended ({ended}) without reporting the command's status; it said {said}")
+}
+
+/// Why it is not known whether `program` started, when the reaper's first report is neither
+/// `started` nor `failed` (`first`: what it said instead, if anything), in words.
+pub fn start_unconfirmed(program: &str, first: Option<&Report>) -> String {
+    match first {
+        None => format!(
+            "the reaper ended before saying whether `{program}` started (its channel closed, or \
+             it said something that is not a report)"
+        ),
+        Some(report) => format!(
+            "the reaper said {} before saying whether `{program}` started",
+            report.in_words()
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -328,7 +351,17 @@ mod tests {
             text.ends_with("it said only that the command started"),
             "{text}"
         );
-        for text in [text, status_lost("x", Some(&Report::Exited(3)))] {
+        let unconfirmed = start_unconfirmed("true", None);
+        assert!(
+            unconfirmed.starts_with("the reaper ended before saying whether `true` started"),
+            "{unconfirmed}"
+        );
+        for text in [
+            text,
+            status_lost("x", Some(&Report::Exited(3))),
+            unconfirmed,
+            start_unconfirmed("true", Some(&Report::Signalled(9))),
+        ] {
             assert!(!text.contains("None") && !text.contains("Some("), "{text}");
         }
     }

@@ -258,7 +258,7 @@ fn exec(
             let _ = child.wait();
             return Exit::SpawnFailed {
                 kind: "other".into(),
-                message: format!("the reaper did not start `{program}` (said {other:?})"),
+                message: crate::reaper::start_unconfirmed(program, other.as_ref()),
             };
         }
     }
