@@ -130,14 +130,21 @@ pub fn failure(json: bool, command: &str, err: &anyhow::Error) -> i32 {
     if json {
         emit(command, json!({ "error": failure }));
     } else {
-        // Messages carry names and text from sandboxes and repositories: shown, never obeyed.
-        errln!(
-            "berth: error: {}",
-            crate::human::printable(&failure.message, true)
-        );
-        if let Some(hint) = &failure.hint {
-            errln!("hint: {}", crate::human::printable(hint, true));
-        }
+        say_failure(None, &failure);
     }
     failure.exit_code
+}
+
+/// Says a failure to people on stderr, with its hint; `subject` (an id of several a command
+/// works through) leads the message. Messages carry names and text from sandboxes and
+/// repositories: shown, never obeyed.
+pub fn say_failure(subject: Option<&str>, failure: &crate::errors::Failure) {
+    let message = match subject {
+        Some(subject) => format!("{subject}: {}", failure.message),
+        None => failure.message.clone(),
+    };
+    errln!("berth: error: {}", crate::human::printable(&message, true));
+    if let Some(hint) = &failure.hint {
+        errln!("hint: {}", crate::human::printable(hint, true));
+    }
 }

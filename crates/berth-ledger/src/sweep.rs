@@ -16,6 +16,11 @@ use serde::Serialize;
 
 use crate::{Ledger, LedgerError, ORPHAN_AFTER};
 
+/// A provider error as a sweep entry says it: its kind's name and its message.
+fn kind_and_message(source: &berth_contract::ProviderError) -> (String, String) {
+    (source.kind().as_str().to_owned(), source.to_string())
+}
+
 /// A provider a sweep built for its rows, or what its rows get when it cannot be built.
 type Constructed = Result<std::sync::Arc<dyn Provider>, SweepAction>;
 
@@ -146,14 +151,14 @@ impl Ledger {
         for provider_id in &scope.discover {
             match self.discover(providers, provider_id).await {
                 Ok(found) => report.entries.extend(found),
-                Err(LedgerError::Provider { source, .. }) => report.entries.push(SweepEntry {
-                    berth_id: format!("<listing {provider_id}>"),
-                    provider: provider_id.clone(),
-                    action: SweepAction::NotListed {
-                        kind: source.kind().as_str().to_owned(),
-                        message: source.to_string(),
-                    },
-                }),
+                Err(LedgerError::Provider { source, .. }) => {
+                    let (kind, message) = kind_and_message(&source);
+                    report.entries.push(SweepEntry {
+                        berth_id: format!("<listing {provider_id}>"),
+                        provider: provider_id.clone(),
+                        action: SweepAction::NotListed { kind, message },
+                    })
+                }
                 Err(other) => return Err(other),
             }
         }
@@ -191,13 +196,10 @@ impl Ledger {
             let provider = match constructed.iter().find(|(id, _)| *id == row.provider) {
                 Some((_, provider)) => provider.clone(),
                 None => {
-                    let provider =
-                        providers
-                            .provider(&row.provider)
-                            .map_err(|source| SweepAction::Failed {
-                                kind: source.kind().as_str().to_owned(),
-                                message: source.to_string(),
-                            });
+                    let provider = providers.provider(&row.provider).map_err(|source| {
+                        let (kind, message) = kind_and_message(&source);
+                        SweepAction::Failed { kind, message }
+                    });
                     constructed.push((row.provider.clone(), provider.clone()));
                     provider
                 }
@@ -220,10 +222,10 @@ impl Ledger {
                 Ok(DestroyOutcome::VerifiedGone { .. }) => SweepAction::Destroyed,
                 Ok(DestroyOutcome::Accepted { raw_state }) => SweepAction::Accepted { raw_state },
                 Err(LedgerError::Foreign { reason, .. }) => SweepAction::SkippedForeign { reason },
-                Err(LedgerError::Provider { source, .. }) => SweepAction::Failed {
-                    kind: source.kind().as_str().to_owned(),
-                    message: source.to_string(),
-                },
+                Err(LedgerError::Provider { source, .. }) => {
+                    let (kind, message) = kind_and_message(&source);
+                    SweepAction::Failed { kind, message }
+                }
                 Err(other) => return Err(other),
             };
             report.entries.push(SweepEntry {

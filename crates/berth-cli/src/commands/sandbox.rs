@@ -274,13 +274,7 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
             Err(err) if ids.len() > 1 => {
                 let failure = crate::errors::classify(&err);
                 if !app.json {
-                    errln!(
-                        "berth: error: {}",
-                        crate::human::printable(&format!("{id}: {}", failure.message), true)
-                    );
-                    if let Some(hint) = &failure.hint {
-                        errln!("hint: {}", crate::human::printable(hint, true));
-                    }
+                    crate::output::say_failure(Some(id), &failure);
                 }
                 failed.push((id, failure));
                 continue;
