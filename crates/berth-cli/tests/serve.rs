@@ -153,6 +153,25 @@ fn tokens_scopes_owners_and_the_audit_log() {
         Some(json!({"argv": ["true"], "env": {"A=B": "x"}})),
     );
     assert_eq!(status, 400, "{doc}");
+    // JSON can carry a NUL no process argument can: refused, not run with a placeholder.
+    for body in [
+        json!({"argv": ["sh", "-c", "echo \"$0\"", "x\u{0}y"]}),
+        json!({"shell": "echo x\u{0}y"}),
+    ] {
+        let (status, doc) = call(
+            addr,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            &alice,
+            Some(body),
+        );
+        assert_eq!(status, 400, "{doc}");
+        assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
+        assert!(
+            doc["error"]["message"].as_str().unwrap().contains("NUL"),
+            "{doc}"
+        );
+    }
     let (status, doc) = call(
         addr,
         "POST",

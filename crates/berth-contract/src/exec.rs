@@ -68,6 +68,28 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks a command: no argument (and no shell line) carries a NUL byte. No process argument
+/// can hold one, and the standard library would quietly run a placeholder in its place; the
+/// request is refused instead. The error names the argument's position, never its text.
+pub fn check_command(command: &Command) -> Result<(), String> {
+    match command {
+        Command::Argv(argv) => check_argv(argv),
+        Command::Shell(line) if line.contains('\0') => {
+            Err("the shell command line contains a NUL byte".into())
+        }
+        Command::Shell(_) => Ok(()),
+    }
+}
+
+/// [`check_command`] for a bare argument vector (a terminal's, a detached process's).
+pub fn check_argv(argv: &[String]) -> Result<(), String> {
+    match argv.iter().position(|arg| arg.contains('\0')) {
+        None => Ok(()),
+        Some(0) => Err("the program name contains a NUL byte".into()),
+        Some(n) => Err(format!("argument {n} of the command contains a NUL byte")),
+    }
+}
+
 impl ExecRequest {
     /// A request for `command` with defaults.
     pub fn new(command: Command) -> Self {
@@ -301,6 +323,19 @@ mod env_tests {
         assert!(check_env(&env).is_ok());
         let env = BTreeMap::from([("OK".to_owned(), "a\0b".to_owned())]);
         assert!(check_env(&env).is_err());
+    }
+
+    #[test]
+    fn a_nul_in_a_command_is_refused_by_position_never_by_text() {
+        let argv = |args: &[&str]| Command::Argv(args.iter().map(|a| (*a).to_owned()).collect());
+        assert!(check_command(&argv(&["printf", "%s", "a b"])).is_ok());
+        assert!(check_command(&Command::Shell("echo ok".into())).is_ok());
+        let err = check_command(&argv(&["sh", "-c", "x", "SECRET\0y"])).unwrap_err();
+        assert_eq!(err, "argument 3 of the command contains a NUL byte");
+        let err = check_command(&argv(&["ech\0o"])).unwrap_err();
+        assert_eq!(err, "the program name contains a NUL byte");
+        let err = check_command(&Command::Shell("echo SECRET\0".into())).unwrap_err();
+        assert!(!err.contains("SECRET"), "{err}");
     }
 
     proptest::proptest! {

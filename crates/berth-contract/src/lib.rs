@@ -25,8 +25,8 @@ pub mod state;
 pub use capability::{Capability, CapabilitySet, Support};
 pub use error::{ErrorKind, ProviderError, Result, StartFailure};
 pub use exec::{
-    check_env, Command, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink, Stream,
-    DEFAULT_MAX_OUTPUT_BYTES, RESERVED_ENV,
+    check_argv, check_command, check_env, Command, ExecOutput, ExecRequest, ExecSummary,
+    ExitStatus, OutputSink, Stream, DEFAULT_MAX_OUTPUT_BYTES, RESERVED_ENV,
 };
 pub use labels::{LabelFilter, Labels};
 pub use provider::{

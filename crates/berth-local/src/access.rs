@@ -23,7 +23,8 @@ impl<L: Launcher> LocalProvider<L> {
                 "empty argv: nothing to run",
             ));
         }
-        berth_contract::check_env(&req.env)
+        berth_contract::check_argv(&req.argv)
+            .and_then(|()| berth_contract::check_env(&req.env))
             .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, m))?;
         let helper = self
             .config()

@@ -213,6 +213,11 @@ impl<L: Launcher> LocalProvider<L> {
         req: &ExecRequest,
         sink: process::Sink<'_>,
     ) -> Result<process::Finished> {
+        // Refused before anything is recorded or built: std would swap an argument holding a
+        // NUL for a placeholder and run that.
+        berth_contract::check_command(&req.command)
+            .and_then(|()| berth_contract::check_env(&req.env))
+            .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, PROVIDER_ID, m))?;
         // Recorded before the readiness check: a destroy that has already renamed the sandbox
         // away (and so found no running command) makes that check fail, and one that renames it
         // after this finds the record.

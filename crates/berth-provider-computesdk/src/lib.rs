@@ -488,7 +488,8 @@ impl Provider for ComputeSdk {
     }
 
     async fn exec(&self, id: &NativeId, req: &ExecRequest) -> Result<ExecOutput> {
-        berth_contract::check_env(&req.env)
+        berth_contract::check_command(&req.command)
+            .and_then(|()| berth_contract::check_env(&req.env))
             .map_err(|m| ProviderError::new(ErrorKind::InvalidRequest, &self.id, m))?;
         let mut env = req.env.clone();
         env.insert("BERTH_SANDBOX".into(), id.0.clone());

@@ -533,7 +533,9 @@ pub(crate) fn prepare(
         ("HOME".to_owned(), WORKSPACE.to_owned()),
         ("LANG".to_owned(), "C.UTF-8".to_owned()),
     ]);
-    berth_contract::check_env(&req.env).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
+    berth_contract::check_command(&req.command)
+        .and_then(|()| berth_contract::check_env(&req.env))
+        .map_err(|m| err(ErrorKind::InvalidRequest, m))?;
     env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     Ok((argv, cwd, env))
 }

@@ -78,6 +78,31 @@ pub(super) async fn exec_quoting_pipes_home(s: &Subject) -> Outcome {
             "$HOME is unset or not a directory: {}",
             home.status
         );
+        // No process argument can hold a NUL: the request is refused and nothing runs (a
+        // runtime that swaps the argument for a placeholder runs something else instead).
+        for (what, req) in [
+            (
+                "an argument",
+                ExecRequest::argv(["sh", "-c", "touch cf-nul", "a\0b"]),
+            ),
+            ("a shell line", ExecRequest::shell("touch cf-nul\0")),
+        ] {
+            match s.provider.exec(&id, &req).await {
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+                Err(e) => return Err(format!("a NUL in {what} answered {e}, not invalid_request")),
+                Ok(out) => {
+                    return Err(format!(
+                        "a NUL in {what} ran ({}), not invalid_request",
+                        out.status
+                    ))
+                }
+            }
+        }
+        let ran = sh(s, &id, "test -e cf-nul").await?;
+        check!(
+            !ran.status.success(),
+            "a command with a NUL byte ran anyway"
+        );
         Ok(vec![format!("HOME={}", text(&home.stdout).trim())])
     })
     .await
