@@ -35,6 +35,18 @@ fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
     assert_eq!(doc["status"]["status"], "exited");
     assert_eq!(doc["status"]["code"], 0);
     assert_eq!(doc["stdout_truncated"], false);
+    assert!(doc.get("stdout_base64").is_none(), "{doc}");
+    // Output that is not UTF-8 is never silently changed: the exact bytes come beside the text.
+    let (code, doc) = home.json(&[
+        "exec",
+        &id,
+        "-c",
+        "printf 'a\\377\\000b'; printf '\\376' >&2",
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["stdout"], "a\u{fffd}\u{0}b", "{doc}");
+    assert_eq!(doc["stdout_base64"], "Yf8AYg==", "{doc}");
+    assert_eq!(doc["stderr_base64"], "/g==", "{doc}");
 
     // cp in and out, binary-safe.
     let local = home.path().join("blob.bin");

@@ -3,10 +3,11 @@
 use std::io::Write;
 
 use anyhow::Result;
+use base64::Engine as _;
 use berth_contract::{
     ExecRequest, ExecSummary, ExitStatus, NativeId, OutputSink, Provider, ProviderExt, Stream,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::app::App;
 use crate::cli::{CommandSpec, ExecArgs, RunArgs};
@@ -14,6 +15,20 @@ use crate::config::Fault;
 use crate::duration;
 use crate::errors::{code, CliError};
 use crate::output::emit;
+
+/// Puts a command's output into a JSON document: `NAME`, the bytes as text (U+FFFD where they
+/// are not UTF-8), and — only when that text is not the bytes — `NAME_base64`, the exact bytes,
+/// so binary output is never silently changed. `None` (a merged stream) is `null`.
+fn put_output(doc: &mut Value, name: &str, bytes: Option<&[u8]>) {
+    let text = bytes.map(String::from_utf8_lossy);
+    let lossy = matches!(text, Some(std::borrow::Cow::Owned(_)));
+    doc[name] = json!(text);
+    if let (true, Some(bytes)) = (lossy, bytes) {
+        doc[format!("{name}_base64")] = base64::engine::general_purpose::STANDARD
+            .encode(bytes)
+            .into();
+    }
+}
 
 /// Builds the request. `--env NAME` takes the value from berth's own environment, so a secret
 /// never has to appear in argv.
@@ -105,21 +120,19 @@ async fn run_request(
     }
     let output = provider.exec(id, req).await?;
     if app.json {
-        emit(
-            command,
-            json!({
-                "sandbox": sandbox,
-                "status": output.status,
-                "exit_code": output.status.shell_code(),
-                "stdout": String::from_utf8_lossy(&output.stdout),
-                "stderr": output.stderr.as_deref().map(String::from_utf8_lossy),
-                "stdout_bytes": output.stdout_total,
-                "stderr_bytes": output.stderr_total,
-                "stdout_truncated": output.stdout_truncated(),
-                "stderr_truncated": output.stderr_truncated(),
-                "duration_ms": output.duration.as_secs_f64() * 1000.0,
-            }),
-        );
+        let mut doc = json!({
+            "sandbox": sandbox,
+            "status": output.status,
+            "exit_code": output.status.shell_code(),
+            "stdout_bytes": output.stdout_total,
+            "stderr_bytes": output.stderr_total,
+            "stdout_truncated": output.stdout_truncated(),
+            "stderr_truncated": output.stderr_truncated(),
+            "duration_ms": output.duration.as_secs_f64() * 1000.0,
+        });
+        put_output(&mut doc, "stdout", Some(&output.stdout));
+        put_output(&mut doc, "stderr", output.stderr.as_deref());
+        emit(command, doc);
     } else {
         Terminal.chunk(Stream::Stdout, &output.stdout);
         match &output.stderr {
@@ -362,16 +375,14 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
         let status = detached.status(&native, &handle).await;
         let (stdout, stderr) = detached.output(&native, &handle).await?;
         if app.json {
-            emit(
-                "logs",
-                json!({
-                    "sandbox": id,
-                    "handle": handle.0,
-                    "status": process_status_json(&status),
-                    "stdout": String::from_utf8_lossy(&stdout),
-                    "stderr": String::from_utf8_lossy(&stderr),
-                }),
-            );
+            let mut doc = json!({
+                "sandbox": id,
+                "handle": handle.0,
+                "status": process_status_json(&status),
+            });
+            put_output(&mut doc, "stdout", Some(&stdout));
+            put_output(&mut doc, "stderr", Some(&stderr));
+            emit("logs", doc);
             return Ok(code::OK);
         }
         // A log that shrank (rewritten inside the sandbox) is shown again from its start.
