@@ -281,6 +281,19 @@ impl ProviderError {
         }
     }
 
+    /// What failed, without the provider's name: for a message that wraps this error and is
+    /// itself attributed to a provider.
+    pub fn message(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ProviderError::Unsupported { capability, .. } => {
+                format!("`{capability}` is not supported").into()
+            }
+            ProviderError::NotStarted { message, .. } | ProviderError::Failed { message, .. } => {
+                message.as_str().into()
+            }
+        }
+    }
+
     /// The classification a caller acts on.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -303,6 +316,17 @@ impl ProviderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_carries_no_provider_name() {
+        let failed = ProviderError::new(ErrorKind::NotFound, "local", "gone");
+        assert_eq!(failed.message(), "gone");
+        assert_eq!(failed.to_string(), "provider `local`: gone");
+        let not_started = ProviderError::not_started(StartFailure::NotFound, "local", "no `x`");
+        assert_eq!(not_started.message(), "no `x`");
+        let unsupported = ProviderError::unsupported(Capability::Fork, "local");
+        assert!(!unsupported.message().contains("local"));
+    }
 
     #[test]
     fn fallback_only_on_capacity_quota_rate_limit_unavailable_setup() {

@@ -278,8 +278,9 @@ impl<L: Launcher> LocalProvider<L> {
                     ErrorKind::NotFound,
                     PROVIDER_ID,
                     format!(
-                        "sandbox `{}` was destroyed while the command was starting ({err})",
-                        meta.name
+                        "sandbox `{}` was destroyed while the command was starting ({})",
+                        meta.name,
+                        err.message()
                     ),
                 ))
             }
@@ -356,7 +357,7 @@ impl<L: Launcher> LocalProvider<L> {
             },
             Err(err) => Observation::Present {
                 state: CanonicalState::Unknown,
-                raw: format!("metadata-unreadable: {err}"),
+                raw: format!("metadata-unreadable: {}", err.message()),
                 soft_deleted: false,
                 labels: Default::default(),
             },

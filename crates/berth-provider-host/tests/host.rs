@@ -232,6 +232,31 @@ async fn a_reaper_that_says_nothing_fails_the_exec_in_words() {
     f.host.destroy(&id).await.unwrap();
 }
 
+/// A sandbox destroyed while its command was starting is said to be, in this provider's name
+/// only (it read "provider `host`: … (provider `local`: the reaper ended …)"). A reaper that
+/// removes its own sandbox and ends stands in for a destroy racing the start.
+#[tokio::test]
+async fn a_sandbox_destroyed_at_the_start_is_said_in_the_providers_name() {
+    let scripts = tempfile::tempdir().unwrap();
+    let reaper = scripts.path().join("reaper-that-destroys");
+    std::fs::write(&reaper, "#!/bin/sh\nrm -rf -- \"$(dirname \"$PWD\")\"\n").unwrap();
+    std::fs::set_permissions(&reaper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let f = fixture_with(Some(reaper));
+    let id = create(&f.host, "bx-destroyed-at-start").await;
+    let err = f
+        .host
+        .exec(&id, &ExecRequest::shell("true"))
+        .await
+        .expect_err("the sandbox was gone before the command started");
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    let said = err.to_string();
+    assert!(
+        said.starts_with("provider `host`: sandbox `bx-destroyed-at-start` was destroyed while the command was starting (the reaper ended"),
+        "{said}"
+    );
+    assert!(!said.contains("`local`"), "{said}");
+}
+
 /// Without a reaper (library use), destroy still finds processes that left the group.
 #[tokio::test]
 async fn destroy_kills_processes_that_left_the_group() {
