@@ -86,6 +86,20 @@ fn tokens_scopes_owners_and_the_audit_log() {
     let (alice_read, _) = token(&home, "alice", "read");
     let (alice_admin, _) = token(&home, "alice", "admin");
     let (bob, bob_id) = token(&home, "bob", "exec");
+    // A name or owner with a control character (a terminal escape) is refused: `token list`
+    // would send it to a terminal. Nothing is created.
+    for (owner, name) in [
+        ("carol", "ci\u{1b}]0;pwned\u{7}"),
+        ("carol\u{1b}[31m", "ci"),
+    ] {
+        let (code, doc) = home.json(&[
+            "token", "create", "--owner", owner, "--scope", "read", "--name", name,
+        ]);
+        assert_eq!(code, 5, "{doc}");
+        assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
+    }
+    let (_, doc) = home.json(&["token", "list"]);
+    assert_eq!(doc["tokens"].as_array().unwrap().len(), 4, "{doc}");
     let server = serve(&home);
     let addr = server.addr.as_str();
 

@@ -86,6 +86,14 @@ pub async fn create(
         )
         .into());
     }
+    // The name is shown in `token list`'s table: no control character reaches a terminal.
+    if name.len() > 200 || name.chars().any(char::is_control) {
+        return Err(CliError::invalid(
+            "a token's name is at most 200 printable characters",
+            "name it for people, e.g. --name 'nightly CI'",
+        )
+        .into());
+    }
     if crate::output::stdout_is_null() {
         return Err(CliError::invalid(
             "stdout is /dev/null: the new token, shown only once, would be lost",
@@ -156,8 +164,8 @@ pub async fn list(store: &Store, json: bool) -> Result<i32> {
                 t.id,
                 t.scope,
                 state,
-                t.owner,
-                t.name
+                crate::human::printable(&t.owner, false),
+                crate::human::printable(&t.name, false)
             );
         }
     }
