@@ -341,6 +341,26 @@ fn the_served_openapi_is_the_published_one() {
     assert_eq!(json_of(&text), json_of(&published));
 }
 
+/// A stream asked to resume from something that is not an event id answers 400 with an error
+/// document, never the stream replayed from its start (the client would see events twice).
+fn assert_bad_resume_points_refused(addr: &str, path: &str, token: &str) {
+    for bad in ["abc", "-1", "99999999999999999999999", "1, 2"] {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nLast-Event-ID: {bad}\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 400"), "{bad}: {response}");
+        let body = response.split_once("\r\n\r\n").unwrap().1;
+        assert_eq!(json_of(body)["error"]["kind"], "invalid_request", "{body}");
+    }
+}
+
 /// Reads server-sent events until `end`: (id, event name) pairs.
 fn sse(addr: &str, path: &str, token: &str, last_event_id: Option<&str>) -> Vec<(String, String)> {
     sse_data(addr, path, token, last_event_id, "end")
@@ -419,6 +439,10 @@ evidence = ["out.txt"]
             .filter(|i| *i > middle)
             .collect::<Vec<_>>()
     );
+    assert_bad_resume_points_refused(addr, &path, &alice);
+    let (status, doc) = call(addr, "GET", &format!("{path}?after=abc"), &alice, None);
+    assert_eq!(status, 400, "{doc}");
+    assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
     // The mission is alice's: bob gets 404 for it and its events; alice reads its status.
     assert_eq!(http(addr, "GET", &path, Some(&bob), None).0, 404);
     assert_eq!(
@@ -615,6 +639,7 @@ fn exec_output_streams_over_sse_and_resumes_from_an_event_id() {
     assert_eq!(rest.len(), all.len() - 1, "{rest:?}");
     assert_eq!(rest.first().unwrap().0, "2");
     assert_eq!(&rest.last().unwrap().0, last_id);
+    assert_bad_resume_points_refused(addr, &events_path, &alice);
     // Another owner: 404, for the job and for the sandbox.
     let other = format!("/v1/sandboxes/{id}/execs/{job}/events");
     assert_eq!(http(addr, "GET", &other, Some(&bob), None).0, 404);

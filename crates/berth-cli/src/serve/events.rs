@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use berth_store::MissionStore;
 use serde::Deserialize;
 
 use super::auth::Scope;
-use super::routes::{authorize, owned_mission};
+use super::routes::{authorize, failure, owned_mission};
 use super::Server;
 
 /// How often the log is read for new events.
@@ -23,7 +23,40 @@ const POLL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct After {
-    after: Option<i64>,
+    after: Option<String>,
+}
+
+/// Where an event stream resumes: after `Last-Event-ID`, else after `?after=`, else from the
+/// start. Either one that is not an event id (a non-negative integer) is a 400: replaying the
+/// stream from its start to a client that asked to resume would repeat what it already has.
+#[allow(clippy::result_large_err)] // the error is the handler's answer, returned at once
+pub(crate) fn resume_point(
+    headers: &HeaderMap,
+    after: Option<&str>,
+    command: &str,
+) -> Result<u64, Response> {
+    let given = match headers.get("last-event-id") {
+        Some(value) => Some(("Last-Event-ID", value.to_str().unwrap_or("\u{fffd}"))),
+        None => after.map(|after| ("after", after)),
+    };
+    let Some((name, text)) = given else {
+        return Ok(0);
+    };
+    text.trim().parse::<u64>().map_err(|_| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            command,
+            "invalid_request",
+            format!(
+                "{name} `{}` is not an event id",
+                crate::human::printable(text, false)
+                    .chars()
+                    .take(64)
+                    .collect::<String>()
+            ),
+            Some("an event id is the `id:` of an event this stream sent (0 or more)"),
+        )
+    })
 }
 
 /// A mission's events, live.
@@ -45,11 +78,11 @@ pub(crate) async fn mission_events(
     if let Err(response) = owned_mission(&server, &token, &id, "mission events").await {
         return response;
     }
-    let resume = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<i64>().ok());
-    let start = resume.or(after.after).unwrap_or(0);
+    let start = match resume_point(&headers, after.after.as_deref(), "mission events") {
+        // Sequence numbers are SQLite integers; one past them resumes after every event.
+        Ok(start) => i64::try_from(start).unwrap_or(i64::MAX),
+        Err(response) => return response,
+    };
     let stream = futures_util::stream::unfold(
         (server, id, start, false),
         |(server, id, mut last, ended)| async move {

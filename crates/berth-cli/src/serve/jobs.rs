@@ -260,11 +260,10 @@ pub(crate) async fn events(
             )
         }
     };
-    let after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
+    let after = match super::events::resume_point(&headers, None, "exec events") {
+        Ok(after) => usize::try_from(after).unwrap_or(usize::MAX),
+        Err(response) => return response,
+    };
     let changed = job.changed.subscribe();
     let stream = futures_util::stream::unfold(
         (job, changed, after, false),
