@@ -34,6 +34,7 @@ pub use provider::{
     Fork, ForwardedPort, Listed, Listing, ListingScope, LoopbackForward, MemorySnapshots,
     ProcessHandle, ProcessStatus, Provider, ProviderExt, ProviderLookup, PtyRequest,
     SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec, SuspendResume, Ttl,
+    MAX_FILE_READ_BYTES,
 };
 pub use spec::{CreateRequest, Created, NativeId, NetworkMode, Resources, SandboxName};
 pub use state::{CanonicalState, DestroyOutcome, Observation, Transition};

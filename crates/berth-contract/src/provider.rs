@@ -224,6 +224,10 @@ pub struct FileEntry {
     pub size: u64,
 }
 
+/// The largest file [`Files::read`] returns (256 MiB): a sandbox decides how large its files
+/// are, and a read holds the whole file in memory.
+pub const MAX_FILE_READ_BYTES: u64 = 256 * 1024 * 1024;
+
 /// File operations.
 ///
 /// # Contract
@@ -232,7 +236,8 @@ pub struct FileEntry {
 /// rejected with [`ErrorKind::InvalidRequest`](crate::ErrorKind::InvalidRequest).
 #[async_trait]
 pub trait Files: Send + Sync {
-    /// Reads a whole file.
+    /// Reads a whole file, at most [`MAX_FILE_READ_BYTES`] (a larger one is
+    /// `InvalidRequest`, found without holding more than that).
     async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>>;
     /// Writes a whole file, creating parent directories.
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()>;

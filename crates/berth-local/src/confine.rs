@@ -23,7 +23,7 @@ use crate::classify::io_error;
 use crate::PROVIDER_ID;
 
 /// The most the file API reads into memory from one sandbox file.
-pub const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
+pub const MAX_READ_BYTES: u64 = berth_contract::MAX_FILE_READ_BYTES;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)

@@ -495,22 +495,6 @@ impl DockerProvider {
             .await?;
         Ok(committed.id)
     }
-
-    pub(crate) async fn archive_get(&self, id: &NativeId, path: &Path) -> Result<Vec<u8>> {
-        let uri = format!(
-            "/containers/{}/archive?path={}",
-            path_name(&id.0)?,
-            query_escape(&path.to_string_lossy())
-        );
-        let response = self.engine.request(Method::GET, &uri, None).await?;
-        if response.status == StatusCode::NOT_FOUND {
-            return Err(err(
-                ErrorKind::NotFound,
-                format!("`{}` does not exist in sandbox `{}`", path.display(), id.0),
-            ));
-        }
-        Ok(engine::ok(&uri, response)?.body.to_vec())
-    }
 }
 
 /// The argv, working directory and complete environment the supervisor runs a request with.

@@ -17,6 +17,11 @@ const MAX_API: (u32, u32) = (1, 43);
 /// Oldest API version this adapter needs (Docker 19.03).
 const MIN_API: (u32, u32) = (1, 40);
 
+/// The most an ordinary answer of the engine is read into memory: lists and inspections are far
+/// smaller, and what a sandbox can make long (a container's log lines) must not exhaust the
+/// host's memory.
+const ANSWER_LIMIT: usize = 64 * 1024 * 1024;
+
 /// An engine client. The API version is negotiated on first use, so constructing a client
 /// never touches the socket.
 #[derive(Debug, Clone)]
@@ -129,7 +134,8 @@ impl Engine {
         ))
     }
 
-    /// Sends one request; `path` excludes the version prefix.
+    /// Sends one request; `path` excludes the version prefix. The answer's body is read whole,
+    /// up to a limit no ordinary answer comes near.
     pub async fn request(
         &self,
         method: Method,
@@ -140,12 +146,48 @@ impl Engine {
         self.send(method, uri, body).await
     }
 
+    /// Sends one request and returns the answer's status and its body unread, for answers
+    /// (archives) that are read as they arrive and may be given up part way.
+    pub async fn open(
+        &self,
+        method: Method,
+        path: &str,
+    ) -> Result<(StatusCode, hyper::body::Incoming)> {
+        let uri = format!("{}{}", self.negotiated().await?.prefix, path);
+        let response = self.start(method, uri, None).await?;
+        Ok((response.status(), response.into_body()))
+    }
+
     async fn send(
         &self,
         method: Method,
         uri: String,
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<Response> {
+        let response = self.start(method, uri.clone(), body).await?;
+        let status = response.status();
+        let body = collect_limited(response.into_body(), ANSWER_LIMIT)
+            .await?
+            .ok_or_else(|| {
+                let path = uri.split('?').next().unwrap_or(&uri);
+                ProviderError::new(
+                    ErrorKind::Unknown,
+                    PROVIDER_ID,
+                    format!(
+                        "the engine's answer to `{path}` is larger than {} MiB",
+                        ANSWER_LIMIT >> 20
+                    ),
+                )
+            })?;
+        Ok(Response { status, body })
+    }
+
+    async fn start(
+        &self,
+        method: Method,
+        uri: String,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|err| unreachable(&self.socket, err))?;
@@ -174,18 +216,10 @@ impl Engine {
             )
             .with_source(e)
         })?;
-        let response = sender
+        sender
             .send_request(request)
             .await
-            .map_err(|e| transport("send request", e))?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| transport("read response", e))?
-            .to_bytes();
-        Ok(Response { status, body })
+            .map_err(|e| transport("send request", e))
     }
 
     /// Sends a request with an optional JSON body and decodes a JSON answer; non-2xx is a
@@ -227,6 +261,16 @@ impl Engine {
             return Ok(response);
         }
         ok(path, response)
+    }
+}
+
+/// Reads a whole body of at most `limit` bytes; `None` when it is longer (found before more
+/// than `limit` bytes are held).
+pub async fn collect_limited(body: hyper::body::Incoming, limit: usize) -> Result<Option<Bytes>> {
+    match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(Some(collected.to_bytes())),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Ok(None),
+        Err(e) => Err(transport("read response", e)),
     }
 }
 
@@ -280,7 +324,10 @@ fn unreachable(socket: &Path, err: std::io::Error) -> ProviderError {
     .with_source(err)
 }
 
-fn transport(what: &str, err: hyper::Error) -> ProviderError {
+fn transport(
+    what: &str,
+    err: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> ProviderError {
     ProviderError::new(
         ErrorKind::Unavailable,
         PROVIDER_ID,

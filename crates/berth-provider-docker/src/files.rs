@@ -1,6 +1,17 @@
 //! Files through the Engine's archive API, every path resolved and checked first.
 
 use super::*;
+use bytes::{Buf, Bytes};
+use http_body_util::BodyExt;
+
+/// What an archive's first entry says a path is.
+enum First {
+    File(Vec<u8>),
+    Directory,
+    Symlink(PathBuf),
+    Other(tar::EntryType),
+    TooLarge,
+}
 
 #[async_trait]
 impl Files for DockerProvider {
@@ -8,47 +19,66 @@ impl Files for DockerProvider {
         let mut full = container_path(path)?;
         // Follow a final symlink a few times, inside the container's filesystem.
         for _ in 0..8 {
-            let tar = self.archive_get(id, &full).await?;
-            let mut archive = tar::Archive::new(&tar[..]);
-            let mut entries = archive
-                .entries()
-                .map_err(|e| io_err("read the archive", e))?;
-            let mut entry = match entries.next() {
-                Some(entry) => entry.map_err(|e| io_err("read the archive", e))?,
-                None => {
+            // Only the first entry is read: a directory's archive, or a file over the limit,
+            // is given up at its header, never fetched.
+            let first = self
+                .archive(id, &full, |archive| {
+                    let mut entries = archive
+                        .entries()
+                        .map_err(|e| io_err("read the archive", e))?;
+                    let mut entry = match entries.next() {
+                        Some(entry) => entry.map_err(|e| io_err("read the archive", e))?,
+                        None => return Err(err(ErrorKind::Unknown, "an empty archive")),
+                    };
+                    Ok(match entry.header().entry_type() {
+                        tar::EntryType::Regular | tar::EntryType::Continuous => {
+                            if entry.size() > berth_contract::MAX_FILE_READ_BYTES {
+                                return Ok(First::TooLarge);
+                            }
+                            let mut bytes = Vec::new();
+                            (&mut entry)
+                                .take(berth_contract::MAX_FILE_READ_BYTES)
+                                .read_to_end(&mut bytes)
+                                .map_err(|e| io_err("read the archive", e))?;
+                            First::File(bytes)
+                        }
+                        tar::EntryType::Directory => First::Directory,
+                        tar::EntryType::Symlink => First::Symlink(
+                            entry
+                                .link_name()
+                                .map_err(|e| io_err("read the archive", e))?
+                                .ok_or_else(|| err(ErrorKind::Unknown, "symlink without target"))?
+                                .into_owned(),
+                        ),
+                        other => First::Other(other),
+                    })
+                })
+                .await?;
+            match first {
+                First::File(bytes) => return Ok(bytes),
+                First::TooLarge => {
                     return Err(err(
-                        ErrorKind::Unknown,
-                        format!("empty archive for `{path}`"),
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "`{path}` is larger than the file API's limit of {} MiB",
+                            berth_contract::MAX_FILE_READ_BYTES >> 20
+                        ),
                     ))
                 }
-            };
-            match entry.header().entry_type() {
-                tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let mut bytes = Vec::new();
-                    entry
-                        .read_to_end(&mut bytes)
-                        .map_err(|e| io_err("read the archive", e))?;
-                    return Ok(bytes);
-                }
-                tar::EntryType::Directory => {
+                First::Directory => {
                     return Err(err(
                         ErrorKind::InvalidRequest,
                         format!("`{path}` is a directory, not a file"),
                     ))
                 }
-                tar::EntryType::Symlink => {
-                    let target = entry
-                        .link_name()
-                        .map_err(|e| io_err("read the archive", e))?
-                        .ok_or_else(|| err(ErrorKind::Unknown, "symlink without target"))?
-                        .into_owned();
+                First::Symlink(target) => {
                     full = full.parent().unwrap_or(Path::new("/")).join(target);
                     if full.components().any(|c| c == Component::ParentDir) {
                         // Let the engine resolve `..` inside the container's root.
                         full = full.components().collect();
                     }
                 }
-                other => {
+                First::Other(other) => {
                     return Err(err(
                         ErrorKind::InvalidRequest,
                         format!("`{path}` is not a regular file ({other:?})"),
@@ -118,46 +148,133 @@ impl Files for DockerProvider {
 
     async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
         let full = container_path(path)?;
-        let tar = self.archive_get(id, &full).await?;
-        let mut archive = tar::Archive::new(&tar[..]);
-        let mut entries = Vec::new();
-        for entry in archive
-            .entries()
-            .map_err(|e| io_err("read the archive", e))?
-        {
-            let entry = entry.map_err(|e| io_err("read the archive", e))?;
-            let entry_path = entry
-                .path()
-                .map_err(|e| io_err("read the archive", e))?
-                .into_owned();
-            // Entries are `<dir name>/<child>…`; keep direct children only.
-            let parts: Vec<_> = entry_path.components().collect();
-            if parts.len() != 2 {
-                if parts.len() == 1 && entry.header().entry_type() != tar::EntryType::Directory {
-                    return Err(err(
-                        ErrorKind::InvalidRequest,
-                        format!("`{path}` is not a directory"),
-                    ));
+        let shown = path.to_owned();
+        // The engine archives the whole tree: it is read as it arrives, headers kept, contents
+        // skipped, so a large tree costs time, never memory.
+        let mut entries = self
+            .archive(id, &full, move |archive| {
+                let mut entries = Vec::new();
+                for entry in archive
+                    .entries()
+                    .map_err(|e| io_err("read the archive", e))?
+                {
+                    let entry = entry.map_err(|e| io_err("read the archive", e))?;
+                    let entry_path = entry
+                        .path()
+                        .map_err(|e| io_err("read the archive", e))?
+                        .into_owned();
+                    // Entries are `<dir name>/<child>…`; keep direct children only.
+                    let parts: Vec<_> = entry_path.components().collect();
+                    if parts.len() != 2 {
+                        if parts.len() == 1
+                            && entry.header().entry_type() != tar::EntryType::Directory
+                        {
+                            return Err(err(
+                                ErrorKind::InvalidRequest,
+                                format!("`{shown}` is not a directory"),
+                            ));
+                        }
+                        continue;
+                    }
+                    let kind = match entry.header().entry_type() {
+                        tar::EntryType::Regular | tar::EntryType::Continuous => FileKind::File,
+                        tar::EntryType::Directory => FileKind::Dir,
+                        tar::EntryType::Symlink => FileKind::Symlink,
+                        _ => FileKind::Other,
+                    };
+                    entries.push(FileEntry {
+                        name: parts[1].as_os_str().to_string_lossy().into_owned(),
+                        kind,
+                        size: if kind == FileKind::File {
+                            entry.header().size().unwrap_or(0)
+                        } else {
+                            0
+                        },
+                    });
                 }
-                continue;
-            }
-            let kind = match entry.header().entry_type() {
-                tar::EntryType::Regular | tar::EntryType::Continuous => FileKind::File,
-                tar::EntryType::Directory => FileKind::Dir,
-                tar::EntryType::Symlink => FileKind::Symlink,
-                _ => FileKind::Other,
-            };
-            entries.push(FileEntry {
-                name: parts[1].as_os_str().to_string_lossy().into_owned(),
-                kind,
-                size: if kind == FileKind::File {
-                    entry.header().size().unwrap_or(0)
-                } else {
-                    0
-                },
-            });
-        }
+                Ok(entries)
+            })
+            .await?;
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(entries)
+    }
+}
+
+impl DockerProvider {
+    /// Reads the engine's archive of `path` as it arrives, handing it to `parse` on a blocking
+    /// thread. What `parse` leaves unread is never fetched: the connection is dropped.
+    async fn archive<T: Send + 'static>(
+        &self,
+        id: &NativeId,
+        path: &Path,
+        parse: impl FnOnce(&mut tar::Archive<BodyReader>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let uri = format!(
+            "/containers/{}/archive?path={}",
+            path_name(&id.0)?,
+            query_escape(&path.to_string_lossy())
+        );
+        let (status, body) = self.engine.open(Method::GET, &uri).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Err(err(
+                ErrorKind::NotFound,
+                format!("`{}` does not exist in sandbox `{}`", path.display(), id.0),
+            ));
+        }
+        if !status.is_success() {
+            let said = engine::collect_limited(body, 64 * 1024).await?;
+            return Err(engine::classify(&uri, status, &said.unwrap_or_default()));
+        }
+        let (chunks, rx) = tokio::sync::mpsc::channel(8);
+        let pump = tokio::spawn(async move {
+            let mut body = body;
+            while let Some(frame) = body.frame().await {
+                let chunk = match frame {
+                    Ok(frame) => match frame.into_data() {
+                        Ok(data) => Ok(data),
+                        Err(_) => continue,
+                    },
+                    Err(e) => Err(std::io::Error::other(e)),
+                };
+                let failed = chunk.is_err();
+                if chunks.send(chunk).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let reader = BodyReader {
+            chunks: rx,
+            current: Bytes::new(),
+        };
+        let parsed =
+            tokio::task::spawn_blocking(move || parse(&mut tar::Archive::new(reader))).await;
+        pump.abort();
+        parsed.map_err(|e| {
+            err(
+                ErrorKind::Unknown,
+                format!("reading the archive failed: {e}"),
+            )
+        })?
+    }
+}
+
+/// A body arriving on another task, read as a blocking [`Read`].
+struct BodyReader {
+    chunks: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+    current: Bytes,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(chunk) => self.current = chunk?,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        self.current.advance(n);
+        Ok(n)
     }
 }
