@@ -228,6 +228,18 @@ pub struct FileEntry {
 /// are, and a read holds the whole file in memory.
 pub const MAX_FILE_READ_BYTES: u64 = 256 * 1024 * 1024;
 
+/// A read refused for passing [`MAX_FILE_READ_BYTES`], in the same words from every provider.
+pub fn file_too_large(provider: &str, path: &str) -> ProviderError {
+    ProviderError::new(
+        crate::ErrorKind::InvalidRequest,
+        provider,
+        format!(
+            "`{path}` is larger than the file API's limit of {} MiB",
+            MAX_FILE_READ_BYTES >> 20
+        ),
+    )
+}
+
 /// File operations.
 ///
 /// # Contract

@@ -250,7 +250,7 @@ impl Workspace {
             .read_to_end(&mut bytes)
             .map_err(|e| io_error(&format!("read `{path}`"), e))?;
         if bytes.len() as u64 > MAX_READ_BYTES {
-            return Err(too_large(path));
+            return Err(berth_contract::file_too_large(PROVIDER_ID, path));
         }
         Ok(bytes)
     }
@@ -379,17 +379,6 @@ fn special(path: &str, kind: FileType) -> ProviderError {
         ErrorKind::InvalidRequest,
         PROVIDER_ID,
         format!("`{path}` is {what}; the file API reads and writes regular files only"),
-    )
-}
-
-fn too_large(path: &str) -> ProviderError {
-    ProviderError::new(
-        ErrorKind::InvalidRequest,
-        PROVIDER_ID,
-        format!(
-            "`{path}` is larger than the file API's limit of {} MiB",
-            MAX_READ_BYTES / (1024 * 1024)
-        ),
     )
 }
 

@@ -56,15 +56,7 @@ impl Files for DockerProvider {
                 .await?;
             match first {
                 First::File(bytes) => return Ok(bytes),
-                First::TooLarge => {
-                    return Err(err(
-                        ErrorKind::InvalidRequest,
-                        format!(
-                            "`{path}` is larger than the file API's limit of {} MiB",
-                            berth_contract::MAX_FILE_READ_BYTES >> 20
-                        ),
-                    ))
-                }
+                First::TooLarge => return Err(berth_contract::file_too_large(PROVIDER_ID, path)),
                 First::Directory => {
                     return Err(err(
                         ErrorKind::InvalidRequest,
