@@ -154,7 +154,7 @@ impl Engine {
         path: &str,
     ) -> Result<(StatusCode, hyper::body::Incoming)> {
         let uri = format!("{}{}", self.negotiated().await?.prefix, path);
-        let response = self.start(method, uri, None).await?;
+        let response = self.start(method, &uri, None).await?;
         Ok((response.status(), response.into_body()))
     }
 
@@ -164,7 +164,7 @@ impl Engine {
         uri: String,
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<Response> {
-        let response = self.start(method, uri.clone(), body).await?;
+        let response = self.start(method, &uri, body).await?;
         let status = response.status();
         let body = collect_limited(response.into_body(), ANSWER_LIMIT)
             .await?
@@ -185,7 +185,7 @@ impl Engine {
     async fn start(
         &self,
         method: Method,
-        uri: String,
+        uri: &str,
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<hyper::Response<hyper::body::Incoming>> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
@@ -199,7 +199,7 @@ impl Engine {
         });
         let mut builder = Request::builder()
             .method(method)
-            .uri(&uri)
+            .uri(uri)
             .header("host", "docker");
         let body = match body {
             Some((content_type, bytes)) => {
