@@ -230,6 +230,7 @@ async fn a_replaced_supervisor_socket_receives_nothing_and_lies_about_nothing() 
 p = '/run/berth/s.sock'
 os.unlink(p)
 s = socket.socket(socket.AF_UNIX); s.bind(p); s.listen(8)
+open('/tmp/listening', 'w').close()
 while True:
     c, _ = s.accept(); c.recv(65536)
     out = b'all tests passed\n'
@@ -250,7 +251,14 @@ while True:
         .spawn(&liar, &ExecRequest::argv(["python3", "/tmp/fake.py"]))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Wait for the impersonator to listen (it says so in a file, read through the Engine's
+    // archive API, not the socket it replaced); a fixed wait lost this race under load.
+    let files = f.docker.require_files().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while files.read(&liar, "/tmp/listening").await.is_err() {
+        assert!(Instant::now() < deadline, "the impersonator never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let started = Instant::now();
     let lie = f
         .docker
