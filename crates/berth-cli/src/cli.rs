@@ -118,7 +118,8 @@ pub enum Command {
         ttl: Option<String>,
     },
     /// Delete what nothing holds any more: sandboxes past their TTL, snapshots past their
-    /// retention (or left half-made by a crash), never what a running mission will adopt.
+    /// retention, sandboxes and snapshots a crash left half-made (intent rows older than 10
+    /// minutes), never what a running mission will adopt.
     Gc,
     /// Fork a sandbox into a new one.
     Fork {

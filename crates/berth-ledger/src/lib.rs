@@ -269,6 +269,14 @@ impl Ledger {
         let id = native_id(row);
         let observation = provider.observe(&id).await.map_err(provider_err)?;
         if observation.is_gone() {
+            // The sandbox is gone, but what its provider keeps beside it may not be: a fork
+            // killed after its image was committed and before its container was made leaves
+            // the image. Destroy is idempotent; on an absent sandbox it removes that residue.
+            if let Err(source) = provider.destroy(&id).await {
+                if source.kind() != berth_contract::ErrorKind::NotFound {
+                    return Err(self.destroy_failed(row, source).await?);
+                }
+            }
             self.store
                 .ledger_mark_destroy_result(&row.berth_id, LedgerState::VerifiedGone, None)
                 .await?;
@@ -296,18 +304,24 @@ impl Ledger {
                     .await?;
                 Ok(outcome)
             }
-            Err(source) => {
-                let kind = source.kind().as_str();
-                self.store
-                    .ledger_mark_destroy_result(
-                        &row.berth_id,
-                        LedgerState::DestroyFailed,
-                        Some((kind, &source.to_string())),
-                    )
-                    .await?;
-                Err(provider_err(source))
-            }
+            Err(source) => Err(self.destroy_failed(row, source).await?),
         }
+    }
+
+    /// Records a failed destroy on the row and gives the error to return.
+    async fn destroy_failed(
+        &self,
+        row: &LedgerRow,
+        source: ProviderError,
+    ) -> Result<LedgerError, LedgerError> {
+        self.store
+            .ledger_mark_destroy_result(
+                &row.berth_id,
+                LedgerState::DestroyFailed,
+                Some((source.kind().as_str(), &source.to_string())),
+            )
+            .await?;
+        Ok(provider_error(&row.berth_id)(source))
     }
 
     /// Deletes a snapshot row's snapshot by its key (the row's `berth_id`, unique to this
@@ -424,8 +438,8 @@ fn provider_error(berth_id: &str) -> impl Fn(ProviderError) -> LedgerError + Cop
     }
 }
 
-/// How long an intent-only snapshot row must be left alone before it counts as an orphan (a
-/// crash between the intent and the snapshot): a live snapshot call finishes well within it.
+/// How long an intent-only row must be left alone before it counts as half-made by a crash
+/// (between the intent and the result): a live create, fork or snapshot finishes well within it.
 pub(crate) const ORPHAN_AFTER: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 
 /// The provider's id for a row's resource. Providers name resources from Berth's id, so an

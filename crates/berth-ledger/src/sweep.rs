@@ -165,9 +165,7 @@ impl Ledger {
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
         if scope.expired_only {
-            rows.retain(|row| {
-                row.expires_at.is_some_and(|t| t <= now) || orphan_snapshot(row, now)
-            });
+            rows.retain(|row| row.expires_at.is_some_and(|t| t <= now) || half_made(row, now));
         }
         // What a mission that is still running will adopt on resume is not swept from under
         // it: `berth mission resume` continues with it (a finished mission's rows are swept).
@@ -394,16 +392,17 @@ impl Ledger {
     }
 }
 
-/// A snapshot row whose snapshot never finished (a crash mid-snapshot): nothing holds it.
-fn orphan_snapshot(row: &LedgerRow, now: DateTime<Utc>) -> bool {
-    row.kind == ResourceKind::Snapshot
-        && matches!(row.state, LedgerState::Intent | LedgerState::CreateFailed)
+/// A row whose create, fork or snapshot never finished (a crash between the intent and the
+/// result), old enough that no live call is still making it: nothing holds it. A killed
+/// `berth fork` otherwise left a running sandbox until its TTL.
+fn half_made(row: &LedgerRow, now: DateTime<Utc>) -> bool {
+    matches!(row.state, LedgerState::Intent | LedgerState::CreateFailed)
         && row.created_at + ORPHAN_AFTER <= now
 }
 
 /// Why a snapshot row is still held by its retention (`None`: it may go).
 fn snapshot_retention(row: &LedgerRow, now: DateTime<Utc>) -> Option<String> {
-    if row.kind != ResourceKind::Snapshot || orphan_snapshot(row, now) {
+    if row.kind != ResourceKind::Snapshot || half_made(row, now) {
         return None;
     }
     match row.expires_at {

@@ -441,6 +441,132 @@ async fn discovery_adopts_this_stores_sandbox_whose_row_was_lost() {
     assert_eq!(row.run_id, "run-gone");
 }
 
+/// A create or fork killed after its sandbox exists and before the result was recorded leaves
+/// an `intent` row and a live sandbox. `gc` (the expired-only sweep) destroys it once the row
+/// is older than any live create, and leaves a fresh intent alone: a create may be under way.
+#[tokio::test]
+async fn gc_destroys_a_sandbox_a_crash_left_at_intent_and_spares_a_fresh_one() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    // The crash: the sandbox is made, then the call never returns (its future is dropped, as
+    // a killed process drops everything after the side effect).
+    let crashed = |ledger: Ledger| {
+        let provider = w.host.clone();
+        let host = w.host.clone();
+        let made = Arc::new(std::sync::Mutex::new(None));
+        let seen = made.clone();
+        async move {
+            let call = ledger.create_tracked(
+                host.as_ref(),
+                "fork:bx-source",
+                None,
+                |_| {},
+                move |req| async move {
+                    *seen.lock().unwrap() = Some(req.name.0.clone());
+                    provider.create(&req).await?;
+                    std::future::pending().await
+                },
+            );
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(500), call).await;
+            let id = made.lock().unwrap().clone().expect("the create started");
+            id
+        }
+    };
+    let old = crashed(ledger(&w, "alice", "run-a").await).await;
+    let fresh = crashed(ledger(&w, "alice", "run-a").await).await;
+    for id in [&old, &fresh] {
+        assert_eq!(alice.row(id).await.unwrap().state, LedgerState::Intent);
+        assert!(
+            present(&w.host, id).await,
+            "{id}: the crash left it running"
+        );
+    }
+    // Ten minutes pass for one of them.
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", w.db.display()))
+        .await
+        .unwrap();
+    let long_ago = (chrono::Utc::now() - chrono::TimeDelta::minutes(11))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    sqlx::query("UPDATE ledger SET created_at = ?1 WHERE berth_id = ?2")
+        .bind(&long_ago)
+        .bind(&old)
+        .execute(&db)
+        .await
+        .unwrap();
+    db.close().await;
+    let gc = SweepScope {
+        expired_only: true,
+        ..Default::default()
+    };
+    let report = alice.sweep(&w.registry.bind(&w.config), &gc).await.unwrap();
+    let swept: Vec<_> = report.entries.iter().map(|e| &e.berth_id).collect();
+    assert_eq!(swept, vec![&old], "{report:?}");
+    assert_eq!(report.entries[0].action, SweepAction::Destroyed);
+    assert!(
+        !present(&w.host, &old).await,
+        "the half-made sandbox is gone"
+    );
+    assert_eq!(
+        alice.row(&old).await.unwrap().state,
+        LedgerState::VerifiedGone
+    );
+    assert!(
+        present(&w.host, &fresh).await,
+        "a fresh intent may be a live create"
+    );
+    alice
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
+        .await
+        .unwrap();
+    assert!(!present(&w.host, &fresh).await);
+}
+
+/// A create killed mid-fill leaves no sandbox (the provider assembles it under a hidden
+/// staging name) but leaves the half-copied tree; a fork killed after its image leaves the
+/// image. Destroying the row of a sandbox observed gone still calls the provider's
+/// (idempotent) destroy, which removes that residue.
+#[tokio::test]
+async fn destroying_a_row_whose_sandbox_never_appeared_removes_what_its_create_left() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let sandboxes = w.config.state_dir.join("host/sandboxes");
+    let staged = Arc::new(std::sync::Mutex::new(None));
+    let seen = staged.clone();
+    let dir = sandboxes.clone();
+    let call = alice.create_tracked(
+        w.host.as_ref(),
+        "fork:bx-source",
+        None,
+        |_| {},
+        move |req| async move {
+            // What the host provider has made when a crash comes mid-copy.
+            let staging = dir.join(format!(".creating-{}", req.name.0));
+            std::fs::create_dir_all(staging.join("workspace")).unwrap();
+            std::fs::write(staging.join("workspace/half-copied"), vec![7u8; 4096]).unwrap();
+            *seen.lock().unwrap() = Some((req.name.0.clone(), staging));
+            std::future::pending().await
+        },
+    );
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(300), call).await;
+    let (id, staging) = staged.lock().unwrap().clone().expect("the create started");
+    assert!(staging.exists());
+    assert!(!present(&w.host, &id).await, "no sandbox was ever made");
+    let row = alice.row(&id).await.unwrap();
+    assert_eq!(row.state, LedgerState::Intent);
+    let outcome = alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
+    assert_eq!(
+        outcome,
+        berth_contract::DestroyOutcome::VerifiedGone {
+            already_absent: true
+        }
+    );
+    assert!(!staging.exists(), "the half-copied tree was left behind");
+    assert_eq!(
+        alice.row(&id).await.unwrap().state,
+        LedgerState::VerifiedGone
+    );
+}
+
 /// The durability an intent asks for follows the provider's listing: host's shows only this
 /// home's sandboxes (no flush needed); docker's is shared (flushed).
 #[tokio::test]
