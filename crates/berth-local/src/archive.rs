@@ -54,7 +54,19 @@ fn write_archive(root: &Workspace, out: &File) -> Result<(String, u64)> {
         Mode::empty(),
     )
     .map_err(|e| io_error("open workspace", e.into()))?;
-    append_tree(&mut builder, &top, Path::new(""))?;
+    let walked = append_tree(&mut builder, &top, Path::new(""));
+    // A destroy renames the sandbox away before it deletes anything, so a workspace still at
+    // its path now was not being deleted under the walk: the archive is not a destroy's
+    // half-deleted tree (which would otherwise pass for a whole fork or snapshot), and a walk
+    // that failed because of one says so rather than "changed".
+    if !root.still_at_its_path() {
+        return Err(ProviderError::new(
+            ErrorKind::NotFound,
+            PROVIDER_ID,
+            "the sandbox was destroyed while its workspace was being archived",
+        ));
+    }
+    walked?;
     let archive_error = |e| io_error("write archive", e);
     let mut writer = builder.into_inner().map_err(archive_error)?;
     writer.flush().map_err(archive_error)?;
@@ -381,6 +393,27 @@ mod tests {
         std::fs::write(ws.join("sub/a.txt"), b"hellp").unwrap();
         let third = snapshot(&ws, &store).unwrap();
         assert_ne!(first.handle, third.handle);
+    }
+
+    /// Destroy renames a sandbox away before deleting it: a workspace archived while that
+    /// happened is refused, not passed off as the whole tree.
+    #[test]
+    fn a_workspace_renamed_away_during_the_archive_is_not_archived() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("sub")).unwrap();
+        std::fs::write(ws.join("sub/a.txt"), b"hello").unwrap();
+        let opened = Workspace::open(&ws).unwrap();
+        let sink = tempfile::tempfile().unwrap();
+        write_archive(&opened, &sink).unwrap();
+        std::fs::rename(&ws, dir.path().join(".destroying-ws")).unwrap();
+        std::fs::remove_file(dir.path().join(".destroying-ws/sub/a.txt")).unwrap();
+        let err = write_archive(&opened, &sink).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+        assert!(err.to_string().contains("destroyed"), "{err}");
+        // Another directory put at the path is not the one that was walked.
+        std::fs::create_dir(&ws).unwrap();
+        assert!(write_archive(&opened, &sink).is_err());
     }
 
     #[test]

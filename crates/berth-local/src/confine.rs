@@ -174,6 +174,18 @@ impl Workspace {
         &self.root
     }
 
+    /// Whether the directory opened is still the one at its host path (not renamed away, as
+    /// destroy does first, nor replaced).
+    pub(crate) fn still_at_its_path(&self) -> bool {
+        let (Ok(opened), Ok(named)) = (
+            rustix::fs::fstat(&self.root),
+            rustix::fs::lstat(&self.host_path),
+        ) else {
+            return false;
+        };
+        (opened.st_dev, opened.st_ino) == (named.st_dev, named.st_ino)
+    }
+
     /// Opens a directory beneath the workspace. With `create`, missing directories are made
     /// one component at a time, each beneath the one opened before.
     pub(crate) fn open_dir(&self, shown: &str, parts: &[PathBuf], create: bool) -> Result<OwnedFd> {
