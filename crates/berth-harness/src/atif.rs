@@ -24,6 +24,10 @@ struct AgentStep {
 }
 
 impl AgentStep {
+    fn has_call(&self, id: &str) -> bool {
+        self.calls.iter().any(|call| call["tool_call_id"] == id)
+    }
+
     fn is_empty(&self) -> bool {
         self.message.is_empty()
             && self.reasoning.is_empty()
@@ -72,10 +76,33 @@ pub fn trajectory(
                 "function_name": event.data["name"].as_str().unwrap_or("tool"),
                 "arguments": call_arguments(&event.data["input"]),
             })),
-            EventKind::ToolCallUpdate => current.results.push(json!({
-                "source_call_id": event.data["id"],
-                "content": event.data["content"].as_str().unwrap_or(""),
-            })),
+            EventKind::ToolCallUpdate => {
+                // ATIF ties a result to a call of its own step. The CLI's stream comes from the
+                // sandbox: a result may name a call of an earlier step (it goes there, beside
+                // its call), a call never reported, or an id that is not a string (then it is
+                // a result without a call id, which ATIF allows).
+                let id = event.data["id"].as_str();
+                let result = |source: Option<&str>| {
+                    json!({
+                        "source_call_id": source,
+                        "content": event.data["content"].as_str().unwrap_or(""),
+                    })
+                };
+                let earlier = id.filter(|id| !current.has_call(id)).and_then(|id| {
+                    steps.iter_mut().rev().find(|step| step.has_call(id))
+                });
+                match earlier {
+                    Some(step) => {
+                        step.results.push(result(id));
+                        step.events.push(event.event_id.clone());
+                        continue;
+                    }
+                    None => {
+                        let known = id.filter(|id| current.has_call(id));
+                        current.results.push(result(known))
+                    }
+                }
+            }
             EventKind::Usage => {
                 usage_seen = true;
                 prompt += event.data["input"].as_u64().unwrap_or(0);
@@ -194,6 +221,66 @@ mod tests {
         assert_eq!(t["final_metrics"]["total_prompt_tokens"], 100);
         assert_eq!(t["final_metrics"]["total_cached_tokens"], 70);
         assert_eq!(t["final_metrics"]["total_cost_usd"], 0.002);
+        assert_harbor_accepts(&t);
+    }
+
+    /// What Harbor's own model requires of a trajectory (its pydantic validators): step ids
+    /// 1, 2, … in order; a tool call id is a string; an observation result's `source_call_id`
+    /// is null or names a tool call of the same step.
+    fn assert_harbor_accepts(t: &Value) {
+        let steps = t["steps"].as_array().unwrap();
+        for (n, step) in steps.iter().enumerate() {
+            assert_eq!(step["step_id"], n + 1, "{t:#}");
+            let calls: Vec<&str> = step["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| c["tool_call_id"].as_str().expect("a string tool_call_id"))
+                .collect();
+            for result in step["observation"]["results"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                match &result["source_call_id"] {
+                    Value::Null => {}
+                    Value::String(id) => assert!(
+                        calls.contains(&id.as_str()),
+                        "step {}: result for `{id}`, calls {calls:?}",
+                        n + 1
+                    ),
+                    other => panic!("source_call_id {other}"),
+                }
+            }
+        }
+    }
+
+    /// The stream comes from the sandbox: results out of their call's step, for calls never
+    /// reported, or with ids that are not strings still make a trajectory Harbor accepts, and
+    /// each result stays beside its call.
+    #[test]
+    fn every_result_sits_in_its_calls_step_or_names_no_call() {
+        let raw = r#"{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t1","name":"Read","input":{}},{"type":"tool_use","id":"t2","name":"Read","input":{}}]}}
+{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t1","content":"one"}]}}
+{"type":"assistant","message":{"content":[{"type":"text","text":"half way"}]}}
+{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"t2","content":"two"}]}}
+{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":"ghost","content":"three"}]}}
+{"type":"assistant","message":{"content":[{"type":"tool_use","id":7,"name":"Bash","input":"ls"}]}}
+{"type":"user","message":{"content":[{"type":"tool_result","tool_use_id":7,"content":"four"}]}}"#;
+        let events = normalize(Harness::ClaudeCode, "k", "agent.jsonl", raw.as_bytes());
+        let t = trajectory(Harness::ClaudeCode, "go", None, &events).unwrap();
+        assert_harbor_accepts(&t);
+        let steps = t["steps"].as_array().unwrap();
+        let first = &steps[1]["observation"]["results"];
+        assert_eq!(first[0]["content"], "one");
+        assert_eq!(first[1]["source_call_id"], "t2", "{t:#}");
+        assert_eq!(first[1]["content"], "two");
+        let later: Vec<&Value> = steps[2..]
+            .iter()
+            .flat_map(|s| s["observation"]["results"].as_array().into_iter().flatten())
+            .collect();
+        assert_eq!(later.len(), 2, "{t:#}");
+        assert!(later.iter().all(|r| r["source_call_id"].is_null()), "{t:#}");
     }
 
     #[test]
