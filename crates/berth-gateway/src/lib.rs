@@ -164,6 +164,8 @@ impl std::fmt::Debug for AttemptToken {
 pub struct Gateway {
     pub(crate) config: Arc<GatewayConfig>,
     pub(crate) attempts: Arc<RwLock<HashMap<String, Arc<Attempt>>>>,
+    /// Request bodies held now, across connections.
+    pub(crate) held: server::Held,
 }
 
 impl Gateway {
@@ -172,6 +174,7 @@ impl Gateway {
         Gateway {
             config: Arc::new(config),
             attempts: Arc::default(),
+            held: Default::default(),
         }
     }
 

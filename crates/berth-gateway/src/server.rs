@@ -2,11 +2,12 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
@@ -21,6 +22,104 @@ pub const TOKEN_HEADER: &str = "x-berth-token";
 
 /// The largest request body accepted (agent prompts with long histories are large).
 pub(crate) const MAX_REQUEST_BYTES: usize = 32 << 20;
+
+// What a process in a sandbox (it holds its attempt's token) can make the host hold. Measured
+// before these: 3,000 connections that never finished their head were all kept open, and 40
+// connections each sending 32 MiB held 1.3 GB.
+
+/// Connections served at once; more wait to be accepted (a docker sandbox's forward also
+/// closes any beyond its own 64).
+pub(crate) const MAX_CONNECTIONS: usize = 64;
+/// A request's head must arrive within this from when its connection opened or its last
+/// response ended: an idle keep-alive connection is closed after it.
+pub(crate) const HEAD_DEADLINE: Duration = Duration::from_secs(60);
+/// A request's body must arrive within this once its head has.
+pub(crate) const BODY_DEADLINE: Duration = Duration::from_secs(60);
+/// Request bodies held at once, across every connection; a request that would pass it is
+/// answered 503 (the agent CLIs retry).
+pub(crate) const MAX_HELD_BYTES: usize = 256 << 20;
+
+/// Bytes of request bodies the gateway holds now.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Held(Arc<AtomicUsize>);
+
+/// A request body's share of [`Held`], given back when dropped (with the request).
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    held: Held,
+    bytes: usize,
+}
+
+impl Reservation {
+    /// Takes `more` bytes, unless that would pass [`MAX_HELD_BYTES`].
+    fn grow(&mut self, more: usize) -> bool {
+        let before = self.held.0.fetch_add(more, Ordering::SeqCst);
+        if before + more > MAX_HELD_BYTES {
+            self.held.0.fetch_sub(more, Ordering::SeqCst);
+            return false;
+        }
+        self.bytes += more;
+        true
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.held.0.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+/// Reads a request body within [`BODY_DEADLINE`], [`MAX_REQUEST_BYTES`] and the gateway's
+/// share of [`MAX_HELD_BYTES`].
+async fn read_body(
+    body: Incoming,
+    held: &Held,
+) -> Result<(Bytes, Reservation), (StatusCode, String)> {
+    let mut reservation = Reservation {
+        held: held.clone(),
+        bytes: 0,
+    };
+    let mut buffer = BytesMut::new();
+    let read = async {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let unreadable = |_| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    "the request body could not be read".to_owned(),
+                )
+            };
+            let Ok(data) = frame.map_err(unreadable)?.into_data() else {
+                continue;
+            };
+            if buffer.len() + data.len() > MAX_REQUEST_BYTES {
+                return Err((
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request body over {MAX_REQUEST_BYTES} bytes"),
+                ));
+            }
+            if !reservation.grow(data.len()) {
+                return Err((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the gateway already holds {MAX_HELD_BYTES} bytes of requests; retry"),
+                ));
+            }
+            buffer.extend_from_slice(&data);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(BODY_DEADLINE, read).await {
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                BODY_DEADLINE.as_secs()
+            ),
+        )),
+        Ok(Err(refused)) => Err(refused),
+        Ok(Ok(())) => Ok((buffer.freeze(), reservation)),
+    }
+}
 
 pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -85,20 +184,25 @@ pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Runn
     let accept = tokio::spawn(async move {
         // Owned here, so stopping the gateway also ends every connection it is serving.
         let mut connections = tokio::task::JoinSet::new();
+        let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
             while connections.try_join_next().is_some() {}
+            // At the cap, nothing more is accepted until a connection ends.
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
             tokio::select! {
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else {
                         // Out of descriptors or similar: back off instead of spinning.
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
-                    connections.spawn(serve_http(gateway.clone(), stream));
+                    connections.spawn(serve_http(gateway.clone(), stream, permit));
                 }
                 Some(stream) = arrivals.recv() => {
-                    connections.spawn(serve_http(gateway.clone(), stream));
+                    connections.spawn(serve_http(gateway.clone(), stream, permit));
                 }
             }
         }
@@ -110,7 +214,7 @@ pub(crate) fn serve(gateway: Gateway, listener: tokio::net::TcpListener) -> Runn
     }
 }
 
-async fn serve_http<S>(gateway: Gateway, stream: S)
+async fn serve_http<S>(gateway: Gateway, stream: S, _permit: tokio::sync::OwnedSemaphorePermit)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
@@ -119,6 +223,8 @@ where
         async move { Ok::<_, Infallible>(handle(&gateway, req).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEAD_DEADLINE)
         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
         .await;
 }
@@ -177,6 +283,8 @@ pub(crate) struct Exchange {
     pub(crate) started: Instant,
     pub(crate) request_headers: std::collections::BTreeMap<String, String>,
     pub(crate) request_body: Bytes,
+    /// The body's share of what the gateway holds, for as long as the exchange lives.
+    pub(crate) _reservation: Reservation,
     pub(crate) model: Option<String>,
     pub(crate) stream: bool,
 }
@@ -275,14 +383,9 @@ async fn handle(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
     }
     let request_headers = redacted_headers(req.headers());
     let (parts, body) = req.into_parts();
-    let request_body = match Limited::new(body, MAX_REQUEST_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => {
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("request body over {MAX_REQUEST_BYTES} bytes, or unreadable"),
-            )
-        }
+    let (request_body, reservation) = match read_body(body, &gateway.held).await {
+        Ok(read) => read,
+        Err((status, message)) => return refuse(status, &message),
     };
     if bare_path.ends_with("/messages/count_tokens") {
         // An estimate, clearly one: about four bytes a token.
@@ -310,6 +413,7 @@ async fn handle(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
             .and_then(|b| b["stream"].as_bool())
             .unwrap_or(false),
         request_body,
+        _reservation: reservation,
     };
     match &gateway.config.upstream {
         Upstream::Proxy(proxy) => proxy.forward(gateway, parts, exchange).await,

@@ -638,3 +638,119 @@ async fn https_upstreams_are_verified_against_trusted_roots() {
         .trust_pem(b"-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n")
         .is_err());
 }
+
+/// A raw request to the gateway: head (with `token`) and `body`.
+fn raw_request(token: &str, content_length: usize) -> Vec<u8> {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {content_length}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+/// The status of the answer read from `stream` (None: nothing within its read timeout).
+fn status_of(stream: &mut std::net::TcpStream) -> Option<u16> {
+    use std::io::Read;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(2).any(|w| w == b"\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+}
+
+/// A process in a sandbox holds its attempt's token and can open connections to the gateway:
+/// it cannot make the host keep more than 64 of them, nor hold more than 256 MiB of request
+/// bodies (before: 3,000 half-sent heads were all kept, 40 connections held 1.3 GB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_sandbox_can_make_the_gateway_hold_is_bounded() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = scripted(None);
+    let token = gateway.admit("a", dir.path().join("journal.jsonl"));
+    let running = gateway.listen(0).await.unwrap();
+    let addr = running.addr();
+    let token = token.expose().to_owned();
+    tokio::task::spawn_blocking(move || {
+        let small = serde_json::to_vec(&chat_request(0, false)).unwrap();
+        let ask = |stream: &mut TcpStream| {
+            stream.write_all(&raw_request(&token, small.len())).unwrap();
+            stream.write_all(&small).unwrap();
+        };
+        // 1. Connections: 64 that never finish their head; the 65th waits until one ends.
+        let mut idle: Vec<TcpStream> = (0..64)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                    .unwrap();
+                s
+            })
+            .collect();
+        let mut waiting = TcpStream::connect(addr).unwrap();
+        ask(&mut waiting);
+        waiting
+            .set_read_timeout(Some(Duration::from_millis(1500)))
+            .unwrap();
+        assert_eq!(
+            status_of(&mut waiting),
+            None,
+            "a 65th connection was served"
+        );
+        idle.pop();
+        waiting
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        assert_eq!(status_of(&mut waiting), Some(200), "served once one ended");
+        drop(idle);
+        drop(waiting);
+
+        // 2. Bodies: eight nearly whole 32 MiB bodies fill the 256 MiB the gateway holds.
+        const BODY: usize = 32 << 20;
+        let chunk = vec![b'x'; 1 << 20];
+        let mut big: Vec<TcpStream> = (0..8)
+            .map(|_| {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.write_all(&raw_request(&token, BODY)).unwrap();
+                for _ in 0..31 {
+                    s.write_all(&chunk).unwrap();
+                }
+                s.write_all(&chunk[..chunk.len() - 1]).unwrap();
+                s
+            })
+            .collect();
+        // Once they have all arrived, a small request is refused with 503 (retryable).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            ask(&mut s);
+            match status_of(&mut s) {
+                Some(503) => break,
+                Some(200) => assert!(Instant::now() < deadline, "never refused"),
+                other => panic!("{other:?}"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // One body completes (it is not JSON: 400) and gives its share back.
+        big[0].write_all(b"x").unwrap();
+        big[0]
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        assert_eq!(status_of(&mut big[0]), Some(400));
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        ask(&mut s);
+        assert_eq!(status_of(&mut s), Some(200), "the share was not given back");
+        big.clear();
+    })
+    .await
+    .unwrap();
+}
