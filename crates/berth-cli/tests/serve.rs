@@ -659,6 +659,79 @@ fn exec_output_streams_over_sse_and_resumes_from_an_event_id() {
     assert_eq!(status, 200);
 }
 
+/// Revoking a token ends the event streams it already has open (within the recheck second),
+/// with an `error` event saying why: a revoked token reads nothing more.
+#[test]
+fn a_revoked_tokens_open_event_stream_ends() {
+    let home = Home::new();
+    let (alice, alice_id) = token(&home, "alice", "exec");
+    let (alice_too, _) = token(&home, "alice", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let id = create(addr, &alice);
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/execs"),
+        &alice,
+        Some(
+            json!({"argv": ["sh", "-c", "echo first; for i in $(seq 1 40); do sleep 0.5; echo more; done"]}),
+        ),
+    );
+    assert_eq!(status, 202, "{doc}");
+    let path = doc["events"].as_str().unwrap().to_owned();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {alice}\r\n\r\n"
+    )
+    .unwrap();
+    let mut lines = BufReader::new(stream).lines().map_while(Result::ok);
+    assert!(
+        lines.by_ref().any(|line| line == "event: stdout"),
+        "the stream never started"
+    );
+    let (code, doc) = home.json(&["token", "revoke", &alice_id]);
+    assert_eq!(code, 0, "{doc}");
+    let revoked = Instant::now();
+    // Up to the error event (the connection itself may stay open for another request).
+    let mut rest = Vec::new();
+    for line in lines.by_ref() {
+        let said = line == "data: the token was revoked";
+        rest.push(line);
+        if said {
+            break;
+        }
+    }
+    let ended = revoked.elapsed();
+    let text = rest.join("\n");
+    assert!(
+        text.ends_with("event: error\ndata: the token was revoked"),
+        "{text}"
+    );
+    assert!(ended < Duration::from_secs(10), "ended after {ended:?}");
+    // Then the chunked body's end: nothing more on this stream.
+    let tail: Vec<String> = lines.take_while(|line| line != "0").collect();
+    assert!(
+        tail.iter().all(|line| line.is_empty()),
+        "after the error: {tail:?}"
+    );
+    // The other token of the same owner still reads the job.
+    let all = sse_data(addr, &path, &alice_too, Some("1"), "stdout");
+    assert_eq!(all.len(), 1, "{all:?}");
+    let (status, _) = call(
+        addr,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        &alice_too,
+        None,
+    );
+    assert_eq!(status, 200);
+}
+
 /// A client that opens a connection and never finishes its request (slowloris) is cut off
 /// after the request deadline (10 s), while a well-formed request on another connection is
 /// answered meanwhile.

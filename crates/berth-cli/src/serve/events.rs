@@ -21,6 +21,58 @@ use super::Server;
 /// How often the log is read for new events.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How often an open event stream checks that its token is still live.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// `events`, ended within [`RECHECK`] of the token that opened it being revoked (with an
+/// `error` event saying so): a revoked token reads nothing more, on a stream it already had
+/// open too.
+pub(crate) fn until_revoked<S>(
+    server: Arc<Server>,
+    headers: &HeaderMap,
+    events: S,
+) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static
+where
+    S: futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let presented = super::routes::presented(headers, Scope::Read).unwrap_or_default();
+    let live = |server: Arc<Server>, presented: String| async move {
+        matches!(
+            super::auth::verify(&server.store, presented.trim()).await,
+            Ok(Some(_))
+        )
+    };
+    let first_check = tokio::time::Instant::now() + RECHECK;
+    futures_util::stream::unfold(
+        (server, presented, Box::pin(events), first_check, false),
+        move |(server, presented, mut events, mut next_check, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                // Checked when due, however fast events come.
+                if tokio::time::Instant::now() >= next_check {
+                    if !live(server.clone(), presented.clone()).await {
+                        let event = Event::default()
+                            .event("error")
+                            .data("the token was revoked");
+                        return Some((Ok(event), (server, presented, events, next_check, true)));
+                    }
+                    next_check = tokio::time::Instant::now() + RECHECK;
+                }
+                tokio::select! {
+                    // Cancel-safe: a stream keeps its own progress between polls.
+                    next = events.next() => {
+                        return next.map(|event| (event, (server, presented, events, next_check, false)));
+                    }
+                    _ = tokio::time::sleep_until(next_check) => {}
+                }
+            }
+        },
+    )
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct After {
     after: Option<String>,
@@ -63,7 +115,7 @@ pub(crate) fn resume_point(
 #[utoipa::path(get, path = "/v1/missions/{id}/events", tag = "missions", security(("bearer" = [])),
     params(("id" = String, Path, description = "Mission id"),
            ("after" = Option<i64>, Query, description = "Only events after this sequence number (also `Last-Event-ID`)")),
-    responses((status = 200, description = "`text/event-stream`: one `mission` event per logged event, `id` = its sequence number; `end` when the mission is over"),
+    responses((status = 200, description = "`text/event-stream`: one `mission` event per logged event, `id` = its sequence number; `end` when the mission is over; `error` ends it when its token is revoked"),
               (status = 404, body = super::routes::ErrorBody)))]
 pub(crate) async fn mission_events(
     State(server): State<Arc<Server>>,
@@ -83,6 +135,7 @@ pub(crate) async fn mission_events(
         Ok(start) => i64::try_from(start).unwrap_or(i64::MAX),
         Err(response) => return response,
     };
+    let server_for_recheck = server.clone();
     let stream = futures_util::stream::unfold(
         (server, id, start, false),
         |(server, id, mut last, ended)| async move {
@@ -135,7 +188,7 @@ pub(crate) async fn mission_events(
                 .map(Ok::<_, Infallible>),
         )
     });
-    Sse::new(flat)
+    Sse::new(until_revoked(server_for_recheck, &headers, flat))
         .keep_alive(KeepAlive::default())
         .into_response()
 }

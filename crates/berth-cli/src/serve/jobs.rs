@@ -236,7 +236,7 @@ impl MapStatus for Response {
 /// A job's output and exit, live; resumable with `Last-Event-ID`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/execs/{job}/events", tag = "sandboxes", security(("bearer" = [])),
     params(("id" = String, Path, description = "Sandbox id"), ("job" = String, Path, description = "Job id (`ej-…`)")),
-    responses((status = 200, description = "`text/event-stream`: `stdout` / `stderr` events (data: base64 bytes), then one `exit` event (data: JSON status); ids count from 1"),
+    responses((status = 200, description = "`text/event-stream`: `stdout` / `stderr` events (data: base64 bytes), then one `exit` event (data: JSON status); ids count from 1; an `error` event ends it when its token is revoked"),
               (status = 404, body = super::routes::ErrorBody)))]
 pub(crate) async fn events(
     State(server): State<Arc<Server>>,
@@ -319,7 +319,11 @@ pub(crate) async fn events(
         },
     );
     use futures_util::StreamExt;
-    Sse::new(stream.flatten())
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    Sse::new(super::events::until_revoked(
+        server,
+        &headers,
+        stream.flatten(),
+    ))
+    .keep_alive(KeepAlive::default())
+    .into_response()
 }

@@ -185,16 +185,7 @@ pub(crate) async fn authorize_as(
     needed: Scope,
     command: &str,
 ) -> Result<ApiToken, (Response, Option<ApiToken>)> {
-    // A browser's cookie (the dashboard, its event stream) authorizes reads only: a page can
-    // never be made to send a mutation on its user's behalf.
-    let cookie = (needed == Scope::Read)
-        .then(|| session_cookie(headers))
-        .flatten();
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .or(cookie.as_deref());
+    let presented = presented(headers, needed);
     let unauthenticated = |message: &str| {
         failure(
             StatusCode::UNAUTHORIZED,
@@ -204,7 +195,7 @@ pub(crate) async fn authorize_as(
             Some("send `Authorization: Bearer TOKEN` (`berth token create` makes one)"),
         )
     };
-    let Some(presented) = presented else {
+    let Some(presented) = presented.as_deref() else {
         return Err((unauthenticated("no bearer token"), None));
     };
     match auth::verify(&server.store, presented.trim()).await {
@@ -235,6 +226,22 @@ pub(crate) async fn authorize_as(
             None,
         )),
     }
+}
+
+/// The token a request presents for a `needed` scope: its bearer token, or for reads the
+/// dashboard's cookie (a browser's cookie authorizes reads only: a page can never be made to
+/// send a mutation on its user's behalf).
+pub(crate) fn presented(headers: &HeaderMap, needed: Scope) -> Option<String> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+        .or_else(|| {
+            (needed == Scope::Read)
+                .then(|| session_cookie(headers))
+                .flatten()
+        })
 }
 
 /// The dashboard's session cookie, if the request carries one.
