@@ -346,16 +346,7 @@ impl Ledger {
                     already_absent: false,
                 })
             }
-            Err(source) => {
-                self.store
-                    .ledger_mark_destroy_result(
-                        &row.berth_id,
-                        LedgerState::DestroyFailed,
-                        Some((source.kind().as_str(), &source.to_string())),
-                    )
-                    .await?;
-                Err(provider_err(source))
-            }
+            Err(source) => Err(self.destroy_failed(row, source).await?),
         }
     }
 
