@@ -6,6 +6,8 @@
 //! once (cached tokens inside the prompt total, as ATIF defines them). A trajectory with no agent
 //! step is refused: an empty trajectory is not a run.
 
+use std::collections::HashMap;
+
 use serde_json::{json, Map, Value};
 
 use crate::events::{Event, EventKind};
@@ -24,10 +26,6 @@ struct AgentStep {
 }
 
 impl AgentStep {
-    fn has_call(&self, id: &str) -> bool {
-        self.calls.iter().any(|call| call["tool_call_id"] == id)
-    }
-
     fn is_empty(&self) -> bool {
         self.message.is_empty()
             && self.reasoning.is_empty()
@@ -53,6 +51,9 @@ pub fn trajectory(
 ) -> Result<Value, String> {
     let mut steps: Vec<AgentStep> = Vec::new();
     let mut current = AgentStep::default();
+    // Which step each call id is in (the open step is `steps.len()`): one lookup per result,
+    // however long the stream a sandbox wrote.
+    let mut step_of_call: HashMap<String, usize> = HashMap::new();
     let (mut prompt, mut completion, mut cached, mut cost, mut priced) =
         (0u64, 0u64, 0u64, 0f64, false);
     let mut usage_seen = false;
@@ -65,17 +66,24 @@ pub fn trajectory(
             steps.push(std::mem::take(&mut current));
         }
         match event.kind {
-            EventKind::AgentMessageChunk => {
-                current.message.push_str(event.data["text"].as_str().unwrap_or(""))
+            EventKind::AgentMessageChunk => current
+                .message
+                .push_str(event.data["text"].as_str().unwrap_or("")),
+            EventKind::AgentThoughtChunk => current
+                .reasoning
+                .push_str(event.data["text"].as_str().unwrap_or("")),
+            EventKind::ToolCall => {
+                let id = event.data["id"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| event.event_id.clone());
+                step_of_call.insert(id.clone(), steps.len());
+                current.calls.push(json!({
+                    "tool_call_id": id,
+                    "function_name": event.data["name"].as_str().unwrap_or("tool"),
+                    "arguments": call_arguments(&event.data["input"]),
+                }))
             }
-            EventKind::AgentThoughtChunk => {
-                current.reasoning.push_str(event.data["text"].as_str().unwrap_or(""))
-            }
-            EventKind::ToolCall => current.calls.push(json!({
-                "tool_call_id": event.data["id"].as_str().map(str::to_owned).unwrap_or_else(|| event.event_id.clone()),
-                "function_name": event.data["name"].as_str().unwrap_or("tool"),
-                "arguments": call_arguments(&event.data["input"]),
-            })),
             EventKind::ToolCallUpdate => {
                 // ATIF ties a result to a call of its own step. The CLI's stream comes from the
                 // sandbox: a result may name a call of an earlier step (it goes there, beside
@@ -88,19 +96,15 @@ pub fn trajectory(
                         "content": event.data["content"].as_str().unwrap_or(""),
                     })
                 };
-                let earlier = id.filter(|id| !current.has_call(id)).and_then(|id| {
-                    steps.iter_mut().rev().find(|step| step.has_call(id))
-                });
-                match earlier {
-                    Some(step) => {
+                match id.and_then(|id| step_of_call.get(id)).copied() {
+                    Some(earlier) if earlier < steps.len() => {
+                        let step = &mut steps[earlier];
                         step.results.push(result(id));
                         step.events.push(event.event_id.clone());
                         continue;
                     }
-                    None => {
-                        let known = id.filter(|id| current.has_call(id));
-                        current.results.push(result(known))
-                    }
+                    Some(_) => current.results.push(result(id)),
+                    None => current.results.push(result(None)),
                 }
             }
             EventKind::Usage => {
