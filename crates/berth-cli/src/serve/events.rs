@@ -37,12 +37,6 @@ where
 {
     use futures_util::StreamExt;
     let presented = super::routes::presented(headers, Scope::Read).unwrap_or_default();
-    let live = |server: Arc<Server>, presented: String| async move {
-        matches!(
-            super::auth::verify(&server.store, presented.trim()).await,
-            Ok(Some(_))
-        )
-    };
     let first_check = tokio::time::Instant::now() + RECHECK;
     futures_util::stream::unfold(
         (server, presented, Box::pin(events), first_check, false),
@@ -53,7 +47,8 @@ where
             loop {
                 // Checked when due, however fast events come.
                 if tokio::time::Instant::now() >= next_check {
-                    if !live(server.clone(), presented.clone()).await {
+                    let live = super::auth::verify(&server.store, presented.trim()).await;
+                    if !matches!(live, Ok(Some(_))) {
                         let event = Event::default()
                             .event("error")
                             .data("the token was revoked");
