@@ -118,8 +118,8 @@ pub enum Command {
         ttl: Option<String>,
     },
     /// Delete what nothing holds any more: sandboxes past their TTL, snapshots past their
-    /// retention, sandboxes and snapshots a crash left half-made (intent rows older than 10
-    /// minutes), never what a running mission will adopt.
+    /// retention, sandboxes and snapshots a crash left half-made (intent rows whose call has
+    /// shown no sign of life for 2 minutes), never what a running mission will adopt.
     Gc,
     /// Fork a sandbox into a new one.
     Fork {

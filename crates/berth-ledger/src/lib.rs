@@ -79,6 +79,7 @@ pub struct Ledger {
     store: Store,
     owner: String,
     run_id: String,
+    sign_of_life_every: Duration,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -116,6 +117,39 @@ impl Ledger {
             store,
             owner: owner.into(),
             run_id: run_id.into(),
+            sign_of_life_every: SIGN_OF_LIFE_EVERY,
+        }
+    }
+
+    /// This ledger with its calls' signs of life every `every` instead of about every 30 s
+    /// (tests: to watch a slow create stay alive without waiting minutes).
+    pub fn with_sign_of_life_every(mut self, every: Duration) -> Self {
+        self.sign_of_life_every = every;
+        self
+    }
+
+    /// Runs `call` (the provider call making `berth_id`'s resource) while stamping the row's
+    /// sign of life, so a sweep never takes a slow create for one a crash abandoned. The stamps
+    /// stop with the call: when it returns, or when a crash or a dropped future ends it.
+    async fn while_alive<T>(&self, berth_id: &str, call: impl Future<Output = T>) -> T {
+        let stamps = async {
+            let mut every = tokio::time::interval_at(
+                tokio::time::Instant::now() + self.sign_of_life_every,
+                self.sign_of_life_every,
+            );
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                // A stamp that fails costs at worst an early sweep of a slow create; the call
+                // itself goes on.
+                if let Err(e) = self.store.ledger_mark_alive(berth_id).await {
+                    tracing::warn!(berth_id, error = %e, "cannot record that a create is alive");
+                }
+            }
+        };
+        tokio::select! {
+            done = call => done,
+            () = stamps => unreachable!("the stamps go on until the call ends"),
         }
     }
 
@@ -201,7 +235,7 @@ impl Ledger {
                 durability: intent_durability(provider),
             })
             .await?;
-        match make(req).await {
+        match self.while_alive(&name.0, make(req)).await {
             Ok(created) => {
                 self.store
                     .ledger_mark_created(&name.0, &created.native_id.0)
@@ -404,7 +438,10 @@ impl Ledger {
             }
             Err(e) => return Err(e.into()),
         }
-        match snapshots.snapshot_keyed(source, key).await {
+        match self
+            .while_alive(key, snapshots.snapshot_keyed(source, key))
+            .await
+        {
             Ok(snap) => {
                 self.store.ledger_mark_created(key, &snap.handle).await?;
                 Ok(snap)
@@ -429,9 +466,13 @@ fn provider_error(berth_id: &str) -> impl Fn(ProviderError) -> LedgerError + Cop
     }
 }
 
-/// How long an intent-only row must be left alone before it counts as half-made by a crash
-/// (between the intent and the result): a live create, fork or snapshot finishes well within it.
-pub(crate) const ORPHAN_AFTER: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+/// How often a create, fork or snapshot under way stamps its row's sign of life.
+const SIGN_OF_LIFE_EVERY: Duration = Duration::from_secs(30);
+
+/// How long after its last sign of life (or its intent, if none) a row still at `intent` counts
+/// as half-made by a crash between the intent and the result: four missed stamps. A live call
+/// stamps however long it takes.
+pub(crate) const ORPHAN_AFTER: chrono::TimeDelta = chrono::TimeDelta::minutes(2);
 
 /// The provider's id for a row's resource. Providers name resources from Berth's id, so an
 /// intent row without a native id is still addressable by name.

@@ -393,11 +393,15 @@ impl Ledger {
 }
 
 /// A row whose create, fork or snapshot never finished (a crash between the intent and the
-/// result), old enough that no live call is still making it: nothing holds it. A killed
-/// `berth fork` otherwise left a running sandbox until its TTL.
+/// result) and whose call has shown no sign of life for [`ORPHAN_AFTER`]: nothing is making
+/// it, nothing holds it. A killed `berth fork` otherwise left a running sandbox until its TTL;
+/// a slow one keeps stamping its row and is left alone however long it takes.
 fn half_made(row: &LedgerRow, now: DateTime<Utc>) -> bool {
+    let last_sign_of_life = row
+        .alive_at
+        .map_or(row.created_at, |t| t.max(row.created_at));
     matches!(row.state, LedgerState::Intent | LedgerState::CreateFailed)
-        && row.created_at + ORPHAN_AFTER <= now
+        && last_sign_of_life + ORPHAN_AFTER <= now
 }
 
 /// Why a snapshot row is still held by its retention (`None`: it may go).
@@ -409,7 +413,7 @@ fn snapshot_retention(row: &LedgerRow, now: DateTime<Utc>) -> Option<String> {
         Some(until) if until <= now => None,
         Some(until) => Some(format!("snapshot retained until {until}")),
         None if matches!(row.state, LedgerState::Intent) => {
-            Some("snapshot being taken (an orphan after 10 minutes)".into())
+            Some("snapshot being taken (an orphan 2 minutes after its last sign of life)".into())
         }
         None => {
             Some("snapshot kept until deleted (`berth snapshot --ttl` sets a retention)".into())

@@ -521,6 +521,71 @@ async fn gc_destroys_a_sandbox_a_crash_left_at_intent_and_spares_a_fresh_one() {
     assert!(!present(&w.host, &fresh).await);
 }
 
+/// A create, fork or snapshot that takes long (a large fork, a docker commit) is not taken
+/// for one a crash abandoned: while the call runs it stamps its row's sign of life, and `gc`
+/// leaves it alone however old its intent; it completes with its row at `created`.
+#[tokio::test]
+async fn gc_spares_a_slow_create_that_is_still_under_way() {
+    let w = world().await;
+    let alice = ledger(&w, "alice", "run-a").await;
+    let slow = ledger(&w, "alice", "run-a")
+        .await
+        .with_sign_of_life_every(std::time::Duration::from_millis(50));
+    let (started, on_start) = tokio::sync::oneshot::channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let released = release.clone();
+    let (host, provider) = (w.host.clone(), w.host.clone());
+    let creating = tokio::spawn(async move {
+        slow.create_tracked(
+            host.as_ref(),
+            "fork:bx-big",
+            None,
+            |_| {},
+            move |req| async move {
+                let created = provider.create(&req).await?;
+                started.send(req.name.0.clone()).unwrap();
+                released.notified().await;
+                Ok(created)
+            },
+        )
+        .await
+    });
+    let id = on_start.await.unwrap();
+    // Its intent and every sign of life so far are eleven minutes old, as if it had been
+    // forking all that time; the call goes on stamping.
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", w.db.display()))
+        .await
+        .unwrap();
+    let long_ago = (chrono::Utc::now() - chrono::TimeDelta::minutes(11))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    sqlx::query("UPDATE ledger SET created_at = ?1, alive_at = ?1 WHERE berth_id = ?2")
+        .bind(&long_ago)
+        .bind(&id)
+        .execute(&db)
+        .await
+        .unwrap();
+    db.close().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let gc = SweepScope {
+        expired_only: true,
+        ..Default::default()
+    };
+    let report = alice.sweep(&w.registry.bind(&w.config), &gc).await.unwrap();
+    assert!(
+        report.entries.is_empty(),
+        "gc swept a create still under way: {report:?}"
+    );
+    assert!(present(&w.host, &id).await, "{id}: destroyed mid-create");
+    release.notify_one();
+    let tracked = creating.await.unwrap().unwrap();
+    assert_eq!(tracked.berth_id, id);
+    let row = alice.row(&id).await.unwrap();
+    assert_eq!(row.state, LedgerState::Created);
+    assert_eq!(row.verified_gone_at, None);
+    alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
+    assert!(!present(&w.host, &id).await);
+}
+
 /// A create killed mid-fill leaves no sandbox (the provider assembles it under a hidden
 /// staging name) but leaves the half-copied tree; a fork killed after its image leaves the
 /// image. Destroying the row of a sandbox observed gone still calls the provider's

@@ -138,6 +138,9 @@ pub struct LedgerRow {
     pub state: LedgerState,
     /// When the intent was recorded.
     pub created_at: DateTime<Utc>,
+    /// The last sign of life of the call making the resource (a create, fork or snapshot still
+    /// under way stamps it about every 30 s; `None`: none since the intent).
+    pub alive_at: Option<DateTime<Utc>>,
     /// When create returned.
     pub create_returned_at: Option<DateTime<Utc>>,
     /// When destroy was first requested.
@@ -201,6 +204,8 @@ pub trait LedgerStore: Send + Sync + fmt::Debug {
     async fn ledger_insert_intent(&self, row: &NewLedgerRow) -> Result<(), StoreError>;
     /// Records that create returned `native_id`.
     async fn ledger_mark_created(&self, berth_id: &str, native_id: &str) -> Result<(), StoreError>;
+    /// Records that the call making the row's resource is still under way (`alive_at`).
+    async fn ledger_mark_alive(&self, berth_id: &str) -> Result<(), StoreError>;
     /// Records a failed create (the resource may still exist; a sweep will check).
     async fn ledger_mark_create_failed(
         &self,
@@ -292,9 +297,14 @@ pub mod contract {
             .ledger_insert_intent(&new_row("bx-1", "alice"))
             .await
             .unwrap();
-        assert_eq!(
-            store.ledger_get("bx-1").await.unwrap().state,
-            LedgerState::Intent
+        let row = store.ledger_get("bx-1").await.unwrap();
+        assert_eq!(row.state, LedgerState::Intent);
+        assert_eq!(row.alive_at, None, "no sign of life before the first");
+        store.ledger_mark_alive("bx-1").await.unwrap();
+        let alive_at = store.ledger_get("bx-1").await.unwrap().alive_at;
+        assert!(
+            alive_at.is_some_and(|t| t >= row.created_at),
+            "{alive_at:?}"
         );
         store.ledger_mark_created("bx-1", "native-1").await.unwrap();
         let row = store.ledger_get("bx-1").await.unwrap();
@@ -394,6 +404,11 @@ pub mod contract {
             .ledger_mark_created("bx-missing", "n")
             .await
             .unwrap_err();
+        assert!(
+            matches!(err, StoreError::NotFound(ref id) if id == "bx-missing"),
+            "{err}"
+        );
+        let err = store.ledger_mark_alive("bx-missing").await.unwrap_err();
         assert!(
             matches!(err, StoreError::NotFound(ref id) if id == "bx-missing"),
             "{err}"

@@ -68,6 +68,7 @@ fn ledger_row(
         expires_at: parse_ts("expires_at", opt("expires_at")?)?,
         state: get("state")?.parse()?,
         created_at: parse_ts("created_at", Some(get("created_at")?))?.expect("some in, some out"),
+        alive_at: parse_ts("alive_at", opt("alive_at")?)?,
         create_returned_at: parse_ts("create_returned_at", opt("create_returned_at")?)?,
         destroy_requested_at: parse_ts("destroy_requested_at", opt("destroy_requested_at")?)?,
         verified_gone_at: parse_ts("verified_gone_at", opt("verified_gone_at")?)?,
@@ -120,6 +121,17 @@ impl LedgerStore for Store {
             "UPDATE ledger SET state = 'created', native_id = ?, create_returned_at = ?, \
              updated_at = ? WHERE berth_id = ?",
             &[Some(native_id), Some(&now), Some(&now), Some(berth_id)],
+        )
+        .await
+    }
+
+    /// Records that the call making the row's resource is still under way.
+    async fn ledger_mark_alive(&self, berth_id: &str) -> Result<(), StoreError> {
+        let now = ts(Utc::now());
+        self.update(
+            "record a sign of life",
+            "UPDATE ledger SET alive_at = ? WHERE berth_id = ?",
+            &[Some(&now), Some(berth_id)],
         )
         .await
     }
