@@ -212,7 +212,8 @@ pub struct Validator {
     pub command: String,
     /// Deadline, e.g. `1m`.
     pub timeout: String,
-    /// Files (relative to the repository) the validator must produce for a pass to count.
+    /// Files (relative to the repository) the validator must produce for a pass to count: no
+    /// `..`, no control characters, each ending in a file name.
     pub evidence: Vec<String>,
     /// Run first in the validator's clean sandbox (e.g. installing the project's declared
     /// dependencies): nothing the agent installed outside the repository comes along.
@@ -584,16 +585,35 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             ));
         }
         for evidence in &task.validator.evidence {
-            if evidence.starts_with('/') || evidence.split('/').any(|p| p == "..") {
+            if let Some(problem) = evidence_path_problem(evidence) {
                 return Err(at(
                     "evidence",
                     "validator.evidence",
-                    format!("`{evidence}` must be a path inside the repository"),
+                    format!("`{}` {problem}", evidence.escape_debug()),
                 ));
             }
         }
     }
     Ok(file)
+}
+
+/// What is wrong with a validator's evidence path, if anything. It names a file beneath the
+/// repository that the validator writes: relative, no `..`, ending in a name (not `/` or
+/// `.`), no control characters (a NUL could never name a file; the path is also handed to the
+/// validator's environment and shown in status), at most 1024 bytes.
+fn evidence_path_problem(path: &str) -> Option<&'static str> {
+    let last = path.rsplit('/').next().unwrap_or_default();
+    if path.starts_with('/') || path.split('/').any(|part| part == "..") {
+        Some("must be a path inside the repository")
+    } else if last.is_empty() || last == "." {
+        Some("must name a file, not a directory (e.g. `.berth/verdict`)")
+    } else if path.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else if path.len() > 1024 {
+        Some("is longer than 1024 bytes")
+    } else {
+        None
+    }
 }
 
 mod harness_check;

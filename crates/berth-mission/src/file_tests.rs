@@ -92,6 +92,52 @@ fn errors_name_the_file_and_line() {
 }
 
 #[test]
+fn evidence_must_name_a_file_beneath_the_repository() {
+    let long = "e".repeat(1025);
+    for (evidence, want) in [
+        ("/etc/shadow", "inside the repository"),
+        ("a/../../x", "inside the repository"),
+        ("", "must name a file, not a directory"),
+        (".", "must name a file, not a directory"),
+        ("out/", "must name a file, not a directory"),
+        ("out/.", "must name a file, not a directory"),
+        ("a\\u0000b", "`a\\0b` must not contain control characters"),
+        ("a\\nb", "control characters"),
+        (
+            "a\\u001b[31m",
+            "`a\\u{1b}[31m` must not contain control characters",
+        ),
+        (&long, "longer than 1024 bytes"),
+    ] {
+        let text = GOOD.replacen(
+            "evidence = [\".berth/notes\"]",
+            &format!("evidence = [\"{evidence}\"]"),
+            1,
+        );
+        let err = parse("m.toml", &text).unwrap_err().to_string();
+        assert!(
+            err.contains("m.toml:35: `tasks[1].validator.evidence`") && err.contains(want),
+            "{evidence:?}: {err}\n  wanted: {want}"
+        );
+    }
+    for fine in [
+        "out.txt",
+        ".berth/verdict",
+        "./a",
+        "a//b",
+        "a b/ç.json",
+        "..x/y..",
+    ] {
+        let text = GOOD.replacen(
+            "evidence = [\".berth/notes\"]",
+            &format!("evidence = [\"{fine}\"]"),
+            1,
+        );
+        assert!(parse("m.toml", &text).is_ok(), "{fine}");
+    }
+}
+
+#[test]
 fn syntax_errors_carry_line_and_column() {
     let broken = GOOD.replacen("max_attempts = 3", "max_attempts = = 3", 1);
     let err = parse("m.toml", &broken).unwrap_err().to_string();
