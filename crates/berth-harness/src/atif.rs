@@ -54,8 +54,9 @@ pub fn trajectory(
     // Which step each call id is in (the open step is `steps.len()`): one lookup per result,
     // however long the stream a sandbox wrote.
     let mut step_of_call: HashMap<String, usize> = HashMap::new();
-    let (mut prompt, mut completion, mut cached, mut cost, mut priced) =
-        (0u64, 0u64, 0u64, 0f64, false);
+    // Totals stay `Some` while every usage event's count is known and the sum fits.
+    let (mut prompt, mut completion, mut cached) = (Some(0u64), Some(0u64), Some(0u64));
+    let (mut cost, mut priced) = (Some(0f64), false);
     let mut usage_seen = false;
     for event in events {
         let starts_new = matches!(
@@ -109,12 +110,17 @@ pub fn trajectory(
             }
             EventKind::Usage => {
                 usage_seen = true;
-                prompt += event.data["input"].as_u64().unwrap_or(0);
-                completion += event.data["output"].as_u64().unwrap_or(0);
-                cached += event.data["cached"].as_u64().unwrap_or(0);
-                if let Some(c) = event.data["cost_usd"].as_f64() {
-                    cost += c;
+                let add = |total: Option<u64>, n: &Value| total?.checked_add(n.as_u64()?);
+                prompt = add(prompt, &event.data["input"]);
+                completion = add(completion, &event.data["output"]);
+                cached = add(cached, &event.data["cached"]);
+                let price = &event.data["cost_usd"];
+                if !price.is_null() {
                     priced = true;
+                    cost = cost
+                        .zip(price.as_f64().filter(|c| c.is_finite() && *c >= 0.0))
+                        .map(|(total, c)| total + c)
+                        .filter(|total| total.is_finite());
                 }
             }
             _ => {}
@@ -165,12 +171,20 @@ pub fn trajectory(
     }
     let (package, version) = harness.pinned();
     let mut final_metrics = json!({ "total_steps": out.len() });
+    // A total that any usage event left unknown is left out (ATIF's totals are optional),
+    // never written as a sum of the known part.
     if usage_seen {
-        final_metrics["total_prompt_tokens"] = json!(prompt);
-        final_metrics["total_completion_tokens"] = json!(completion);
-        final_metrics["total_cached_tokens"] = json!(cached);
+        for (name, total) in [
+            ("total_prompt_tokens", prompt),
+            ("total_completion_tokens", completion),
+            ("total_cached_tokens", cached),
+        ] {
+            if let Some(total) = total {
+                final_metrics[name] = json!(total);
+            }
+        }
     }
-    if priced {
+    if let Some(cost) = cost.filter(|_| priced) {
         final_metrics["total_cost_usd"] = json!(cost);
     }
     Ok(json!({
@@ -285,6 +299,48 @@ mod tests {
             .collect();
         assert_eq!(later.len(), 2, "{t:#}");
         assert!(later.iter().all(|r| r["source_call_id"].is_null()), "{t:#}");
+    }
+
+    /// A total is written only when every usage event's count is known and the sum fits: a
+    /// count the sandbox's stream got wrong leaves that total out, and a price that is not a
+    /// finite, non-negative number leaves the cost out.
+    #[test]
+    fn totals_are_left_out_when_any_part_is_unknown() {
+        let max = u64::MAX;
+        let raw = format!(
+            r#"{{"type":"assistant","message":{{"content":[{{"type":"text","text":"hi"}}]}}}}
+{{"type":"result","is_error":false,"usage":{{"input_tokens":{max},"output_tokens":1}},"total_cost_usd":1e308}}
+{{"type":"result","is_error":false,"usage":{{"input_tokens":{max},"output_tokens":1}},"total_cost_usd":1e308}}
+"#
+        );
+        let events = normalize(Harness::ClaudeCode, "k", "a", raw.as_bytes());
+        let t = trajectory(Harness::ClaudeCode, "go", None, &events).unwrap();
+        assert_harbor_accepts(&t);
+        let totals = &t["final_metrics"];
+        assert!(totals.get("total_prompt_tokens").is_none(), "{totals}");
+        assert!(totals.get("total_cost_usd").is_none(), "{totals}");
+        assert_eq!(totals["total_completion_tokens"], 2);
+        assert_eq!(totals["total_cached_tokens"], 0);
+        // Each count fits, the sum does not.
+        let half = max / 2 + 1;
+        let raw = format!(
+            r#"{{"type":"turn.completed","usage":{{"input_tokens":{half},"output_tokens":{half}}}}}
+{{"type":"item.completed","item":{{"id":"i","type":"agent_message","text":"hi"}}}}
+{{"type":"turn.completed","usage":{{"input_tokens":{half},"output_tokens":1}}}}
+"#
+        );
+        let events = normalize(Harness::Codex, "k", "a", raw.as_bytes());
+        let t = trajectory(Harness::Codex, "go", None, &events).unwrap();
+        let totals = &t["final_metrics"];
+        assert!(totals.get("total_prompt_tokens").is_none(), "{totals}");
+        assert_eq!(totals["total_completion_tokens"], json!(half + 1));
+        let raw = r#"{"type":"assistant","message":{"content":[{"type":"text","text":"hi"}]}}
+{"type":"result","is_error":false,"usage":{"input_tokens":3,"output_tokens":1},"total_cost_usd":-2}
+"#;
+        let events = normalize(Harness::ClaudeCode, "k", "a", raw.as_bytes());
+        let t = trajectory(Harness::ClaudeCode, "go", None, &events).unwrap();
+        assert!(t["final_metrics"].get("total_cost_usd").is_none(), "{t:#}");
+        assert_eq!(t["final_metrics"]["total_prompt_tokens"], 3);
     }
 
     #[test]

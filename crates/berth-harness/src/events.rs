@@ -82,7 +82,7 @@ pub struct Event {
     /// `model`, `cwd`, `version`), `turn_completed` {`is_error`, `result`},
     /// `agent_message_chunk` / `agent_thought_chunk` {`text`}, `tool_call` {`id`, `name`,
     /// `input`}, `tool_call_update` {`id`, `is_error`, `content`}, `file_change` {`paths`},
-    /// `usage` {`input`, `output`, `cached`}, `error` {`kind`, `retryable`, `message`},
+    /// `usage` {`input`, `output`, `cached` (`null`: unknown, the CLI reported no valid count), `cost_usd`}, `error` {`kind`, `retryable`, `message`},
     /// `unparsed` {`text`, `reason`}; text fields are cut at 4 KiB (the raw log has them whole).
     pub data: Value,
 }
@@ -103,6 +103,34 @@ fn bounded(text: &str) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// A token count the CLI must report: a non-negative integer, else unknown (a negative,
+/// fractional, textual or missing count says nothing true about what was used).
+fn count(value: &Value) -> Option<u64> {
+    value.as_u64()
+}
+
+/// A part of a count that a CLI leaves out when there is none (cached tokens): absent is 0,
+/// anything but a non-negative integer is unknown.
+fn part_count(value: &Value) -> Option<u64> {
+    if value.is_null() {
+        Some(0)
+    } else {
+        value.as_u64()
+    }
+}
+
+/// A `usage` event's data: `input` (the whole prompt, cached tokens inside it, as ATIF counts
+/// them), `cached`, `output`, and the CLI's `cost_usd` as it came. A count the stream (written
+/// in the sandbox) got wrong — malformed, past `u64`, or cached above the prompt — is `null`:
+/// unknown, never a made-up 0 or a wrapped sum.
+fn usage_data(input: Option<u64>, cached: Option<u64>, output: Option<u64>, cost: &Value) -> Value {
+    let (input, cached) = match (input, cached) {
+        (Some(input), Some(cached)) if cached > input => (None, None),
+        other => other,
+    };
+    json!({ "input": input, "cached": cached, "output": output, "cost_usd": cost })
 }
 
 fn text_of(value: &Value) -> String {
@@ -156,14 +184,19 @@ fn line_events(harness: Harness, line: &Value) -> (Option<String>, Vec<(EventKin
         }
         (Harness::ClaudeCode, "result") => {
             let usage = &line["usage"];
-            if let Some(fresh) = usage["input_tokens"].as_u64() {
-                let cached = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
-                let created = usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
-                out.push((Usage, json!({
-                    "input": fresh + cached + created, "cached": cached,
-                    "output": usage["output_tokens"].as_u64().unwrap_or(0),
-                    "cost_usd": line["total_cost_usd"],
-                })));
+            if !usage["input_tokens"].is_null() {
+                let cached = part_count(&usage["cache_read_input_tokens"]);
+                let input = [
+                    count(&usage["input_tokens"]),
+                    cached,
+                    part_count(&usage["cache_creation_input_tokens"]),
+                ]
+                .into_iter()
+                .try_fold(0u64, |sum, n| sum.checked_add(n?));
+                out.push((
+                    Usage,
+                    usage_data(input, cached, count(&usage["output_tokens"]), &line["total_cost_usd"]),
+                ));
             }
             let is_error = line["is_error"].as_bool().unwrap_or(true);
             out.push((TurnCompleted, json!({ "is_error": is_error, "result": text_of(&line["result"]), "subtype": line["subtype"] })));
@@ -190,12 +223,13 @@ fn line_events(harness: Harness, line: &Value) -> (Option<String>, Vec<(EventKin
         (Harness::Opencode, "step_finish") => {
             let part = &line["part"];
             let tokens = &part["tokens"];
-            if let Some(input) = tokens["input"].as_u64() {
-                let cached = tokens["cache"]["read"].as_u64().unwrap_or(0);
-                out.push((Usage, json!({
-                    "input": input + cached, "cached": cached,
-                    "output": tokens["output"].as_u64().unwrap_or(0), "cost_usd": part["cost"],
-                })));
+            if !tokens["input"].is_null() {
+                let cached = part_count(&tokens["cache"]["read"]);
+                let input = count(&tokens["input"]).zip(cached).and_then(|(i, c)| i.checked_add(c));
+                out.push((
+                    Usage,
+                    usage_data(input, cached, count(&tokens["output"]), &part["cost"]),
+                ));
             }
             if part["reason"] != "tool-calls" {
                 out.push((TurnCompleted, json!({ "is_error": false, "result": part["reason"] })));
@@ -233,10 +267,16 @@ fn line_events(harness: Harness, line: &Value) -> (Option<String>, Vec<(EventKin
         }
         (Harness::Codex, "turn.completed") => {
             let usage = &line["usage"];
-            out.push((Usage, json!({
-                "input": usage["input_tokens"], "cached": usage["cached_input_tokens"],
-                "output": usage["output_tokens"],
-            })));
+            // Codex's `input_tokens` already holds the cached ones.
+            out.push((
+                Usage,
+                usage_data(
+                    count(&usage["input_tokens"]),
+                    part_count(&usage["cached_input_tokens"]),
+                    count(&usage["output_tokens"]),
+                    &Value::Null,
+                ),
+            ));
             out.push((TurnCompleted, json!({ "is_error": false })));
         }
         (Harness::Codex, "turn.failed") => {
@@ -408,6 +448,50 @@ not json at all
         assert_eq!(judged.verdict, Ok(()));
         assert_eq!((judged.tool_calls, judged.unparsed), (1, 1));
         assert_eq!(judged.session_id.as_deref(), Some("s-1"));
+    }
+
+    /// Usage comes from a stream the sandbox writes: a count past `u64`, a sum that would
+    /// overflow, a negative or textual count, or cached tokens above the prompt are unknown
+    /// (`null`), never a wrapped sum, a panic or a made-up 0.
+    #[test]
+    fn hostile_usage_counts_are_unknown_never_wrapped_or_zero() {
+        let max = u64::MAX;
+        let cases = [
+            (
+                Harness::ClaudeCode,
+                format!(r#"{{"type":"result","is_error":false,"usage":{{"input_tokens":{max},"cache_read_input_tokens":5,"output_tokens":1}}}}"#),
+                json!({ "input": null, "cached": 5, "output": 1, "cost_usd": null }),
+            ),
+            (
+                Harness::ClaudeCode,
+                r#"{"type":"result","is_error":false,"usage":{"input_tokens":-1,"cache_read_input_tokens":"x","output_tokens":2.5},"total_cost_usd":0.5}"#.into(),
+                json!({ "input": null, "cached": null, "output": null, "cost_usd": 0.5 }),
+            ),
+            (
+                Harness::Opencode,
+                format!(r#"{{"type":"step_finish","part":{{"reason":"stop","tokens":{{"input":{max},"output":1,"cache":{{"read":7}}}}}}}}"#),
+                json!({ "input": null, "cached": 7, "output": 1, "cost_usd": null }),
+            ),
+            (
+                Harness::Codex,
+                r#"{"type":"turn.completed","usage":{"input_tokens":1,"cached_input_tokens":9,"output_tokens":"lots"}}"#.into(),
+                json!({ "input": null, "cached": null, "output": null, "cost_usd": null }),
+            ),
+            (
+                Harness::Codex,
+                r#"{"type":"turn.completed","usage":{"input_tokens":10,"output_tokens":3}}"#.into(),
+                json!({ "input": 10, "cached": 0, "output": 3, "cost_usd": null }),
+            ),
+        ];
+        for (harness, line, want) in cases {
+            let events = normalize(harness, "k", "a", line.as_bytes());
+            let usage: Vec<_> = events
+                .iter()
+                .filter(|e| e.kind == EventKind::Usage)
+                .collect();
+            assert_eq!(usage.len(), 1, "{line}: {events:?}");
+            assert_eq!(usage[0].data, want, "{line}");
+        }
     }
 
     #[test]

@@ -72,10 +72,18 @@ pub(super) fn human(event: &Value) -> String {
             one_line(&data["content"])
         ),
         "agent_message_chunk" | "agent_thought_chunk" => one_line(&data["text"]),
-        "usage" => format!(
-            "input {} (cached {}), output {}",
-            data["input"], data["cached"], data["output"]
-        ),
+        "usage" => {
+            let count = |n: &Value| match n {
+                Value::Null => "unknown".to_owned(),
+                n => n.to_string(),
+            };
+            format!(
+                "input {} (cached {}), output {}",
+                count(&data["input"]),
+                count(&data["cached"]),
+                count(&data["output"])
+            )
+        }
         "error" => format!(
             "{} ({}): {}",
             one_line(&data["kind"]),
