@@ -306,6 +306,65 @@ fn a_workspace_without_a_repository_is_rejected_with_a_reason() {
     );
 }
 
+/// A file the sandbox's own git or tar cannot read (mode 000 in a bwrap sandbox, whose user
+/// has no override) is not in the capture, and the capture says so: the sandbox's warnings are
+/// kept with what was left out, instead of the file vanishing from the commit unremarked.
+#[test]
+fn what_the_sandbox_could_not_archive_is_named_not_dropped_unremarked() {
+    let home = tempfile::Builder::new()
+        .prefix("berth-test-hostile-")
+        .tempdir()
+        .unwrap();
+    let owner = "hostile-unreadable";
+    let file = mission(
+        home.path(),
+        &Case {
+            provider: "bwrap",
+            agent: "echo kept > answer.txt\necho work > unreadable.txt\nchmod 000 unreadable.txt\n",
+            validator: "command = \"echo ok > .berth-out\"",
+            tasks: 1,
+            attempts: 1,
+        },
+    );
+    let out = berth(
+        home.path(),
+        owner,
+        &["mission", "run", file.to_str().unwrap()],
+    );
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("notes on what was left out"),
+        "the progress line says something was left out: {shown}"
+    );
+    let doc = status(home.path(), owner);
+    let capture = doc["facts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{doc}"))
+        .iter()
+        .find(|e| e["kind"] == "capture")
+        .expect("a capture event");
+    let skipped: Vec<&str> = capture["detail"]["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    assert!(
+        skipped
+            .iter()
+            .any(|s| s.contains("unreadable.txt") && s.starts_with("the sandbox reported:")),
+        "{capture}"
+    );
+    let bundle = capture["detail"]["bundle"].as_str().unwrap();
+    assert_eq!(committed_file(Path::new(bundle), "answer.txt").1, "kept\n");
+    assert_eq!(
+        committed_file(Path::new(bundle), "unreadable.txt").1,
+        "",
+        "not committed"
+    );
+}
+
 /// Berth's own parts of a home — `state/`, `missions/`, the store — are private.
 fn berths_own_parts_are_private(home: &Path) {
     assert_eq!(mode(&home.join("state")), 0o700);

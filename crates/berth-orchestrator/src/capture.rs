@@ -98,6 +98,51 @@ fn repository_path(raw: &[u8]) -> Result<Vec<u8>, String> {
     Ok(parts.join(&b'/'))
 }
 
+/// What the sandbox's git or tar said while listing and archiving the workspace: a file they
+/// cannot read (mode 000, a path past `PATH_MAX`) is left out of the archive with only a
+/// warning, so these lines say what the capture lacks. The sandbox wrote them: the first
+/// [`MAX_WARNINGS`] lines, each cut and shown escaped, are kept as its report, not a fact.
+pub(crate) fn sandbox_warnings(stderr: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(&stderr[..stderr.len().min(64 << 10)]);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            !line.is_empty() && *line != "tar: Exiting with failure status due to previous errors"
+        })
+        .collect();
+    let mut warnings: Vec<String> = lines
+        .iter()
+        .take(MAX_WARNINGS)
+        .map(|line| {
+            let mut shown = String::new();
+            for c in line.chars().take(300) {
+                if c.is_control() {
+                    shown.extend(c.escape_debug());
+                } else {
+                    shown.push(c);
+                }
+            }
+            let cut = if line.chars().nth(300).is_some() {
+                "…"
+            } else {
+                ""
+            };
+            format!("the sandbox reported: {shown}{cut}")
+        })
+        .collect();
+    if lines.len() > MAX_WARNINGS {
+        warnings.push(format!(
+            "the sandbox reported {} more lines",
+            lines.len() - MAX_WARNINGS
+        ));
+    }
+    warnings
+}
+
+/// The most lines of the sandbox's own warnings a capture keeps.
+const MAX_WARNINGS: usize = 20;
+
 /// Reads a capture archive. Directories are implied by their files; hard links, devices,
 /// fifos and other entry types are left out (named in `skipped`).
 pub(crate) fn parse(archive: &[u8]) -> Result<Capture, String> {
@@ -431,6 +476,33 @@ pub(crate) fn write_patch(running: RunningGit, path: &Path) -> Result<(), Orches
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sandbox's warnings are kept as its report: bounded in number and length, control
+    /// characters escaped, tar's closing summary dropped.
+    #[test]
+    fn the_sandboxs_warnings_are_kept_bounded_and_escaped() {
+        let mut stderr = b"tar: notes.txt: Cannot open: Permission denied\n\
+            warning: could not open directory 'locked/': Permission denied\n\
+            tar: Exiting with failure status due to previous errors\n\n\
+            \x1b[31mred\x07\n"
+            .to_vec();
+        stderr.extend(std::iter::repeat_n(b'x', 1000));
+        stderr.push(b'\n');
+        for n in 0..40 {
+            stderr.extend(format!("line {n}\n").bytes());
+        }
+        let warnings = sandbox_warnings(&stderr);
+        assert_eq!(warnings.len(), MAX_WARNINGS + 1, "{warnings:#?}");
+        assert_eq!(
+            warnings[0],
+            "the sandbox reported: tar: notes.txt: Cannot open: Permission denied"
+        );
+        assert!(warnings[1].contains("could not open directory 'locked/'"));
+        assert_eq!(warnings[2], "the sandbox reported: \\u{1b}[31mred\\u{7}");
+        assert!(warnings[3].ends_with("xxx…") && warnings[3].len() < 400);
+        assert_eq!(warnings[MAX_WARNINGS], "the sandbox reported 24 more lines");
+        assert!(sandbox_warnings(b"").is_empty());
+    }
 
     fn archive(entries: &[(&[u8], tar::EntryType, u32, &[u8])]) -> Vec<u8> {
         let mut builder = tar::Builder::new(Vec::new());

@@ -243,10 +243,26 @@ impl Attempt<'_, '_> {
         );
         let bytes = bytes?;
         patched?;
+        // What was left out names files of the workspace, and the sandbox's own words: masked
+        // like every other byte of the sandbox's that becomes durable.
+        let redactor = crate::publication::redactor(orch, spec);
+        let skipped: Vec<String> = captured
+            .skipped
+            .iter()
+            .map(|why| {
+                let mut bytes = why.clone().into_bytes();
+                redactor.redact(&mut bytes);
+                String::from_utf8_lossy(&bytes).into_owned()
+            })
+            .collect();
+        let left_out = match skipped.len() {
+            0 => String::new(),
+            n => format!(" ({n} notes on what was left out: `berth mission status`)"),
+        };
         self.reached(
             Phase::Frozen,
             format!(
-                "workspace captured: {} files, commit {}",
+                "workspace captured: {} files, commit {}{left_out}",
                 captured.files.len(),
                 &commit[..12]
             ),
@@ -255,7 +271,7 @@ impl Attempt<'_, '_> {
                 "commit": commit,
                 "files": captured.files.len(),
                 "bytes": captured.bytes(),
-                "skipped": captured.skipped,
+                "skipped": skipped,
                 "bundle": bundle,
                 "bundle_bytes": bytes,
             }),

@@ -276,7 +276,11 @@ pub(crate) async fn capture_workspace(
         "captured",
     )
     .await?;
-    capture::parse(&out.stdout)
+    let mut capture = capture::parse(&out.stdout)?;
+    capture.skipped.extend(capture::sandbox_warnings(
+        out.stderr.as_deref().unwrap_or_default(),
+    ));
+    Ok(capture)
 }
 
 /// Whether the validator's evidence file `evidence` (relative to `repo/`) exists.
