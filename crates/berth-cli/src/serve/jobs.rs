@@ -4,13 +4,15 @@
 //! survives), then one `exit` event with the command's status. Event ids count from 1, so a
 //! client that reconnects with `Last-Event-ID: N` gets exactly what followed N.
 //!
-//! The output is kept in the server's memory (at most [`MAX_KEPT`] bytes per job; what is over
-//! is dropped and the `exit` event says how much) for [`RETAIN`] after the command ends. It is
+//! The output is kept in the server's memory (at most [`MAX_KEPT`] per job and
+//! [`MAX_KEPT_ALL`] across the server, each chunk counted with its bookkeeping; what is over is
+//! dropped and the `exit` event says how much) for [`RETAIN`] after the command ends. It is
 //! live data, not durable: after a server restart a job answers 404, and a command whose server
 //! died was ended with it (the exec's reaper kills it when its caller goes away).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +34,12 @@ use crate::output::SCHEMA;
 
 /// Output kept per job.
 const MAX_KEPT: usize = 16 << 20;
+/// Output kept across every job of this server.
+const MAX_KEPT_ALL: usize = 1 << 30;
+/// What one output chunk costs beyond its bytes (the item and its allocation), counted against
+/// both limits: the sandbox decides how its output is cut, and a command writing one byte at a
+/// time made a job hold 560 MB for its 16 MiB of output.
+const CHUNK_OVERHEAD: usize = 64;
 /// How long a finished job's output stays readable.
 const RETAIN: Duration = Duration::from_secs(600);
 /// Jobs kept at once (running or retained), across owners.
@@ -47,6 +55,7 @@ enum Item {
 #[derive(Debug, Default)]
 struct Log {
     items: Vec<Item>,
+    /// What the kept output costs (bytes and bookkeeping), also held in the server's total.
     kept: usize,
     dropped: u64,
     finished: Option<Instant>,
@@ -60,17 +69,29 @@ pub(crate) struct Job {
     log: Mutex<Log>,
     /// Bumped on every new item (and at the end), waking streams.
     changed: watch::Sender<usize>,
+    /// What every job of the server keeps ([`Jobs::held`]).
+    held: Arc<AtomicUsize>,
 }
 
 impl Job {
     fn push(&self, item: Item) {
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         match &item {
-            Item::Output(_, bytes) if log.kept + bytes.len() > MAX_KEPT => {
-                log.dropped += bytes.len() as u64;
-                return;
+            Item::Output(_, bytes) => {
+                let cost = bytes.len() + CHUNK_OVERHEAD;
+                let fits = log.kept + cost <= MAX_KEPT
+                    && self
+                        .held
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                            (held + cost <= MAX_KEPT_ALL).then_some(held + cost)
+                        })
+                        .is_ok();
+                if !fits {
+                    log.dropped += bytes.len() as u64;
+                    return;
+                }
+                log.kept += cost;
             }
-            Item::Output(_, bytes) => log.kept += bytes.len(),
             Item::Exit(_) => log.finished = Some(Instant::now()),
         }
         log.items.push(item);
@@ -80,13 +101,24 @@ impl Job {
     }
 }
 
-/// Every job of this server.
+impl Drop for Job {
+    /// A job forgotten (retention over, no stream left reading it) gives its share back.
+    fn drop(&mut self) {
+        let kept = self.log.get_mut().unwrap_or_else(|p| p.into_inner()).kept;
+        self.held.fetch_sub(kept, Ordering::AcqRel);
+    }
+}
+
+/// Every job of this server, and what their output holds in memory altogether.
 #[derive(Debug, Default)]
-pub(crate) struct Jobs(Mutex<HashMap<String, Arc<Job>>>);
+pub(crate) struct Jobs {
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    held: Arc<AtomicUsize>,
+}
 
 impl Jobs {
     fn insert(&self, id: String, job: Arc<Job>) -> bool {
-        let mut jobs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         jobs.retain(|_, job| {
             let log = job.log.lock().unwrap_or_else(|p| p.into_inner());
             log.finished.is_none_or(|at| at.elapsed() < RETAIN)
@@ -99,7 +131,7 @@ impl Jobs {
     }
 
     fn get(&self, id: &str) -> Option<Arc<Job>> {
-        self.0
+        self.jobs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
@@ -156,6 +188,7 @@ pub(crate) async fn start(
                 sandbox: id.clone(),
                 log: Mutex::new(Log::default()),
                 changed: watch::channel(0).0,
+                held: server.jobs.held.clone(),
             });
             let job_id = job_id();
             if !server.jobs.insert(job_id.clone(), job.clone()) {
@@ -326,4 +359,57 @@ pub(crate) async fn events(
     ))
     .keep_alive(KeepAlive::default())
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(jobs: &Jobs) -> Job {
+        Job {
+            owner: "o".into(),
+            sandbox: "bx-1".into(),
+            log: Mutex::new(Log::default()),
+            changed: watch::channel(0).0,
+            held: jobs.held.clone(),
+        }
+    }
+
+    /// The sandbox cuts its output: one byte per chunk is counted with its bookkeeping, so a
+    /// job holds about its limit in memory however the output comes, and the server's total
+    /// is bounded across jobs and given back when a job is forgotten.
+    #[test]
+    fn what_a_job_keeps_is_bounded_however_its_output_is_cut() {
+        let jobs = Jobs::default();
+        let one = job(&jobs);
+        let chunks = MAX_KEPT; // one byte each: 16 Mi chunks offered
+        for _ in 0..chunks {
+            one.push(Item::Output(Stream::Stdout, vec![b'x']));
+        }
+        let log = one.log.lock().unwrap();
+        let kept_chunks = log.items.len();
+        assert_eq!(kept_chunks, MAX_KEPT / (1 + CHUNK_OVERHEAD), "{}", log.kept);
+        assert_eq!(log.dropped, (chunks - kept_chunks) as u64);
+        assert_eq!(jobs.held.load(Ordering::Acquire), log.kept);
+        drop(log);
+        // Near the server's limit, another job's output is dropped and counted.
+        jobs.held
+            .fetch_add(MAX_KEPT_ALL - MAX_KEPT, Ordering::AcqRel);
+        let two = job(&jobs);
+        two.push(Item::Output(Stream::Stderr, vec![0; 1 << 20]));
+        let log = two.log.lock().unwrap();
+        assert!(log.items.is_empty());
+        assert_eq!(log.dropped, 1 << 20);
+        drop(log);
+        jobs.held
+            .fetch_sub(MAX_KEPT_ALL - MAX_KEPT, Ordering::AcqRel);
+        drop(one);
+        assert_eq!(
+            jobs.held.load(Ordering::Acquire),
+            0,
+            "a forgotten job gives its share back"
+        );
+        two.push(Item::Output(Stream::Stderr, vec![0; 1 << 20]));
+        assert_eq!(two.log.lock().unwrap().items.len(), 1);
+    }
 }
