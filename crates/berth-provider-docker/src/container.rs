@@ -475,25 +475,98 @@ impl DockerProvider {
         }
     }
 
-    pub(crate) async fn commit(&self, id: &NativeId, tag: &str) -> Result<String> {
+    /// Commits `id` to an image labelled as made for `made_for` ([`IMAGE_FOR_LABEL`]), then
+    /// tags it `berth-snapshot:<tag>`. The engine is asked for no tag: a commit whose caller was
+    /// killed goes on in the engine, and tagged it would take the tag after Berth had moved on
+    /// (seen: 1.6 s after its container was removed), so an image only gets its tag from the
+    /// call that is still there to record it.
+    pub(crate) async fn commit(&self, id: &NativeId, made_for: &str, tag: &str) -> Result<String> {
         #[derive(Deserialize)]
         struct Committed {
             #[serde(rename = "Id")]
             id: String,
         }
+        let change = format!("LABEL {IMAGE_FOR_LABEL}={made_for}");
         let committed: Committed = self
             .engine
             .json(
                 Method::POST,
                 &format!(
-                    "/commit?container={}&repo=berth-snapshot&tag={}&pause=true",
+                    "/commit?container={}&pause=true&changes={}",
                     query_escape(&id.0),
-                    query_escape(tag)
+                    query_escape(&change)
                 ),
                 Some(serde_json::json!({})),
             )
             .await?;
+        let tagged = self
+            .engine
+            .expect(
+                Method::POST,
+                &format!(
+                    "/images/{}/tag?repo=berth-snapshot&tag={}",
+                    path_name(&committed.id)?,
+                    query_escape(tag)
+                ),
+                None,
+                &[],
+            )
+            .await;
+        if let Err(e) = tagged {
+            let _ = self.remove_images(&[committed.id], &[]).await;
+            return Err(e);
+        }
         Ok(committed.id)
+    }
+
+    /// Every image Berth committed for `made_for`, tagged or not.
+    pub(crate) async fn images_made_for(&self, made_for: &str) -> Result<Vec<String>> {
+        #[derive(Deserialize)]
+        struct Summary {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        let filters =
+            serde_json::json!({ "label": [format!("{IMAGE_FOR_LABEL}={made_for}")] }).to_string();
+        let images: Vec<Summary> = self
+            .engine
+            .json(
+                Method::GET,
+                &format!("/images/json?all=true&filters={}", query_escape(&filters)),
+                None,
+            )
+            .await?;
+        Ok(images.into_iter().map(|i| i.id).collect())
+    }
+
+    /// Removes `images` by id, so the image goes and not just a tag; 404 (already gone) is
+    /// always fine, and so is any status in `also_ok`. Every image is tried; the first failure
+    /// is returned.
+    pub(crate) async fn remove_images(
+        &self,
+        images: &[String],
+        also_ok: &[StatusCode],
+    ) -> Result<()> {
+        let also_ok: Vec<StatusCode> = [StatusCode::NOT_FOUND]
+            .into_iter()
+            .chain(also_ok.iter().copied())
+            .collect();
+        let mut first_failure = None;
+        for image in images {
+            let removed = self
+                .engine
+                .expect(
+                    Method::DELETE,
+                    &format!("/images/{}", path_name(image)?),
+                    None,
+                    &also_ok,
+                )
+                .await;
+            if let Err(e) = removed {
+                first_failure.get_or_insert(e);
+            }
+        }
+        first_failure.map_or(Ok(()), Err)
     }
 }
 

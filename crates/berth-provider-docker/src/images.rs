@@ -69,19 +69,19 @@ pub(crate) fn fork_image_tag(fork: &str) -> String {
 }
 
 impl DockerProvider {
-    /// Removes the fork image named after `fork`, if there is one (404: none; 409: a
-    /// container still uses it, and it stays).
+    /// Removes every image made for the fork named `fork`: the tagged one and any a killed
+    /// call's commit finished untagged (404: none; 409: a container still uses it, and it
+    /// stays).
     pub(crate) async fn remove_fork_image(&self, fork: &str) -> Result<()> {
+        // By reference first: the tag (all an image made before the label had) goes, and the
+        // image with it unless another name still holds it.
         let reference = format!("berth-snapshot:{}", fork_image_tag(fork));
-        self.engine
-            .expect(
-                Method::DELETE,
-                &format!("/images/{}", path_name(&reference)?),
-                None,
-                &[StatusCode::NOT_FOUND, StatusCode::CONFLICT],
-            )
-            .await
-            .map(|_| ())
+        let untagged = self
+            .remove_images(&[reference], &[StatusCode::CONFLICT])
+            .await;
+        let images = self.images_made_for(&format!("fork:{fork}")).await?;
+        untagged?;
+        self.remove_images(&images, &[StatusCode::CONFLICT]).await
     }
 }
 
@@ -113,6 +113,18 @@ impl DockerProvider {
         Ok(Some(found.id))
     }
 
+    /// Every image made for the snapshot key `key`: labelled for it, or (made before images
+    /// carried the label) tagged with it.
+    async fn images_keyed(&self, key: &str) -> Result<Vec<String>> {
+        let mut images = self.images_made_for(&format!("key:{key}")).await?;
+        if let Some(tagged) = self.tagged_image(&format!("key-{key}")).await? {
+            if !images.contains(&tagged) {
+                images.push(tagged);
+            }
+        }
+        Ok(images)
+    }
+
     pub(crate) async fn snapshot_ref(&self, image: String) -> Result<SnapshotRef> {
         #[derive(Deserialize)]
         struct ImageInfo {
@@ -141,42 +153,29 @@ impl DockerProvider {
 impl Snapshots for DockerProvider {
     async fn snapshot_keyed(&self, id: &NativeId, key: &str) -> Result<SnapshotRef> {
         berth_contract::check_snapshot_key(key).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
-        let tag = format!("key-{key}");
-        // The image the key named before (an interrupted earlier call): replaced, then removed.
-        let earlier = self.tagged_image(&tag).await?;
-        let image = self.commit(id, &tag).await?;
-        if let Some(earlier) = earlier.filter(|e| *e != image) {
-            let _ = self
-                .engine
-                .request(
-                    Method::DELETE,
-                    &format!("/images/{}", path_name(&earlier)?),
-                    None,
-                )
-                .await;
-        }
+        let image = self
+            .commit(id, &format!("key:{key}"), &format!("key-{key}"))
+            .await?;
+        // Made for the key before: a replaced image, or one a killed call's commit finished.
+        let earlier: Vec<String> = self
+            .images_keyed(key)
+            .await?
+            .into_iter()
+            .filter(|e| *e != image)
+            .collect();
+        let _ = self.remove_images(&earlier, &[]).await;
         self.snapshot_ref(image).await
     }
 
     async fn delete_keyed(&self, key: &str) -> Result<()> {
         berth_contract::check_snapshot_key(key).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
-        let Some(image) = self.tagged_image(&format!("key-{key}")).await? else {
-            return Ok(());
-        };
-        // By id, so the image goes, not just the tag (409: a container still uses it).
-        self.engine
-            .expect(
-                Method::DELETE,
-                &format!("/images/{}", path_name(&image)?),
-                None,
-                &[StatusCode::NOT_FOUND],
-            )
-            .await
-            .map(|_| ())
+        // By id, so each image goes, not just the tag (409: a container still uses it).
+        let images = self.images_keyed(key).await?;
+        self.remove_images(&images, &[]).await
     }
 
     async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {
-        let image = self.commit(id, &snapshot_tag(id)).await?;
+        let image = self.commit(id, "snapshot", &snapshot_tag(id)).await?;
         self.snapshot_ref(image).await
     }
 
@@ -208,7 +207,9 @@ impl Fork for DockerProvider {
         // removed first, so a retried fork never strands an untagged image.
         let tag = fork_image_tag(&req.name.0);
         self.remove_fork_image(&req.name.0).await?;
-        let image = self.commit(id, &tag).await?;
+        let image = self
+            .commit(id, &format!("fork:{}", req.name.0), &tag)
+            .await?;
         let labels = BTreeMap::from([(FORK_IMAGE_LABEL.to_owned(), image.clone())]);
         match self.create_container(req, &image, labels).await {
             Ok(created) => Ok(created),

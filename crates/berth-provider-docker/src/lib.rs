@@ -65,6 +65,10 @@ const RUN_DIR_IN_CONTAINER: &str = "/run/berth";
 const SOCKET_NAME: &str = "s.sock";
 /// Label naming the committed image a fork was made from (removed with the fork).
 const FORK_IMAGE_LABEL: &str = "berth.fork-image";
+/// What an image Berth committed was made for: `key:<key>` (a keyed snapshot), `fork:<name>`
+/// (a fork's image) or `snapshot`. Set on the image at commit, so every image made for a key or a
+/// fork is found and removed with it, even one a killed call's commit finished untagged.
+const IMAGE_FOR_LABEL: &str = "berth.image_for";
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Slack beyond timeout + grace before the client stops waiting for the supervisor's answer.
 const CLIENT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);

@@ -358,6 +358,98 @@ async fn keyed_snapshots_and_fork_images_leave_no_duplicates() {
     f.docker.destroy(&id).await.unwrap();
 }
 
+/// Whether the engine has `container` paused (a commit under way pauses it).
+async fn paused(container: &str) -> bool {
+    let out = tokio::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Paused}}", container])
+        .output()
+        .await
+        .unwrap();
+    text(&out.stdout).trim() == "true"
+}
+
+/// Untagged images the engine holds that are bigger than `bytes` (a commit of this test's
+/// data, since no other test writes that much).
+fn big_untagged_images(bytes: u64) -> Vec<String> {
+    let ids = std::process::Command::new("docker")
+        .args(["images", "-aq", "--no-trunc", "--filter", "dangling=true"])
+        .output()
+        .unwrap();
+    text(&ids.stdout)
+        .split_whitespace()
+        .filter(|id| {
+            let size = std::process::Command::new("docker")
+                .args(["image", "inspect", "-f", "{{.Size}}", id])
+                .output()
+                .unwrap();
+            text(&size.stdout).trim().parse::<u64>().unwrap_or(0) > bytes
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A checkpoint whose caller was killed mid-commit: the engine finishes that commit on its
+/// own, after Berth has retried. The abandoned image must neither take the key's tag from the
+/// retried snapshot nor outlive the key's deletion. (Before, the engine tagged it when it was
+/// done: one of the two images was left behind, tagged or untagged.)
+#[tokio::test]
+async fn a_commit_whose_caller_was_killed_neither_takes_the_key_nor_outlives_it() {
+    let Some(f) = fixture("abandoned").await else {
+        return;
+    };
+    let id = f.create("bx-dk-abandoned").await;
+    // Enough new data that a commit is still under way when its caller goes.
+    let wrote = f
+        .sh(&id, "head -c 300000000 /dev/urandom > /workspace/big")
+        .await;
+    assert!(wrote.status.success(), "{:?}", wrote.status);
+    let base = std::process::Command::new("docker")
+        .args(["image", "inspect", "-f", "{{.Size}}", &image()])
+        .output()
+        .unwrap();
+    let big = text(&base.stdout).trim().parse::<u64>().unwrap() + 250_000_000;
+    let leftover_before = big_untagged_images(big);
+    let snapshots = f.docker.require_snapshots().unwrap();
+    let key = format!("ck-abandoned-{}", std::process::id());
+    // The caller is dropped (its connection closed) once the engine has paused the container.
+    tokio::select! {
+        taken = snapshots.snapshot_keyed(&id, &key) => panic!("the commit ended before its caller could be killed: {taken:?}"),
+        () = async { while !paused(&id.0).await { tokio::time::sleep(Duration::from_millis(10)).await } } => {}
+    }
+    // The retry, while the abandoned commit goes on.
+    let retried = snapshots.snapshot_keyed(&id, &key).await.unwrap();
+    // The abandoned commit is over when the engine unpauses the container.
+    let started = Instant::now();
+    while paused(&id.0).await {
+        assert!(started.elapsed() < Duration::from_secs(120), "still paused");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let tagged = std::process::Command::new("docker")
+        .args(["image", "inspect", "-f", "{{.Id}}"])
+        .arg(format!("berth-snapshot:key-{key}"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        text(&tagged.stdout).trim(),
+        retried.handle,
+        "the key's tag names another image than the retried snapshot"
+    );
+    snapshots.delete_keyed(&key).await.unwrap();
+    let left: Vec<String> = big_untagged_images(big)
+        .into_iter()
+        .filter(|i| !leftover_before.contains(i))
+        .collect();
+    let _ = std::process::Command::new("docker")
+        .arg("rmi")
+        .args(&left)
+        .output();
+    assert!(
+        left.is_empty(),
+        "the abandoned commit's image outlived the key: {left:?}"
+    );
+    f.docker.destroy(&id).await.unwrap();
+}
+
 /// Destroys racing each other (a caller killed mid-destroy, then a sweep): the engine answers
 /// "removal already in progress" to all but one; every caller still ends verified gone.
 #[tokio::test]
