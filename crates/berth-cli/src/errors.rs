@@ -345,6 +345,17 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             Some("`berth list` shows your sandboxes".into()),
         ));
     }
+    if let Some(StoreError::SweptWhileMade(_)) = cause.downcast_ref::<StoreError>() {
+        return Some((
+            "conflict",
+            code::CONFLICT,
+            Some(
+                "a sweep took it while it was being made (its run's own cleanup, or a sweep after \
+                 it showed no sign of life for 2 minutes); what was made is destroyed; make it again"
+                    .into(),
+            ),
+        ));
+    }
     None
 }
 
@@ -375,6 +386,17 @@ mod tests {
             ("not_found", code::NOT_FOUND)
         );
         assert_eq!(failure.message, "destroy: no ledger entry `bx-1`");
+
+        let swept = LedgerError::from(StoreError::SweptWhileMade("bx-2".into()));
+        let failure = classify(&anyhow::Error::new(swept).context("create"));
+        assert_eq!(
+            (failure.kind, failure.exit_code),
+            ("conflict", code::CONFLICT)
+        );
+        assert_eq!(
+            failure.message,
+            "create: ledger entry `bx-2` was swept while its resource was being made"
+        );
 
         let fallback = FallbackError::from(FactoryError::NoAdapter { id: "e2b".into() });
         let failure = classify(&anyhow::Error::new(fallback));

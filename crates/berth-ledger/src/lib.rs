@@ -237,9 +237,19 @@ impl Ledger {
             .await?;
         match self.while_alive(&name.0, make(req)).await {
             Ok(created) => {
-                self.store
+                let marked = self
+                    .store
                     .ledger_mark_created(&name.0, &created.native_id.0)
-                    .await?;
+                    .await;
+                if let Err(StoreError::SweptWhileMade(_)) = marked {
+                    // A sweep took the row before the sandbox existed: what was made goes now,
+                    // or the row says why it could not (and the next sweep tries again).
+                    if let Err(source) = provider.destroy(&created.native_id).await {
+                        let row = self.store.ledger_get(&name.0).await?;
+                        let _ = self.destroy_failed(&row, source).await?;
+                    }
+                }
+                marked?;
                 Ok(Tracked {
                     berth_id: name.0,
                     provider: provider.id().to_owned(),
@@ -405,7 +415,19 @@ impl Ledger {
                 m,
             ))
         })?;
-        match self.store.ledger_get(key).await {
+        let mut existing = self.store.ledger_get(key).await;
+        if let Ok(row) = &existing {
+            if row.owner == self.owner
+                && row.kind == ResourceKind::Snapshot
+                && row.state == LedgerState::VerifiedGone
+            {
+                // Taken before and deleted since: the name is freed (its history kept under
+                // `KEY~TOKEN`) and the snapshot gets a row of its own, never a reopened one.
+                self.store.ledger_retire(key).await?;
+                existing = Err(StoreError::NotFound(key.to_owned()));
+            }
+        }
+        match existing {
             Ok(row) if row.owner == self.owner && row.kind == ResourceKind::Snapshot => {}
             Ok(_) => {
                 return Err(LedgerError::Foreign {
@@ -413,7 +435,7 @@ impl Ledger {
                     reason: "the ledger already has a different resource under this name".into(),
                 })
             }
-            Err(berth_store::StoreError::NotFound(_)) => {
+            Err(StoreError::NotFound(_)) => {
                 let labels = Labels {
                     owner: self.owner.clone(),
                     run_id: self.run_id.clone(),
@@ -443,7 +465,15 @@ impl Ledger {
             .await
         {
             Ok(snap) => {
-                self.store.ledger_mark_created(key, &snap.handle).await?;
+                let marked = self.store.ledger_mark_created(key, &snap.handle).await;
+                if let Err(StoreError::SweptWhileMade(_)) = marked {
+                    // Deleted by a sweep while it was being taken: it goes again now.
+                    if let Err(source) = snapshots.delete_keyed(key).await {
+                        let row = self.store.ledger_get(key).await?;
+                        let _ = self.destroy_failed(&row, source).await?;
+                    }
+                }
+                marked?;
                 Ok(snap)
             }
             Err(source) => {

@@ -393,6 +393,31 @@ async fn snapshot_rows_are_deleted_by_key_even_without_a_handle() {
     let row = alice.row("sn-tracked").await.unwrap();
     alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
     assert_eq!(archives(), 0);
+    // Taken again under a key whose snapshot was deleted: a row of its own, open, while the
+    // deleted one keeps its history under a retired name. (The sweep took the source.)
+    let sandbox = create(&alice, &w.host).await;
+    let source = berth_ledger::native_id(&alice.row(&sandbox).await.unwrap());
+    let anew = alice
+        .snapshot_tracked(w.host.as_ref(), &source, "sn-tracked", "test", None)
+        .await
+        .unwrap();
+    let row = alice.row("sn-tracked").await.unwrap();
+    assert_eq!(row.state, berth_store::LedgerState::Created);
+    assert_eq!(row.native_id.as_deref(), Some(anew.handle.as_str()));
+    assert_eq!(row.verified_gone_at, None, "a deleted row was reopened");
+    let history = alice.owned_rows(None, true).await.unwrap();
+    assert!(
+        history.iter().any(|r| r.berth_id.starts_with("sn-tracked~")
+            && r.state == berth_store::LedgerState::VerifiedGone),
+        "{history:?}"
+    );
+    alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
+    assert_eq!(archives(), 0);
+    let source_row = alice.row(&sandbox).await.unwrap();
+    alice
+        .destroy_row(w.host.as_ref(), &source_row)
+        .await
+        .unwrap();
 }
 
 /// A power failure can take an intent that was only safe against a process crash (host and
@@ -584,6 +609,89 @@ async fn gc_spares_a_slow_create_that_is_still_under_way() {
     assert_eq!(row.verified_gone_at, None);
     alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
     assert!(!present(&w.host, &id).await);
+}
+
+/// An operator's full sweep while another run's create is under way leaves it alone (held,
+/// with why); a sweep that does take a row while its sandbox is being made (the run's own
+/// cleanup) is never undone by the create returning afterwards: the row stays gone, and what
+/// was made is destroyed, not left running under a row that says it is gone.
+#[tokio::test]
+async fn a_sweep_and_a_create_under_way_never_leave_a_sandbox_behind_a_gone_row() {
+    let w = world().await;
+    let operator = ledger(&w, "alice", "run-operator").await;
+    let creator = ledger(&w, "alice", "run-a").await;
+    // A create that waits, before it makes anything, until it is let go.
+    let slow_create = |ledger: Ledger| {
+        let (started, on_start) = tokio::sync::oneshot::channel();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let released = release.clone();
+        let (host, provider) = (w.host.clone(), w.host.clone());
+        let creating = tokio::spawn(async move {
+            ledger
+                .create_tracked(
+                    host.as_ref(),
+                    "create",
+                    None,
+                    |_| {},
+                    move |req| async move {
+                        started.send(req.name.0.clone()).unwrap();
+                        released.notified().await;
+                        provider.create(&req).await
+                    },
+                )
+                .await
+        });
+        (creating, on_start, release)
+    };
+
+    let (creating, on_start, release) = slow_create(ledger(&w, "alice", "run-a").await);
+    let id = on_start.await.unwrap();
+    let report = operator
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
+        .await
+        .unwrap();
+    assert_eq!(report.entries.len(), 1, "{report:?}");
+    assert!(
+        matches!(&report.entries[0].action, SweepAction::Held { reason } if reason.contains("run-a")),
+        "{report:?}"
+    );
+    release.notify_one();
+    creating.await.unwrap().unwrap();
+    assert_eq!(creator.row(&id).await.unwrap().state, LedgerState::Created);
+    assert!(present(&w.host, &id).await);
+    creator
+        .destroy_row(w.host.as_ref(), &creator.row(&id).await.unwrap())
+        .await
+        .unwrap();
+
+    // The run's own cleanup takes the row first; the create returns after it.
+    let (creating, on_start, release) = slow_create(ledger(&w, "alice", "run-a").await);
+    let id = on_start.await.unwrap();
+    let report = creator
+        .cleanup_run(&w.registry.bind(&w.config))
+        .await
+        .unwrap();
+    assert_eq!(
+        report.entries[0].action,
+        SweepAction::AlreadyGone,
+        "{report:?}"
+    );
+    release.notify_one();
+    let late = creating.await.unwrap().unwrap_err();
+    assert!(
+        matches!(late, LedgerError::Store(berth_store::StoreError::SweptWhileMade(ref named)) if *named == id),
+        "{late}"
+    );
+    let row = creator.row(&id).await.unwrap();
+    assert_eq!(
+        row.state,
+        LedgerState::VerifiedGone,
+        "the swept row was reopened"
+    );
+    assert!(
+        !present(&w.host, &id).await,
+        "{id}: made after its row was swept, and left running"
+    );
 }
 
 /// A create killed mid-fill leaves no sandbox (the provider assembles it under a hidden

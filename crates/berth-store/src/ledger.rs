@@ -194,6 +194,8 @@ pub struct LedgerQuery {
 /// - updates of a row that does not exist fail with [`StoreError::NotFound`] naming it;
 /// - `ledger_mark_destroy_requested` keeps the first request time and never moves a verified
 ///   gone row back;
+/// - `ledger_mark_created` never reopens a row a destroy was requested for (a sweep took it
+///   while its resource was being made): [`StoreError::SweptWhileMade`], the row unchanged;
 /// - `ledger_retire` frees only a verified-gone name (the row is kept as `NAME~TOKEN`);
 /// - a ledger token is unique across all rows (it proves a resource is this row's);
 /// - `ledger_list` filters by owner and run, hides verified-gone rows unless asked, oldest first;
@@ -267,6 +269,7 @@ pub mod contract {
         Fut: Future<Output = S>,
     {
         row_walks_through_its_states(&fresh().await).await;
+        a_swept_row_is_never_reopened_by_its_create(&fresh().await).await;
         list_filters_by_owner_and_hides_gone_rows(&fresh().await).await;
         duplicates_and_missing_rows_are_errors(&fresh().await).await;
         retire_frees_only_verified_gone_names(&fresh().await).await;
@@ -346,6 +349,39 @@ pub mod contract {
             LedgerState::VerifiedGone,
             "a verified-gone row never moves back"
         );
+    }
+
+    async fn a_swept_row_is_never_reopened_by_its_create(store: &dyn LedgerStore) {
+        for id in ["bx-swept", "bx-gone"] {
+            store
+                .ledger_insert_intent(&new_row(id, "alice"))
+                .await
+                .unwrap();
+        }
+        store
+            .ledger_mark_destroy_requested("bx-swept")
+            .await
+            .unwrap();
+        store
+            .ledger_mark_destroy_result("bx-gone", LedgerState::VerifiedGone, None)
+            .await
+            .unwrap();
+        for (id, state) in [
+            ("bx-swept", LedgerState::DestroyRequested),
+            ("bx-gone", LedgerState::VerifiedGone),
+        ] {
+            let err = store
+                .ledger_mark_created(id, "native-late")
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, StoreError::SweptWhileMade(ref named) if named == id),
+                "{err}"
+            );
+            let row = store.ledger_get(id).await.unwrap();
+            assert_eq!(row.state, state, "{id}: the row moved");
+            assert_eq!(row.native_id, None, "{id}: the row took the late native id");
+        }
     }
 
     async fn list_filters_by_owner_and_hides_gone_rows(store: &dyn LedgerStore) {

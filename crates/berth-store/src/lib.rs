@@ -96,6 +96,11 @@ pub enum StoreError {
     /// No such row.
     #[error("no ledger entry `{0}`")]
     NotFound(String),
+    /// A create, fork or snapshot returned after a sweep had already taken its row (destroy
+    /// requested or verified gone): the row is not reopened; what was made is the caller's to
+    /// remove.
+    #[error("ledger entry `{0}` was swept while its resource was being made")]
+    SweptWhileMade(String),
     /// The caller asked for something the contract does not allow (a bug in the caller).
     #[error("invalid store request: {0}")]
     Invalid(String),

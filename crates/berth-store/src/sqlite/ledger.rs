@@ -116,13 +116,23 @@ impl LedgerStore for Store {
     /// Records that create returned `native_id`.
     async fn ledger_mark_created(&self, berth_id: &str, native_id: &str) -> Result<(), StoreError> {
         let now = ts(Utc::now());
-        self.update(
-            "record create result",
-            "UPDATE ledger SET state = 'created', native_id = ?, create_returned_at = ?, \
-             updated_at = ? WHERE berth_id = ?",
-            &[Some(native_id), Some(&now), Some(&now), Some(berth_id)],
-        )
-        .await
+        // A row a sweep has taken is never reopened (its sandbox would outlive a row that
+        // says it is gone).
+        let marked = self
+            .update(
+                "record create result",
+                "UPDATE ledger SET state = 'created', native_id = ?, create_returned_at = ?, \
+                 updated_at = ? WHERE destroy_requested_at IS NULL \
+                 AND state != 'verified_gone' AND berth_id = ?",
+                &[Some(native_id), Some(&now), Some(&now), Some(berth_id)],
+            )
+            .await;
+        match marked {
+            Err(StoreError::NotFound(_)) if self.ledger_get(berth_id).await.is_ok() => {
+                Err(StoreError::SweptWhileMade(berth_id.to_owned()))
+            }
+            other => other,
+        }
     }
 
     /// Records that the call making the row's resource is still under way.
