@@ -133,7 +133,7 @@ pub enum Command {
         /// Snapshot handle (e.g. `sha256:…`).
         handle: String,
         /// Provider that holds the snapshot.
-        #[arg(long, default_value = "host")]
+        #[arg(long, short, default_value = "host")]
         provider: String,
         #[command(flatten)]
         ttl: TtlArg,

@@ -87,7 +87,8 @@ fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
         "cat data/marker && wc -c < data/blob.bin",
     ]);
     assert_eq!(text(&out.stdout), "after\n100000\n");
-    let (code, doc) = home.json(&["restore", &handle]);
+    // `-p`, as `create` and `run` take it.
+    let (code, doc) = home.json(&["restore", "-p", "host", &handle]);
     assert_eq!(code, 0, "{doc}");
     let restored = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
     let out = home.run(&[
