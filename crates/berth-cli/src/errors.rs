@@ -350,8 +350,8 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             "conflict",
             code::CONFLICT,
             Some(
-                "a sweep took it while it was being made (its run's own cleanup, or a sweep after \
-                 it showed no sign of life for 2 minutes); what was made is destroyed; make it again"
+                "a sweep (`berth ledger sweep`, `gc`, or this run's own cleanup) took it while it \
+                 was being made; what was made is destroyed again; make it again"
                     .into(),
             ),
         ));

@@ -175,8 +175,7 @@ impl Ledger {
                 Some(mission) => Some(format!(
                     "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
                 )),
-                None => being_made_elsewhere(&row, &self.run_id, now)
-                    .or_else(|| snapshot_retention(&row, now)),
+                None => snapshot_retention(&row, now),
             };
             match held {
                 Some(reason) => kept.push(SweepEntry {
@@ -403,26 +402,6 @@ fn half_made(row: &LedgerRow, now: DateTime<Utc>) -> bool {
         .map_or(row.created_at, |t| t.max(row.created_at));
     matches!(row.state, LedgerState::Intent | LedgerState::CreateFailed)
         && last_sign_of_life + ORPHAN_AFTER <= now
-}
-
-/// Why a row is held by another run's create, fork or snapshot that is still under way (it
-/// has shown a sign of life within [`ORPHAN_AFTER`]): swept from under it, the resource would
-/// be made after its destroy. A run's own rows are not held: its must-fire cleanup sweeps what
-/// its abandoned calls were making.
-fn being_made_elsewhere(row: &LedgerRow, run_id: &str, now: DateTime<Utc>) -> Option<String> {
-    if row.state != LedgerState::Intent || row.run_id == run_id || half_made(row, now) {
-        return None;
-    }
-    let last = row
-        .alive_at
-        .map_or(row.created_at, |t| t.max(row.created_at));
-    Some(format!(
-        "being made by run `{}` (last sign of life {} s ago); swept once it shows none for {} \
-         minutes",
-        row.run_id,
-        (now - last).num_seconds().max(0),
-        ORPHAN_AFTER.num_minutes()
-    ))
 }
 
 /// Why a snapshot row is still held by its retention (`None`: it may go).

@@ -611,87 +611,66 @@ async fn gc_spares_a_slow_create_that_is_still_under_way() {
     assert!(!present(&w.host, &id).await);
 }
 
-/// An operator's full sweep while another run's create is under way leaves it alone (held,
-/// with why); a sweep that does take a row while its sandbox is being made (the run's own
-/// cleanup) is never undone by the create returning afterwards: the row stays gone, and what
-/// was made is destroyed, not left running under a row that says it is gone.
+/// A sweep that takes a row while its sandbox is being made (an operator's full sweep from
+/// another process, or the run's own cleanup) is never undone by the create returning
+/// afterwards: the row stays gone, the late create fails naming why, and what it made is
+/// destroyed, not left running under a row that says it is gone. (It used to be marked
+/// `created` with `verified_gone_at` set, and its sandbox outlived every later sweep.)
 #[tokio::test]
-async fn a_sweep_and_a_create_under_way_never_leave_a_sandbox_behind_a_gone_row() {
+async fn a_create_that_returns_after_its_row_was_swept_leaves_nothing_behind() {
     let w = world().await;
-    let operator = ledger(&w, "alice", "run-operator").await;
     let creator = ledger(&w, "alice", "run-a").await;
-    // A create that waits, before it makes anything, until it is let go.
-    let slow_create = |ledger: Ledger| {
+    let operator = ledger(&w, "alice", "run-operator").await;
+    for own_cleanup in [false, true] {
+        // A create that waits, before it makes anything, until it is let go.
         let (started, on_start) = tokio::sync::oneshot::channel();
         let release = Arc::new(tokio::sync::Notify::new());
         let released = release.clone();
         let (host, provider) = (w.host.clone(), w.host.clone());
+        let slow = ledger(&w, "alice", "run-a").await;
         let creating = tokio::spawn(async move {
-            ledger
-                .create_tracked(
-                    host.as_ref(),
-                    "create",
-                    None,
-                    |_| {},
-                    move |req| async move {
-                        started.send(req.name.0.clone()).unwrap();
-                        released.notified().await;
-                        provider.create(&req).await
-                    },
-                )
-                .await
+            slow.create_tracked(
+                host.as_ref(),
+                "create",
+                None,
+                |_| {},
+                move |req| async move {
+                    started.send(req.name.0.clone()).unwrap();
+                    released.notified().await;
+                    provider.create(&req).await
+                },
+            )
+            .await
         });
-        (creating, on_start, release)
-    };
-
-    let (creating, on_start, release) = slow_create(ledger(&w, "alice", "run-a").await);
-    let id = on_start.await.unwrap();
-    let report = operator
-        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
-        .await
-        .unwrap();
-    assert_eq!(report.entries.len(), 1, "{report:?}");
-    assert!(
-        matches!(&report.entries[0].action, SweepAction::Held { reason } if reason.contains("run-a")),
-        "{report:?}"
-    );
-    release.notify_one();
-    creating.await.unwrap().unwrap();
-    assert_eq!(creator.row(&id).await.unwrap().state, LedgerState::Created);
-    assert!(present(&w.host, &id).await);
-    creator
-        .destroy_row(w.host.as_ref(), &creator.row(&id).await.unwrap())
-        .await
-        .unwrap();
-
-    // The run's own cleanup takes the row first; the create returns after it.
-    let (creating, on_start, release) = slow_create(ledger(&w, "alice", "run-a").await);
-    let id = on_start.await.unwrap();
-    let report = creator
-        .cleanup_run(&w.registry.bind(&w.config))
-        .await
-        .unwrap();
-    assert_eq!(
-        report.entries[0].action,
-        SweepAction::AlreadyGone,
-        "{report:?}"
-    );
-    release.notify_one();
-    let late = creating.await.unwrap().unwrap_err();
-    assert!(
-        matches!(late, LedgerError::Store(berth_store::StoreError::SweptWhileMade(ref named)) if *named == id),
-        "{late}"
-    );
-    let row = creator.row(&id).await.unwrap();
-    assert_eq!(
-        row.state,
-        LedgerState::VerifiedGone,
-        "the swept row was reopened"
-    );
-    assert!(
-        !present(&w.host, &id).await,
-        "{id}: made after its row was swept, and left running"
-    );
+        let id = on_start.await.unwrap();
+        let providers = w.registry.bind(&w.config);
+        let report = if own_cleanup {
+            creator.cleanup_run(&providers).await.unwrap()
+        } else {
+            operator
+                .sweep(&providers, &SweepScope::default())
+                .await
+                .unwrap()
+        };
+        assert_eq!(report.entries.len(), 1, "{report:?}");
+        assert_eq!(report.entries[0].action, SweepAction::AlreadyGone);
+        release.notify_one();
+        let late = creating.await.unwrap().unwrap_err();
+        assert!(
+            matches!(late, LedgerError::Store(berth_store::StoreError::SweptWhileMade(ref named)) if *named == id),
+            "{late}"
+        );
+        let row = creator.row(&id).await.unwrap();
+        assert_eq!(
+            row.state,
+            LedgerState::VerifiedGone,
+            "the swept row was reopened"
+        );
+        assert!(
+            !present(&w.host, &id).await,
+            "{id}: made after its row was swept, and left running"
+        );
+    }
 }
 
 /// A create killed mid-fill leaves no sandbox (the provider assembles it under a hidden
