@@ -240,6 +240,22 @@ pub fn file_too_large(provider: &str, path: &str) -> ProviderError {
     )
 }
 
+/// The most entries [`Files::list`] returns for one directory (100 000): a sandbox decides how
+/// many names a directory holds (millions cost it one `xargs touch`), and a listing holds each.
+pub const MAX_LIST_ENTRIES: usize = 100_000;
+
+/// A listing refused for passing [`MAX_LIST_ENTRIES`], in the same words from every provider.
+pub fn too_many_entries(provider: &str, path: &str) -> ProviderError {
+    ProviderError::new(
+        crate::ErrorKind::InvalidRequest,
+        provider,
+        format!(
+            "`{path}` holds more than the file API's limit of {MAX_LIST_ENTRIES} entries; list a \
+             subdirectory, or count them with exec"
+        ),
+    )
+}
+
 /// File operations.
 ///
 /// # Contract
@@ -253,7 +269,8 @@ pub trait Files: Send + Sync {
     async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>>;
     /// Writes a whole file, creating parent directories.
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()>;
-    /// Lists a directory, sorted by name.
+    /// Lists a directory, sorted by name: at most [`MAX_LIST_ENTRIES`] (more is
+    /// `InvalidRequest`, found without holding more than that).
     async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>>;
 }
 

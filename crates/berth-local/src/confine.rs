@@ -335,6 +335,9 @@ impl Workspace {
             if name == b"." || name == b".." {
                 continue;
             }
+            if entries.len() == berth_contract::MAX_LIST_ENTRIES {
+                return Err(berth_contract::too_many_entries(PROVIDER_ID, path));
+            }
             let stat = match rustix::fs::statat(&dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW)
             {
                 Ok(stat) => stat,
@@ -430,6 +433,29 @@ mod tests {
         }
         let err = opened.read("/etc/passwd").unwrap_err();
         assert!(err.to_string().contains("absolute and outside"), "{err}");
+    }
+
+    /// A directory of more names than a listing may hold is refused, not held in memory.
+    #[test]
+    fn a_listing_holds_at_most_max_list_entries() {
+        let (_dir, ws, opened) = workspace();
+        let wide = ws.join("wide");
+        std::fs::create_dir(&wide).unwrap();
+        for n in 0..berth_contract::MAX_LIST_ENTRIES {
+            std::fs::File::create(wide.join(n.to_string())).unwrap();
+        }
+        assert_eq!(
+            opened.list("wide").unwrap().len(),
+            berth_contract::MAX_LIST_ENTRIES
+        );
+        std::fs::File::create(wide.join("one-more")).unwrap();
+        let err = opened.list("wide").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
+        assert!(
+            err.to_string()
+                .contains("`wide` holds more than the file API's limit of 100000 entries"),
+            "{err}"
+        );
     }
 
     #[test]

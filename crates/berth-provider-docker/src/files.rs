@@ -168,6 +168,9 @@ impl Files for DockerProvider {
                         }
                         continue;
                     }
+                    if entries.len() == berth_contract::MAX_LIST_ENTRIES {
+                        return Err(berth_contract::too_many_entries(PROVIDER_ID, &shown));
+                    }
                     let kind = match entry.header().entry_type() {
                         tar::EntryType::Regular | tar::EntryType::Continuous => FileKind::File,
                         tar::EntryType::Directory => FileKind::Dir,

@@ -450,6 +450,38 @@ async fn a_commit_whose_caller_was_killed_neither_takes_the_key_nor_outlives_it(
     f.docker.destroy(&id).await.unwrap();
 }
 
+/// A directory the sandbox filled with more names than a listing may hold is refused at the
+/// limit; one at the limit is listed whole.
+#[tokio::test]
+async fn a_listing_holds_at_most_max_list_entries() {
+    let Some(f) = fixture("wide").await else {
+        return;
+    };
+    let id = f.create("bx-dk-wide").await;
+    let max = berth_contract::MAX_LIST_ENTRIES;
+    let made = f
+        .sh(
+            &id,
+            &format!("mkdir wide && cd wide && seq 1 {max} | xargs touch && mkdir -p ../deep/d && cd ../deep/d && seq 1 {max} | xargs touch && touch ../../deep/x"),
+        )
+        .await;
+    assert!(made.status.success(), "{:?}", made.status);
+    let files = f.docker.require_files().unwrap();
+    assert_eq!(files.list(&id, "wide").await.unwrap().len(), max);
+    // Many names below a directory's children are not its entries.
+    assert_eq!(files.list(&id, "deep").await.unwrap().len(), 2);
+    let more = f.sh(&id, "touch wide/one-more").await;
+    assert!(more.status.success());
+    let err = files.list(&id, "wide").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+    assert!(
+        err.to_string()
+            .contains("`wide` holds more than the file API's limit of 100000 entries"),
+        "{err}"
+    );
+    f.docker.destroy(&id).await.unwrap();
+}
+
 /// Destroys racing each other (a caller killed mid-destroy, then a sweep): the engine answers
 /// "removal already in progress" to all but one; every caller still ends verified gone.
 #[tokio::test]
