@@ -419,10 +419,14 @@ impl Ledger {
         if let Ok(row) = &existing {
             if row.owner == self.owner
                 && row.kind == ResourceKind::Snapshot
-                && row.state == LedgerState::VerifiedGone
+                && (row.destroy_requested_at.is_some() || row.state == LedgerState::VerifiedGone)
             {
-                // Taken before and deleted since: the name is freed (its history kept under
-                // `KEY~TOKEN`) and the snapshot gets a row of its own, never a reopened one.
+                // Taken before and deleted (or being deleted) since: its deletion is finished,
+                // the name freed (its history kept under `KEY~TOKEN`), and the snapshot gets a
+                // row of its own, never a reopened one.
+                if row.state != LedgerState::VerifiedGone {
+                    self.delete_snapshot_row(provider, row).await?;
+                }
                 self.store.ledger_retire(key).await?;
                 existing = Err(StoreError::NotFound(key.to_owned()));
             }

@@ -411,6 +411,22 @@ async fn snapshot_rows_are_deleted_by_key_even_without_a_handle() {
             && r.state == berth_store::LedgerState::VerifiedGone),
         "{history:?}"
     );
+    // A deletion that was requested and never finished (a crash mid-delete): taking the key
+    // again finishes it first, then gives the new snapshot a row of its own.
+    alice
+        .store()
+        .ledger_mark_destroy_requested("sn-tracked")
+        .await
+        .unwrap();
+    let after_crash = alice
+        .snapshot_tracked(w.host.as_ref(), &source, "sn-tracked", "test", None)
+        .await
+        .unwrap();
+    let row = alice.row("sn-tracked").await.unwrap();
+    assert_eq!(row.state, berth_store::LedgerState::Created);
+    assert_eq!(row.destroy_requested_at, None);
+    assert_eq!(row.native_id.as_deref(), Some(after_crash.handle.as_str()));
+    assert_eq!(archives(), 1);
     alice.destroy_row(w.host.as_ref(), &row).await.unwrap();
     assert_eq!(archives(), 0);
     let source_row = alice.row(&sandbox).await.unwrap();
