@@ -519,24 +519,56 @@ impl DockerProvider {
         Ok(committed.id)
     }
 
-    /// Every image Berth committed for `made_for`, tagged or not.
-    pub(crate) async fn images_made_for(&self, made_for: &str) -> Result<Vec<String>> {
-        #[derive(Deserialize)]
-        struct Summary {
-            #[serde(rename = "Id")]
-            id: String,
-        }
-        let filters =
-            serde_json::json!({ "label": [format!("{IMAGE_FOR_LABEL}={made_for}")] }).to_string();
-        let images: Vec<Summary> = self
-            .engine
+    /// The engine's images matching `filters` (the images/json filter document).
+    async fn images_matching(&self, filters: serde_json::Value) -> Result<Vec<ImageSummary>> {
+        self.engine
             .json(
                 Method::GET,
-                &format!("/images/json?all=true&filters={}", query_escape(&filters)),
+                &format!(
+                    "/images/json?all=true&filters={}",
+                    query_escape(&filters.to_string())
+                ),
                 None,
             )
-            .await?;
+            .await
+    }
+
+    /// Every image Berth committed for `made_for`, tagged or not.
+    pub(crate) async fn images_made_for(&self, made_for: &str) -> Result<Vec<String>> {
+        let filters = serde_json::json!({ "label": [format!("{IMAGE_FOR_LABEL}={made_for}")] });
+        let images = self.images_matching(filters).await?;
         Ok(images.into_iter().map(|i| i.id).collect())
+    }
+
+    /// Removes the images committed for a key or a fork that are still untagged
+    /// [`ABANDONED_AFTER`] after they were made: the call that commits tags at once, so such an
+    /// image is a commit the engine finished for a caller that was killed, possibly after its
+    /// key or fork was deleted (nothing else would ever name it). Plain snapshots are never
+    /// touched: a user's restore names them by digest.
+    pub(crate) async fn remove_abandoned_commits(&self) -> Result<usize> {
+        let filters = serde_json::json!({ "label": [IMAGE_FOR_LABEL], "dangling": ["true"] });
+        let images = self.images_matching(filters).await?;
+        // The engine is local (its socket): its clock is this one.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let abandoned: Vec<String> = images
+            .into_iter()
+            .filter(|image| {
+                let made_for = image
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(IMAGE_FOR_LABEL))
+                    .map_or("", String::as_str);
+                (made_for.starts_with("key:") || made_for.starts_with("fork:"))
+                    && image.created > 0
+                    && image.created + ABANDONED_AFTER.as_secs() as i64 <= now
+            })
+            .map(|image| image.id)
+            .collect();
+        self.remove_images(&abandoned, &[StatusCode::CONFLICT])
+            .await?;
+        Ok(abandoned.len())
     }
 
     /// Removes `images` by id, so the image goes and not just a tag; 404 (already gone) is
@@ -615,4 +647,15 @@ pub(crate) fn demux_logs(mut raw: &[u8]) -> Vec<u8> {
         raw = &raw[end..];
     }
     out
+}
+
+/// One image as the engine's image list gives it.
+#[derive(Deserialize)]
+struct ImageSummary {
+    #[serde(rename = "Id")]
+    id: String,
+    #[serde(rename = "Created", default)]
+    created: i64,
+    #[serde(rename = "Labels", default)]
+    labels: Option<BTreeMap<String, String>>,
 }

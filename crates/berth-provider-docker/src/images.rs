@@ -81,7 +81,10 @@ impl DockerProvider {
             .await;
         let images = self.images_made_for(&format!("fork:{fork}")).await?;
         untagged?;
-        self.remove_images(&images, &[StatusCode::CONFLICT]).await
+        self.remove_images(&images, &[StatusCode::CONFLICT]).await?;
+        // Housekeeping: what killed commits left for keys and forks long deleted.
+        let _ = self.remove_abandoned_commits().await;
+        Ok(())
     }
 }
 
@@ -164,6 +167,7 @@ impl Snapshots for DockerProvider {
             .filter(|e| *e != image)
             .collect();
         let _ = self.remove_images(&earlier, &[]).await;
+        let _ = self.remove_abandoned_commits().await;
         self.snapshot_ref(image).await
     }
 
@@ -171,7 +175,9 @@ impl Snapshots for DockerProvider {
         berth_contract::check_snapshot_key(key).map_err(|m| err(ErrorKind::InvalidRequest, m))?;
         // By id, so each image goes, not just the tag (409: a container still uses it).
         let images = self.images_keyed(key).await?;
-        self.remove_images(&images, &[]).await
+        self.remove_images(&images, &[]).await?;
+        let _ = self.remove_abandoned_commits().await;
+        Ok(())
     }
 
     async fn snapshot(&self, id: &NativeId) -> Result<SnapshotRef> {

@@ -69,6 +69,9 @@ const FORK_IMAGE_LABEL: &str = "berth.fork-image";
 /// (a fork's image) or `snapshot`. Set on the image at commit, so every image made for a key or a
 /// fork is found and removed with it, even one a killed call's commit finished untagged.
 const IMAGE_FOR_LABEL: &str = "berth.image_for";
+/// How long after it was made an image committed for a key or a fork may stay untagged before
+/// it counts as abandoned (its call tags it within milliseconds).
+const ABANDONED_AFTER: Duration = Duration::from_secs(120);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Slack beyond timeout + grace before the client stops waiting for the supervisor's answer.
 const CLIENT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);

@@ -450,6 +450,124 @@ async fn a_commit_whose_caller_was_killed_neither_takes_the_key_nor_outlives_it(
     f.docker.destroy(&id).await.unwrap();
 }
 
+/// Loads an untagged image made at `created` (RFC 3339) with `labels`, as `docker load` of a
+/// minimal image archive; returns its id.
+fn load_untagged_image(dir: &std::path::Path, created: &str, labels: serde_json::Value) -> String {
+    let build = |entries: &[(&str, &[u8])]| {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, bytes) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut header, name, *bytes).unwrap();
+        }
+        tar.into_inner().unwrap()
+    };
+    let layer = build(&[("berth-abandoned", created.as_bytes())]);
+    std::fs::write(dir.join("layer.tar"), &layer).unwrap();
+    let sum = std::process::Command::new("sha256sum")
+        .arg(dir.join("layer.tar"))
+        .output()
+        .unwrap();
+    let diff_id = format!(
+        "sha256:{}",
+        text(&sum.stdout).split_whitespace().next().unwrap()
+    );
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": { "Labels": labels },
+        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
+    })
+    .to_string();
+    let manifest = serde_json::json!([
+        { "Config": "config.json", "RepoTags": null, "Layers": ["layer.tar"] }
+    ])
+    .to_string();
+    let archive = build(&[
+        ("config.json", config.as_bytes()),
+        ("layer.tar", &layer),
+        ("manifest.json", manifest.as_bytes()),
+    ]);
+    std::fs::write(dir.join("image.tar"), archive).unwrap();
+    let loaded = std::process::Command::new("docker")
+        .args(["load", "-q", "-i"])
+        .arg(dir.join("image.tar"))
+        .output()
+        .unwrap();
+    assert!(loaded.status.success(), "{}", text(&loaded.stderr));
+    text(&loaded.stdout)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+fn image_exists(image: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["image", "inspect", image])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// What a killed commit left untagged for a key or a fork (the engine finished it after the
+/// key was deleted) is removed by the next keyed snapshot, key deletion or fork removal once it
+/// is 2 minutes old; a fresh one (its call may be about to tag it) and a plain snapshot (a
+/// user's restore names it by digest) are left alone.
+#[tokio::test]
+async fn abandoned_commits_are_removed_by_later_housekeeping() {
+    let Some(f) = fixture("housekeeping").await else {
+        return;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-abandoned-")
+        .tempdir()
+        .unwrap();
+    let run = std::process::id();
+    let now = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    let now = text(&now.stdout).trim().to_owned();
+    let label = |made_for: String| serde_json::json!({ "berth.image_for": made_for });
+    let old_key = load_untagged_image(
+        dir.path(),
+        "2026-01-01T00:00:00Z",
+        label(format!("key:ck-gone-{run}")),
+    );
+    let old_fork = load_untagged_image(
+        dir.path(),
+        "2026-01-01T00:00:01Z",
+        label(format!("fork:bx-gone-{run}")),
+    );
+    let old_snapshot =
+        load_untagged_image(dir.path(), "2026-01-01T00:00:02Z", label("snapshot".into()));
+    let fresh_key = load_untagged_image(dir.path(), &now, label(format!("key:ck-fresh-{run}")));
+    for image in [&old_key, &old_fork, &old_snapshot, &fresh_key] {
+        assert!(image_exists(image), "{image} was not loaded");
+    }
+    let snapshots = f.docker.require_snapshots().unwrap();
+    snapshots
+        .delete_keyed(&format!("ck-other-{run}"))
+        .await
+        .unwrap();
+    let left: Vec<bool> = [&old_key, &old_fork, &old_snapshot, &fresh_key]
+        .iter()
+        .map(|image| image_exists(image))
+        .collect();
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", &old_key, &old_fork, &old_snapshot, &fresh_key])
+        .output();
+    assert_eq!(
+        left,
+        [false, false, true, true],
+        "left: old key image, old fork image, old plain snapshot, fresh key image"
+    );
+}
+
 /// A directory the sandbox filled with more names than a listing may hold is refused at the
 /// limit; one at the limit is listed whole.
 #[tokio::test]
