@@ -98,6 +98,21 @@ fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
         "test ! -e data/marker && echo clean",
     ]);
     assert_eq!(text(&out.stdout), "clean\n");
+    // A missing file is not_found with a hint about the path, not about the sandbox list.
+    let copied = home.path().join("missing-copy");
+    let (code, doc) = home.json(&[
+        "cp",
+        &format!("{restored}:data/marker"),
+        copied.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 3, "{doc}");
+    assert_eq!(doc["error"]["kind"], "not_found", "{doc}");
+    let hint = doc["error"]["hint"].as_str().unwrap_or_default();
+    assert!(
+        hint.contains("relative to the sandbox's workspace") && hint.contains(&restored),
+        "{doc}"
+    );
+    assert!(!copied.exists());
 
     // list and status show observed state beside the ledger.
     let (_, doc) = home.json(&["list"]);

@@ -233,6 +233,22 @@ fn endpoint(text: &str) -> Endpoint<'_> {
     }
 }
 
+/// A file read's `not_found` with a hint about the file, not the sandbox list (the sandbox's
+/// row was found; what is missing is most likely the path).
+fn missing_file(e: berth_contract::ProviderError, id: &str) -> anyhow::Error {
+    if e.kind() != berth_contract::ErrorKind::NotFound {
+        return e.into();
+    }
+    CliError::not_found(
+        e.to_string(),
+        &format!(
+            "paths are relative to the sandbox's workspace: `berth exec {id} -- ls -la` shows \
+             what is there; `berth status {id}` shows whether the sandbox still is"
+        ),
+    )
+    .into()
+}
+
 /// `berth cp`.
 pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
     if app.json && destination == "-" {
@@ -245,7 +261,11 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
     let bytes = match (endpoint(source), endpoint(destination)) {
         (Endpoint::Sandbox { id, path }, Endpoint::Local(local)) => {
             let (_row, provider, native) = app.sandbox(id).await?;
-            let data = provider.require_files()?.read(&native, path).await?;
+            let data = provider
+                .require_files()?
+                .read(&native, path)
+                .await
+                .map_err(|e| missing_file(e, id))?;
             if local == "-" {
                 crate::output::stdout_write_bytes(&data);
             } else {
