@@ -98,6 +98,27 @@ fn user_path_create_exec_cp_snapshot_fork_destroy_ledger() {
         "test ! -e data/marker && echo clean",
     ]);
     assert_eq!(text(&out.stdout), "clean\n");
+    // A fork of a sandbox that vanished out of band names that sandbox, not the fork's row.
+    let vanished = home.json(&["create"]).1["sandbox"]["berth_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    std::fs::remove_dir_all(home.sandbox_dir(&vanished)).unwrap();
+    let (code, doc) = home.json(&["fork", &vanished]);
+    assert_eq!(code, 3, "{doc}");
+    assert_eq!(doc["error"]["kind"], "not_found", "{doc}");
+    let message = doc["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("cannot fork `{vanished}`: ")),
+        "{doc}"
+    );
+    assert!(
+        doc["error"]["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains(&format!("berth status {vanished}"))),
+        "{doc}"
+    );
+    home.json(&["destroy", &vanished]);
     // A missing file is not_found with a hint about the path, not about the sandbox list.
     let copied = home.path().join("missing-copy");
     let (code, doc) = home.json(&[

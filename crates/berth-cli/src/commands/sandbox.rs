@@ -232,7 +232,21 @@ pub async fn fork(app: &App, id: &str, ttl: &str) -> Result<i32> {
             |_| {},
             |req| async move { fork.fork(&native, &req).await },
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            // The fork's own row is named by nothing the user has seen: what is missing is the
+            // source.
+            berth_ledger::LedgerError::Provider { source, .. }
+                if source.kind() == berth_contract::ErrorKind::NotFound =>
+            {
+                crate::errors::CliError::not_found(
+                    format!("cannot fork `{id}`: {source}"),
+                    &format!("`berth status {id}` shows whether it is still there"),
+                )
+                .into()
+            }
+            other => anyhow::Error::from(other),
+        })?;
     print_tracked(app, "fork", &tracked, json!({ "source": id }));
     Ok(code::OK)
 }
