@@ -312,13 +312,6 @@ async fn keyed_snapshots_and_fork_images_leave_no_duplicates() {
     let first = snapshots.snapshot_keyed(&id, &key).await.unwrap();
     let second = snapshots.snapshot_keyed(&id, &key).await.unwrap();
     assert_ne!(first.handle, second.handle);
-    let image_exists = |image: &str| {
-        std::process::Command::new("docker")
-            .args(["image", "inspect", image])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
     assert!(
         !image_exists(&first.handle),
         "the replaced snapshot image was left behind"
