@@ -119,7 +119,8 @@ pub enum Command {
     },
     /// Delete what nothing holds any more: sandboxes past their TTL, snapshots past their
     /// retention, sandboxes and snapshots a crash left half-made (intent rows whose call has
-    /// shown no sign of life for 2 minutes), never what a running mission will adopt.
+    /// shown no sign of life for 2 minutes), never what a running mission will adopt or an
+    /// unexpired row of a run still live in another berth process.
     Gc,
     /// Fork a sandbox into a new one.
     Fork {
@@ -346,7 +347,9 @@ pub enum LedgerCommand {
         #[arg(long)]
         all: bool,
     },
-    /// Destroy and verify everything this owner created that is not verified gone.
+    /// Destroy and verify everything this owner created that is not verified gone, except what
+    /// a running mission, a run still live in another berth process (until its expiry) or a
+    /// snapshot's retention holds (reported as held).
     Sweep {
         /// Only this run's resources.
         #[arg(long)]

@@ -412,6 +412,39 @@ fn must_fire_sigkill_leaves_it_sweepable_and_sweep_verifies() {
     });
 }
 
+/// An operator's `ledger sweep` while a `berth run` is running holds the run's sandbox (its run
+/// is live) instead of destroying it under the command; the run ends when its command does and
+/// removes the sandbox itself. Before, the sweep destroyed the sandbox and killed the command.
+#[test]
+fn a_sweep_holds_the_sandbox_of_a_run_still_running() {
+    let home = Home::new();
+    let (child, id, pid) = start_run_of(
+        &home,
+        "while [ ! -e go ]; do sleep 0.05; done; echo finished",
+        Stdio::piped(),
+    );
+    let (code, doc) = home.json(&["ledger", "sweep"]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["complete"], true, "{doc}");
+    let entries = swept_entries(&doc);
+    assert_eq!(entries.len(), 1, "{doc}");
+    assert_eq!(entries[0]["berth_id"], id.as_str());
+    assert_eq!(entries[0]["action"], "held", "{doc}");
+    assert!(
+        entries[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("still live")),
+        "{doc}"
+    );
+    assert!(process_alive(pid), "the run's command was killed");
+    std::fs::write(home.sandbox_dir(&id).join("workspace/go"), b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(text(&out.stdout).trim(), "finished");
+    assert_eq!(home.ledger_state("tester", &id), "verified_gone");
+    assert!(!home.sandbox_dir(&id).exists());
+}
+
 /// A sweep on a machine whose docker engine is not there (no socket at DOCKER_HOST) still
 /// sweeps the rest: the docker listing is reported as not listed, the host sandbox is destroyed
 /// and verified, and the exit is 0 — nothing of ours is left unverified. Before, the listing's

@@ -11,6 +11,10 @@
 //! - **Must not fire.** Berth destroys a resource only when its ledger row belongs to this owner
 //!   *and* the provider reports labels carrying this owner and the row's ledger token. Anything
 //!   else is skipped and reported as foreign.
+//! - **A live run's rows are its own.** A run claims itself live (a lock its process holds,
+//!   which the kernel drops however the process ends) before its first intent; a sweep from
+//!   another run holds that run's unexpired rows instead of destroying them from under it, and
+//!   takes a killed run's rows at once.
 //! - **Gone means observed gone.** A row becomes `verified_gone` only when the provider's
 //!   destroy verified it or observe says absent. `Accepted` keeps the row open.
 
@@ -80,6 +84,8 @@ pub struct Ledger {
     owner: String,
     run_id: String,
     sign_of_life_every: Duration,
+    /// This run's claim to be live, taken before its first intent and shared by the clones.
+    claim: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<berth_store::RunClaim>>>,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -118,6 +124,7 @@ impl Ledger {
             owner: owner.into(),
             run_id: run_id.into(),
             sign_of_life_every: SIGN_OF_LIFE_EVERY,
+            claim: Default::default(),
         }
     }
 
@@ -166,6 +173,16 @@ impl Ledger {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Claims this run live, once (before its first intent: a sweep that sees the row then
+    /// sees the claim).
+    fn claim_run(&self) -> Result<(), LedgerError> {
+        if self.claim.get().is_none() {
+            let claim = self.store.claim_run(&self.run_id)?;
+            let _ = self.claim.set(claim);
+        }
+        Ok(())
     }
 
     /// A fresh ledger token: this store's identity, then random. The prefix tells a sweep
@@ -221,6 +238,7 @@ impl Ledger {
         };
         let mut req = CreateRequest::new(name.clone(), labels.clone());
         prepare(&mut req);
+        self.claim_run()?;
         self.store
             .ledger_insert_intent(&NewLedgerRow {
                 berth_id: name.0.clone(),
@@ -446,6 +464,7 @@ impl Ledger {
                     ledger_token: self.new_token().await?,
                     expires_at_unix: None,
                 };
+                self.claim_run()?;
                 self.store
                     .ledger_insert_intent(&NewLedgerRow {
                         berth_id: key.to_owned(),

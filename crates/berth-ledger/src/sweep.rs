@@ -1,5 +1,5 @@
 //! Sweeping: destroying and verifying what this owner's rows name, leaving what a running
-//! mission or a snapshot's retention still holds, and reporting labelled resources no row names.
+//! mission, a live run or a snapshot's retention still holds, and reporting labelled resources no row names.
 
 use std::collections::BTreeSet;
 
@@ -49,7 +49,8 @@ pub enum SweepAction {
         /// Why.
         reason: String,
     },
-    /// Ours, and still held (by a running mission, or a snapshot's retention): kept.
+    /// Ours, and still held (by a running mission, a run still live in some process, or a
+    /// snapshot's retention): kept.
     Held {
         /// By what.
         reason: String,
@@ -162,6 +163,8 @@ impl Ledger {
                 Err(other) => return Err(other),
             }
         }
+        // Files of runs that are over (killed: nothing removed them) go first.
+        self.store.prune_runs()?;
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
         if scope.expired_only {
@@ -175,7 +178,10 @@ impl Ledger {
                 Some(mission) => Some(format!(
                     "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
                 )),
-                None => snapshot_retention(&row, now),
+                None => match self.live_run_of(&row, now)? {
+                    Some(live) => Some(live),
+                    None => snapshot_retention(&row, now),
+                },
             };
             match held {
                 Some(reason) => kept.push(SweepEntry {
@@ -233,6 +239,25 @@ impl Ledger {
             });
         }
         Ok(report)
+    }
+
+    /// Why a row is held by its run, still live in some process (this one or another): that
+    /// run is making or using what the row names and removes it when done. Never this
+    /// ledger's own run (its cleanup is this sweep), never a row past its expiry.
+    fn live_run_of(
+        &self,
+        row: &LedgerRow,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, LedgerError> {
+        if row.run_id == self.run_id || row.expires_at.is_some_and(|t| t <= now) {
+            return Ok(None);
+        }
+        Ok(self.store.run_is_live(&row.run_id)?.then(|| {
+            format!(
+                "its run `{}` is still live in a berth process, which removes it when done; a sweep after that process ends or is killed takes it",
+                row.run_id
+            )
+        }))
     }
 
     /// The mission a row belongs to (its origin says `mission ID …`), if it is still running.

@@ -1,5 +1,6 @@
 //! Ledger tests against the real host provider and a real SQLite store.
 
+use std::os::unix::process::CommandExt as _;
 use std::sync::Arc;
 
 use berth_contract::{
@@ -637,7 +638,10 @@ async fn a_create_that_returns_after_its_row_was_swept_leaves_nothing_behind() {
     let w = world().await;
     let creator = ledger(&w, "alice", "run-a").await;
     let operator = ledger(&w, "alice", "run-operator").await;
+    // Another run's sweep holds a live run's rows (the next test) until they expire; this
+    // run's own cleanup takes them at once.
     for own_cleanup in [false, true] {
+        let ttl = (!own_cleanup).then_some(std::time::Duration::from_millis(1));
         // A create that waits, before it makes anything, until it is let go.
         let (started, on_start) = tokio::sync::oneshot::channel();
         let release = Arc::new(tokio::sync::Notify::new());
@@ -648,7 +652,7 @@ async fn a_create_that_returns_after_its_row_was_swept_leaves_nothing_behind() {
             slow.create_tracked(
                 host.as_ref(),
                 "create",
-                None,
+                ttl,
                 |_| {},
                 move |req| async move {
                     started.send(req.name.0.clone()).unwrap();
@@ -659,6 +663,7 @@ async fn a_create_that_returns_after_its_row_was_swept_leaves_nothing_behind() {
             .await
         });
         let id = on_start.await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let providers = w.registry.bind(&w.config);
         let report = if own_cleanup {
             creator.cleanup_run(&providers).await.unwrap()
@@ -687,6 +692,169 @@ async fn a_create_that_returns_after_its_row_was_swept_leaves_nothing_behind() {
             "{id}: made after its row was swept, and left running"
         );
     }
+}
+
+/// A sweep from another run holds what a run still live is making or using — in this process
+/// (a create under way, then the sandbox it made) or in another (a process holding the run's
+/// lock) — and takes it once that run is over or killed. Before, an operator's full sweep
+/// destroyed a `berth run`'s sandbox from under its command and failed a create under way.
+#[tokio::test]
+async fn a_sweep_holds_a_live_runs_rows_and_takes_them_once_it_is_over() {
+    let w = world().await;
+    let operator = ledger(&w, "alice", "run-operator").await;
+    let providers = w.registry.bind(&w.config);
+    let held_by_live_run = |report: &berth_ledger::SweepReport, id: &str, run: &str| {
+        assert_eq!(report.entries.len(), 1, "{report:?}");
+        assert_eq!(report.entries[0].berth_id, id);
+        assert!(
+            matches!(&report.entries[0].action, SweepAction::Held { reason } if reason.contains(&format!("run `{run}` is still live"))),
+            "{report:?}"
+        );
+    };
+
+    // A create under way in this process: held, and it completes.
+    let (started, on_start) = tokio::sync::oneshot::channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let released = release.clone();
+    let (host, provider) = (w.host.clone(), w.host.clone());
+    let live = ledger(&w, "alice", "run-live").await;
+    let creating = tokio::spawn(async move {
+        let made = live
+            .create_tracked(
+                host.as_ref(),
+                "create",
+                None,
+                |_| {},
+                move |req| async move {
+                    started.send(req.name.0.clone()).unwrap();
+                    released.notified().await;
+                    provider.create(&req).await
+                },
+            )
+            .await;
+        (live, made)
+    });
+    let id = on_start.await.unwrap();
+    let report = operator
+        .sweep(&providers, &SweepScope::default())
+        .await
+        .unwrap();
+    held_by_live_run(&report, &id, "run-live");
+    assert!(report.complete(), "held is not incomplete");
+    release.notify_one();
+    let (live, made) = creating.await.unwrap();
+    assert_eq!(made.unwrap().berth_id, id, "the create under way completed");
+    assert_eq!(operator.row(&id).await.unwrap().state, LedgerState::Created);
+    // Made, and its run still live (a `berth run` whose command is running): still held.
+    let report = operator
+        .sweep(&providers, &SweepScope::default())
+        .await
+        .unwrap();
+    held_by_live_run(&report, &id, "run-live");
+    assert!(present(&w.host, &id).await);
+    // The run is over: taken.
+    drop(live);
+    let report = operator
+        .sweep(&providers, &SweepScope::default())
+        .await
+        .unwrap();
+    assert_eq!(report.entries.len(), 1, "{report:?}");
+    assert_eq!(report.entries[0].action, SweepAction::Destroyed);
+    assert!(!present(&w.host, &id).await);
+
+    // A run live in another process: held until that process is killed.
+    let other = ledger(&w, "alice", "run-other").await;
+    let id = create(&other, &w.host).await;
+    drop(other);
+    let runs = w.db.with_file_name("berth.db.runs");
+    // `-o`: the lock is flock's own, not inherited by `sleep`; its own process group, so the
+    // kill below takes `sleep` too.
+    let mut holder = std::process::Command::new("flock")
+        .arg("-o")
+        .arg(runs.join("run-other"))
+        .args(["sleep", "60"])
+        .process_group(0)
+        .spawn()
+        .expect("flock(1) from util-linux");
+    let lock = runs.join("run-other");
+    let mut waited = 0;
+    let held = || {
+        !std::process::Command::new("flock")
+            .arg("-n")
+            .arg(&lock)
+            .arg("true")
+            .status()
+            .unwrap()
+            .success()
+    };
+    while !held() {
+        assert!(waited < 500, "flock never took {}", lock.display());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        waited += 1;
+    }
+    let report = operator
+        .sweep(&providers, &SweepScope::default())
+        .await
+        .unwrap();
+    held_by_live_run(&report, &id, "run-other");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", holder.id())])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    holder.wait().unwrap();
+    let report = operator
+        .sweep(&providers, &SweepScope::default())
+        .await
+        .unwrap();
+    assert_eq!(report.entries.len(), 1, "{report:?}");
+    assert_eq!(
+        report.entries[0].action,
+        SweepAction::Destroyed,
+        "a killed run's rows are taken at once"
+    );
+    assert!(!present(&w.host, &id).await);
+    assert!(!lock.exists(), "the killed run's file is removed");
+}
+
+/// A run's claim is one per process: a second ledger of the same run shares it, and it ends
+/// when the last holder is dropped. A run id that is no plain file name is claimed under an
+/// encoded name, never a path.
+#[tokio::test]
+async fn run_claims_are_shared_within_a_process_and_end_with_the_last_holder() {
+    let w = world().await;
+    let store = Store::open(&w.db).await.unwrap();
+    let first = store.claim_run("run-shared").unwrap();
+    let second = store.claim_run("run-shared").unwrap();
+    assert!(Arc::ptr_eq(&first, &second));
+    assert!(store.run_is_live("run-shared").unwrap());
+    drop(first);
+    assert!(
+        store.run_is_live("run-shared").unwrap(),
+        "one holder is left"
+    );
+    drop(second);
+    assert!(!store.run_is_live("run-shared").unwrap());
+    let hostile = store.claim_run("../../escape").unwrap();
+    assert!(store.run_is_live("../../escape").unwrap());
+    assert!(!w
+        .db
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("escape")
+        .exists());
+    let names: Vec<_> = std::fs::read_dir(w.db.with_file_name("berth.db.runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["%2e2e2f2e2e2f657363617065".to_string()]);
+    drop(hostile);
+    assert!(
+        store.claim_run(&"r".repeat(200)).is_err(),
+        "too long to name"
+    );
 }
 
 /// A create killed mid-fill leaves no sandbox (the provider assembles it under a hidden

@@ -29,6 +29,7 @@ pub mod access;
 pub mod artifacts;
 pub mod ledger;
 pub mod missions;
+mod runs;
 mod sqlite;
 
 use std::path::Path;
@@ -46,6 +47,7 @@ pub use ledger::{
     IntentDurability, LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind,
 };
 pub use missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
+pub use runs::RunClaim;
 
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +103,15 @@ pub enum StoreError {
     /// remove.
     #[error("ledger entry `{0}` was swept while its resource was being made")]
     SweptWhileMade(String),
+    /// A run's liveness file could not be made, locked or read.
+    #[error("cannot claim or check run `{run_id}` as live")]
+    RunLock {
+        /// The run.
+        run_id: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The caller asked for something the contract does not allow (a bug in the caller).
     #[error("invalid store request: {0}")]
     Invalid(String),
@@ -211,6 +222,24 @@ impl Store {
     /// The newest schema version this build knows.
     pub fn latest_schema_version() -> i64 {
         MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+    }
+
+    /// Claims `run_id` live until the claim is dropped (a lock the kernel drops with the process): a sweep from another run
+    /// then holds this run's rows instead of taking them. One claim per run per process;
+    /// claiming a run this process already claimed returns the same claim.
+    pub fn claim_run(&self, run_id: &str) -> Result<std::sync::Arc<RunClaim>, StoreError> {
+        runs::claim(&runs::runs_dir(self.direct.path()), run_id)
+    }
+
+    /// Whether `run_id` is claimed live by a running process (this one or another).
+    pub fn run_is_live(&self, run_id: &str) -> Result<bool, StoreError> {
+        runs::is_live(&runs::runs_dir(self.direct.path()), run_id)
+    }
+
+    /// Removes the liveness files of runs that are over (a killed process leaves its file,
+    /// unlocked); returns how many.
+    pub fn prune_runs(&self) -> Result<usize, StoreError> {
+        runs::prune(&runs::runs_dir(self.direct.path()))
     }
 
     /// Closes the pools, flushing the WAL.

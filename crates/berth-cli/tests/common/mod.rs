@@ -144,12 +144,16 @@ pub fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
 
 /// Starts `berth run -- sh -c 'echo $$ > pid; sleep 60'` and waits until the command runs.
 pub fn start_run(home: &Home) -> (Child, String, i32) {
+    start_run_of(home, "exec sleep 60", Stdio::null())
+}
+
+/// `berth run -- sh -c 'echo $$ > pid; SCRIPT'`, once the script runs: the child, the
+/// sandbox's id and the script's pid.
+pub fn start_run_of(home: &Home, script: &str, stdout: Stdio) -> (Child, String, i32) {
+    let script = format!("echo $$ > pid; {script}");
     let child = home
-        .command(
-            "tester",
-            &["run", "--", "sh", "-c", "echo $$ > pid; exec sleep 60"],
-        )
-        .stdout(Stdio::null())
+        .command("tester", &["run", "--", "sh", "-c", &script])
+        .stdout(stdout)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

@@ -33,6 +33,11 @@ impl Direct {
         }
     }
 
+    /// The database file.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     fn open(&self) -> Result<&Mutex<Connection>, StoreError> {
         if let Some(conn) = self.conn.get() {
             return Ok(conn);
