@@ -228,6 +228,17 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 ),
             });
         }
+        // An unclassified wrapper around a typed cause (a ledger failure in the fallback loop)
+        // lets that cause decide, when it can.
+        if e.kind() == ErrorKind::Unknown {
+            let mut inner = std::error::Error::source(e);
+            while let Some(cause) = inner {
+                if let Some(classified) = classify_one(cause) {
+                    return Some(classified);
+                }
+                inner = cause.source();
+            }
+        }
         return Some(from_kind(e.kind()));
     }
     if let Some(e) = cause.downcast_ref::<LedgerError>() {
@@ -345,6 +356,17 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             Some("`berth list` shows your sandboxes".into()),
         ));
     }
+    if let Some(StoreError::RunLock { dir, .. }) = cause.downcast_ref::<StoreError>() {
+        return Some((
+            ErrorKind::Setup.as_str(),
+            code::SETUP,
+            Some(format!(
+                "{} must be a directory you can write (Berth makes it on first use): move \
+                 whatever is there away and run the command again",
+                dir.display()
+            )),
+        ));
+    }
     if let Some(StoreError::SweptWhileMade(_)) = cause.downcast_ref::<StoreError>() {
         return Some((
             "conflict",
@@ -403,6 +425,43 @@ mod tests {
         assert_eq!(
             (failure.kind, failure.exit_code),
             ("not_found", code::NOT_FOUND)
+        );
+    }
+
+    /// A ledger failure inside the fallback loop is carried as an unknown-kind provider error;
+    /// its typed cause decides (a run that cannot be claimed live is a setup error naming the
+    /// directory), and an unknown error with an untyped cause stays unknown.
+    #[test]
+    fn an_unknown_provider_error_is_classified_by_its_typed_cause() {
+        let claim = LedgerError::from(StoreError::RunLock {
+            run_id: "run-1".into(),
+            dir: "/home/u/.berth/berth.db.runs".into(),
+            error: std::io::Error::from_raw_os_error(20),
+        });
+        let carried = ProviderError::new(ErrorKind::Unknown, "host", format!("ledger: {claim}"))
+            .with_source(claim);
+        let failure = classify(&anyhow::Error::new(carried));
+        assert_eq!((failure.kind, failure.exit_code), ("setup", code::SETUP));
+        assert!(
+            failure
+                .hint
+                .as_deref()
+                .is_some_and(|h| h.contains("/home/u/.berth/berth.db.runs must be a directory")),
+            "{:?}",
+            failure.hint
+        );
+        assert_eq!(
+            failure.message.matches("Not a directory").count(),
+            1,
+            "said once"
+        );
+
+        let untyped = ProviderError::new(ErrorKind::Unknown, "host", "odd")
+            .with_source(std::io::Error::other("deep"));
+        let failure = classify(&anyhow::Error::new(untyped));
+        assert_eq!(
+            (failure.kind, failure.exit_code),
+            ("unknown", code::INTERNAL)
         );
     }
 }

@@ -445,6 +445,48 @@ fn a_sweep_holds_the_sandbox_of_a_run_still_running() {
     assert!(!home.sandbox_dir(&id).exists());
 }
 
+/// Where a run cannot be claimed live (`berth.db.runs` is not a directory), a create is a setup
+/// error naming the path and makes nothing; a sweep from another run does not destroy what a
+/// run left there (it cannot tell whether that run is live) and says the sweep is incomplete.
+#[test]
+fn a_run_that_cannot_be_claimed_live_makes_nothing_and_is_not_swept_blind() {
+    let home = Home::new();
+    let id = home.create("tester");
+    let runs = home.path().join("berth.db.runs");
+    std::fs::remove_dir(&runs).unwrap();
+    std::fs::write(&runs, b"not a directory").unwrap();
+    let (code, doc) = home.json(&["create"]);
+    assert_eq!(code, 14, "{doc}");
+    assert_eq!(doc["error"]["kind"], "setup", "{doc}");
+    assert!(
+        doc["error"]["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains(&format!("{} must be a directory", runs.display()))),
+        "{doc}"
+    );
+    let (_, listed) = home.json(&["ledger", "list"]);
+    assert_eq!(
+        listed["entries"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let (code, doc) = home.json(&["ledger", "sweep"]);
+    assert_eq!(code, 10, "{doc}");
+    assert_eq!(doc["complete"], false, "{doc}");
+    let entries = swept_entries(&doc);
+    assert_eq!(entries.len(), 1, "{doc}");
+    assert_eq!(
+        (entries[0]["action"].as_str(), entries[0]["kind"].as_str()),
+        (Some("failed"), Some("setup")),
+        "{doc}"
+    );
+    assert!(home.sandbox_dir(&id).exists());
+    std::fs::remove_file(&runs).unwrap();
+    let (code, doc) = home.json(&["ledger", "sweep"]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(!home.sandbox_dir(&id).exists());
+}
+
 /// A sweep on a machine whose docker engine is not there (no socket at DOCKER_HOST) still
 /// sweeps the rest: the docker listing is reported as not listed, the host sandbox is destroyed
 /// and verified, and the exit is 0 — nothing of ours is left unverified. Before, the listing's

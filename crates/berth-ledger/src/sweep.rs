@@ -163,8 +163,11 @@ impl Ledger {
                 Err(other) => return Err(other),
             }
         }
-        // Files of runs that are over (killed: nothing removed them) go first.
-        self.store.prune_runs()?;
+        // Files of runs that are over (killed: nothing removed them) go first; tidying only,
+        // so a failure stops nothing (a row whose run cannot be checked is held, below).
+        if let Err(e) = self.store.prune_runs() {
+            tracing::warn!(error = %e, "cannot tidy the files of runs that are over");
+        }
         let mut rows = self.owned_rows(scope.run_id.as_deref(), false).await?;
         let now = Utc::now();
         if scope.expired_only {
@@ -174,20 +177,21 @@ impl Ledger {
         // it: `berth mission resume` continues with it (a finished mission's rows are swept).
         let mut kept = Vec::new();
         for row in std::mem::take(&mut rows) {
-            let held = match self.running_mission_of(&row).await? {
-                Some(mission) => Some(format!(
-                    "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
-                )),
-                None => match self.live_run_of(&row, now)? {
-                    Some(live) => Some(live),
-                    None => snapshot_retention(&row, now),
-                },
+            let kept_as = match self.running_mission_of(&row).await? {
+                Some(mission) => Some(SweepAction::Held {
+                    reason: format!(
+                        "held by mission `{mission}`, which is still running; `berth mission resume {mission}` adopts it"
+                    ),
+                }),
+                None => self.kept_for_its_run(&row, now).or_else(|| {
+                    snapshot_retention(&row, now).map(|reason| SweepAction::Held { reason })
+                }),
             };
-            match held {
-                Some(reason) => kept.push(SweepEntry {
+            match kept_as {
+                Some(action) => kept.push(SweepEntry {
                     berth_id: row.berth_id.clone(),
                     provider: row.provider.clone(),
-                    action: SweepAction::Held { reason },
+                    action,
                 }),
                 None => rows.push(row),
             }
@@ -241,23 +245,29 @@ impl Ledger {
         Ok(report)
     }
 
-    /// Why a row is held by its run, still live in some process (this one or another): that
-    /// run is making or using what the row names and removes it when done. Never this
+    /// A row kept for its run: held while the run is still live in some process (this one or
+    /// another: it is making or using what the row names and removes it when done); not
+    /// destroyed, and reported as a failure, when whether it is live cannot be told. Never this
     /// ledger's own run (its cleanup is this sweep), never a row past its expiry.
-    fn live_run_of(
-        &self,
-        row: &LedgerRow,
-        now: DateTime<Utc>,
-    ) -> Result<Option<String>, LedgerError> {
+    fn kept_for_its_run(&self, row: &LedgerRow, now: DateTime<Utc>) -> Option<SweepAction> {
         if row.run_id == self.run_id || row.expires_at.is_some_and(|t| t <= now) {
-            return Ok(None);
+            return None;
         }
-        Ok(self.store.run_is_live(&row.run_id)?.then(|| {
-            format!(
-                "its run `{}` is still live in a berth process, which removes it when done; a sweep after that process ends or is killed takes it",
-                row.run_id
-            )
-        }))
+        match self.store.run_is_live(&row.run_id) {
+            Ok(false) => None,
+            Ok(true) => Some(SweepAction::Held {
+                reason: format!(
+                    "its run `{}` is still live in a berth process, which removes it when done; a sweep after that process ends or is killed takes it",
+                    row.run_id
+                ),
+            }),
+            // Unknown is not "over": destroying a sandbox its command may be using is the
+            // mistake this check exists to prevent; the row stays open, the sweep incomplete.
+            Err(e) => Some(SweepAction::Failed {
+                kind: "setup".into(),
+                message: format!("not destroyed: whether its run is still live is unknown: {e}"),
+            }),
+        }
     }
 
     /// The mission a row belongs to (its origin says `mission ID …`), if it is still running.

@@ -32,7 +32,7 @@ pub mod missions;
 mod runs;
 mod sqlite;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -104,13 +104,15 @@ pub enum StoreError {
     #[error("ledger entry `{0}` was swept while its resource was being made")]
     SweptWhileMade(String),
     /// A run's liveness file could not be made, locked or read.
-    #[error("cannot claim or check run `{run_id}` as live")]
+    #[error("cannot claim or check run `{run_id}` as live in {}: {error}", .dir.display())]
     RunLock {
-        /// The run.
+        /// The run (`*`: the directory as a whole).
         run_id: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
+        /// The directory of run files.
+        dir: PathBuf,
+        /// Why (said in the message, not as a source: a create's ledger failure reaches the
+        /// user through a provider error's message).
+        error: std::io::Error,
     },
     /// The caller asked for something the contract does not allow (a bug in the caller).
     #[error("invalid store request: {0}")]

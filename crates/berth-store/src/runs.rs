@@ -69,10 +69,11 @@ fn file_name(run_id: &str) -> Result<String, StoreError> {
     ))
 }
 
-fn io_error(run_id: &str, source: std::io::Error) -> StoreError {
+fn io_error(dir: &Path, run_id: &str, source: std::io::Error) -> StoreError {
     StoreError::RunLock {
         run_id: run_id.to_owned(),
-        source,
+        dir: dir.to_owned(),
+        error: source,
     }
 }
 
@@ -89,7 +90,7 @@ pub(crate) fn claim(dir: &Path, run_id: &str) -> Result<Arc<RunClaim>, StoreErro
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_error(run_id, e)),
+        Err(e) => return Err(io_error(dir, run_id, e)),
     }
     let file = OpenOptions::new()
         .write(true)
@@ -98,16 +99,17 @@ pub(crate) fn claim(dir: &Path, run_id: &str) -> Result<Arc<RunClaim>, StoreErro
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
-        .map_err(|e| io_error(run_id, e))?;
+        .map_err(|e| io_error(dir, run_id, e))?;
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
             return Err(io_error(
+                dir,
                 run_id,
                 std::io::Error::other("another process holds this run id"),
             ))
         }
-        Err(TryLockError::Error(e)) => return Err(io_error(run_id, e)),
+        Err(TryLockError::Error(e)) => return Err(io_error(dir, run_id, e)),
     }
     let claim = Arc::new(RunClaim {
         path: path.clone(),
@@ -132,7 +134,7 @@ pub(crate) fn is_live(dir: &Path, run_id: &str) -> Result<bool, StoreError> {
     {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_error(run_id, e)),
+        Err(e) => return Err(io_error(dir, run_id, e)),
     };
     match file.try_lock_shared() {
         Err(TryLockError::WouldBlock) => Ok(true),
@@ -140,7 +142,7 @@ pub(crate) fn is_live(dir: &Path, run_id: &str) -> Result<bool, StoreError> {
             let _ = std::fs::remove_file(&path);
             Ok(false)
         }
-        Err(TryLockError::Error(e)) => Err(io_error(run_id, e)),
+        Err(TryLockError::Error(e)) => Err(io_error(dir, run_id, e)),
     }
 }
 
@@ -149,7 +151,7 @@ pub(crate) fn prune(dir: &Path) -> Result<usize, StoreError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(io_error("*", e)),
+        Err(e) => return Err(io_error(dir, "*", e)),
     };
     let mut removed = 0;
     for entry in entries.flatten() {

@@ -81,11 +81,13 @@ fn into_provider_error(
 ) -> berth_contract::ProviderError {
     match err {
         berth_ledger::LedgerError::Provider { source, .. } => source,
+        // Unknown to the fallback loop; the CLI classifies it by the ledger error it carries.
         other => berth_contract::ProviderError::new(
             berth_contract::ErrorKind::Unknown,
             provider,
             format!("ledger: {other}"),
-        ),
+        )
+        .with_source(other),
     }
 }
 
