@@ -1,0 +1,179 @@
+//! The validation step: the validator runs in a clean sandbox holding a checkout of exactly
+//! the captured commit, and its declared evidence is checked.
+
+use berth_contract::{ExecRequest, ExitStatus};
+use berth_mission::authority::{AttemptStatus, Event};
+use berth_mission::file::parse_duration;
+use berth_store::LedgerState;
+use serde_json::json;
+
+use crate::pipeline::*;
+use crate::steps::Attempt;
+use crate::{capture, transport, OrchestratorError};
+
+impl Attempt<'_, '_> {
+    /// Runs the validator on exactly the captured commit, in a clean sandbox.
+    pub(crate) async fn validate(&self) -> Result<Step, OrchestratorError> {
+        let orch = self.orch;
+        let spec = self.spec;
+        let record = self.record;
+        let seq = self.seq;
+        let key = self.key;
+        let index = self.index;
+        let task = self.task;
+        let attempt = self.attempt;
+        let mission = &self.record.id;
+        let provider = &self.provider;
+        let main = &self.main;
+        // A fresh sandbox from the mission's image, holding a checkout of the captured
+        // commit and nothing else of the agent's. A sandbox a crash left half-made is
+        // destroyed and the next generation made (it costs no attempt).
+        let mut frozen = frozen_of(orch, main).await?;
+        if let Ok(row) = orch.ledger.row(&frozen.0).await {
+            if !is_ready(provider.as_ref(), &row).await {
+                let generations = frozen_rows(orch, main).await?.len();
+                if generations >= MAX_FREEZES {
+                    let why =
+                        format!("the validator's sandbox could not be made in {MAX_FREEZES} tries");
+                    return self.reject(why).await;
+                }
+                if row.state != LedgerState::VerifiedGone {
+                    if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
+                        return Err(OrchestratorError::Repository(format!(
+                            "cannot remove the interrupted validator sandbox `{frozen}`: {e}"
+                        )));
+                    }
+                }
+                frozen = frozen_gen(main, generations + 1);
+            }
+        }
+        let frozen = match ensure(orch, provider, spec, mission, task, &frozen, true).await? {
+            Ok(id) => id,
+            Err(reason) => return self.reject(reason).await,
+        };
+        let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
+        let commit = capture::resolve(&repo, &attempt_ref(key))?;
+        let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
+        if let Err(why) = transport::stage(
+            provider.as_ref(),
+            &frozen,
+            &bundle,
+            || Ok(repo.clone()),
+            &commit,
+        )
+        .await
+        {
+            return self.reject(format!("validator {why}")).await;
+        }
+        let timeout = parse_duration(&task.validator.timeout).expect("validated");
+        if let Some(setup) = &task.validator.setup {
+            let req = ExecRequest::shell(setup.clone())
+                .with_cwd("repo")
+                .with_timeout(timeout);
+            let why = match provider.exec(&frozen, &req).await {
+                Ok(out) if out.status.success() => None,
+                Ok(out) => Some(format!(
+                    "validator setup {}: {}",
+                    out.status,
+                    tail(out.stderr.as_deref().unwrap_or_default()).trim()
+                )),
+                Err(e) => Some(format!("validator setup could not run: {e}")),
+            };
+            if let Some(why) = why {
+                return self.reject(why).await;
+            }
+        }
+        let req = ExecRequest::shell(task.validator.command.clone())
+            .with_cwd("repo")
+            .with_timeout(timeout);
+        let out = match provider.exec(&frozen, &req).await {
+            Ok(out) => out,
+            Err(e) => {
+                let why = format!("the validator could not run: {e}");
+                return self.reject(why).await;
+            }
+        };
+        let redactor = crate::publication::redactor(orch, self.spec);
+        let validator_fact = output_json(&out, &redactor);
+        let event = match &out.status {
+            ExitStatus::Exited { code: 0 } => {
+                let mut present = Vec::new();
+                for evidence in &task.validator.evidence {
+                    if transport::evidence_present(provider.as_ref(), &frozen, evidence).await {
+                        present.push(evidence.clone());
+                    }
+                }
+                Event::ValidatorPassed {
+                    key: key.clone(),
+                    evidence: present,
+                }
+            }
+            ExitStatus::TimedOut => Event::Rejected {
+                key: key.clone(),
+                reason: format!("validator timed out after {}", task.validator.timeout),
+            },
+            other => Event::Rejected {
+                key: key.clone(),
+                reason: format!(
+                    "validator {other}: {}",
+                    redacted_tail(out.stderr.as_deref().unwrap_or_default(), &redactor)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                ),
+            },
+        };
+        // An accepted attempt's commit is the one just judged: recorded in the same
+        // transaction as the verdict (one durable commit, not two).
+        let accepted = matches!(event, Event::ValidatorPassed { .. })
+            && berth_mission::authority::apply(record, &event).is_ok_and(|next| {
+                next.tasks[index]
+                    .attempts
+                    .iter()
+                    .any(|a| &a.key == key && matches!(a.status, AttemptStatus::Accepted { .. }))
+            });
+        let (events, facts) = match event {
+            Event::ValidatorPassed { .. } if accepted => (
+                vec![
+                    event,
+                    Event::Committed {
+                        key: key.clone(),
+                        commit: commit.clone(),
+                    },
+                ],
+                vec![
+                    ("validator", validator_fact),
+                    ("commit", json!({ "commit": commit })),
+                ],
+            ),
+            other => (vec![other], vec![("validator", validator_fact)]),
+        };
+        let (next, _) = orch
+            .commit_events(mission, record, seq, &events, &facts)
+            .await?;
+        // The frozen copy has served its purpose.
+        if let Ok(row) = orch.ledger.row(&frozen.0).await {
+            let _ = orch.ledger.destroy_row(provider.as_ref(), &row).await;
+        }
+        let status = &next.tasks[index]
+            .attempts
+            .iter()
+            .find(|a| &a.key == key)
+            .expect("attempt")
+            .status;
+        match status {
+            AttemptStatus::Rejected { reason } => {
+                crate::publication::publish_rejected(orch, spec, &next, key, reason).await;
+                teardown(orch, spec, key, false, Recheck::OpenOnly).await;
+                Ok(Step::Rejected {
+                    key: key.clone(),
+                    reason: reason.clone(),
+                })
+            }
+            _ => Ok(Step::Advanced {
+                key: key.clone(),
+                what: "validator accepted".into(),
+            }),
+        }
+    }
+}
