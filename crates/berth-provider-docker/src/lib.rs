@@ -24,6 +24,7 @@
 //! `supervise` (the supervisor's connection: pinning and peer checks).
 
 mod access;
+mod commits;
 mod container;
 mod detached;
 pub mod engine;

@@ -1,0 +1,144 @@
+//! The images Berth commits (snapshots, keyed checkpoints, forks' images): made for a key or a
+//! fork and tagged by the call that made them, and removed with what they were made for —
+//! also when a killed call's commit finished after it.
+
+use super::*;
+
+impl DockerProvider {
+    /// Commits `id` to an image labelled as made for `made_for` ([`IMAGE_FOR_LABEL`]), then
+    /// tags it `berth-snapshot:<tag>`. The engine is asked for no tag: a commit whose caller was
+    /// killed goes on in the engine, and tagged it would take the tag after Berth had moved on
+    /// (seen: 1.6 s after its container was removed), so an image only gets its tag from the
+    /// call that is still there to record it.
+    pub(crate) async fn commit(&self, id: &NativeId, made_for: &str, tag: &str) -> Result<String> {
+        #[derive(Deserialize)]
+        struct Committed {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        let change = format!("LABEL {IMAGE_FOR_LABEL}={made_for}");
+        let committed: Committed = self
+            .engine
+            .json(
+                Method::POST,
+                &format!(
+                    "/commit?container={}&pause=true&changes={}",
+                    query_escape(&id.0),
+                    query_escape(&change)
+                ),
+                Some(serde_json::json!({})),
+            )
+            .await?;
+        let tagged = self
+            .engine
+            .expect(
+                Method::POST,
+                &format!(
+                    "/images/{}/tag?repo=berth-snapshot&tag={}",
+                    path_name(&committed.id)?,
+                    query_escape(tag)
+                ),
+                None,
+                &[],
+            )
+            .await;
+        if let Err(e) = tagged {
+            let _ = self.remove_images(&[committed.id], &[]).await;
+            return Err(e);
+        }
+        Ok(committed.id)
+    }
+
+    /// The engine's images matching `filters` (the images/json filter document).
+    async fn images_matching(&self, filters: serde_json::Value) -> Result<Vec<ImageSummary>> {
+        self.engine
+            .json(
+                Method::GET,
+                &format!(
+                    "/images/json?all=true&filters={}",
+                    query_escape(&filters.to_string())
+                ),
+                None,
+            )
+            .await
+    }
+
+    /// Every image Berth committed for `made_for`, tagged or not.
+    pub(crate) async fn images_made_for(&self, made_for: &str) -> Result<Vec<String>> {
+        let filters = serde_json::json!({ "label": [format!("{IMAGE_FOR_LABEL}={made_for}")] });
+        let images = self.images_matching(filters).await?;
+        Ok(images.into_iter().map(|i| i.id).collect())
+    }
+
+    /// Removes the images committed for a key or a fork that are still untagged
+    /// [`ABANDONED_AFTER`] after they were made: the call that commits tags at once, so such an
+    /// image is a commit the engine finished for a caller that was killed, possibly after its
+    /// key or fork was deleted (nothing else would ever name it). Plain snapshots are never
+    /// touched: a user's restore names them by digest.
+    pub(crate) async fn remove_abandoned_commits(&self) -> Result<usize> {
+        let filters = serde_json::json!({ "label": [IMAGE_FOR_LABEL], "dangling": ["true"] });
+        let images = self.images_matching(filters).await?;
+        // The engine is local (its socket): its clock is this one.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let abandoned: Vec<String> = images
+            .into_iter()
+            .filter(|image| {
+                let made_for = image
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(IMAGE_FOR_LABEL))
+                    .map_or("", String::as_str);
+                (made_for.starts_with("key:") || made_for.starts_with("fork:"))
+                    && image.created > 0
+                    && image.created + ABANDONED_AFTER.as_secs() as i64 <= now
+            })
+            .map(|image| image.id)
+            .collect();
+        self.remove_images(&abandoned, &[StatusCode::CONFLICT])
+            .await?;
+        Ok(abandoned.len())
+    }
+
+    /// Removes `images` by id, so the image goes and not just a tag; 404 (already gone) is
+    /// always fine, and so is any status in `also_ok`. Every image is tried; the first failure
+    /// is returned.
+    pub(crate) async fn remove_images(
+        &self,
+        images: &[String],
+        also_ok: &[StatusCode],
+    ) -> Result<()> {
+        let also_ok: Vec<StatusCode> = [StatusCode::NOT_FOUND]
+            .into_iter()
+            .chain(also_ok.iter().copied())
+            .collect();
+        let mut first_failure = None;
+        for image in images {
+            let removed = self
+                .engine
+                .expect(
+                    Method::DELETE,
+                    &format!("/images/{}", path_name(image)?),
+                    None,
+                    &also_ok,
+                )
+                .await;
+            if let Err(e) = removed {
+                first_failure.get_or_insert(e);
+            }
+        }
+        first_failure.map_or(Ok(()), Err)
+    }
+}
+
+/// One image as the engine's image list gives it.
+#[derive(Deserialize)]
+struct ImageSummary {
+    #[serde(rename = "Id")]
+    id: String,
+    #[serde(rename = "Created", default)]
+    created: i64,
+    #[serde(rename = "Labels", default)]
+    labels: Option<BTreeMap<String, String>>,
+}
