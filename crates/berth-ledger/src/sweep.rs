@@ -1,5 +1,6 @@
 //! Sweeping: destroying and verifying what this owner's rows name, leaving what a running
-//! mission, a live run or a snapshot's retention still holds, and reporting labelled resources no row names.
+//! mission, a live run or a snapshot's retention still holds, and reporting labelled resources
+//! no row names.
 
 use std::collections::BTreeSet;
 
@@ -164,7 +165,8 @@ impl Ledger {
             }
         }
         // Files of runs that are over (killed: nothing removed them) go first; tidying only,
-        // so a failure stops nothing (a row whose run cannot be checked is held, below).
+        // so a failure stops nothing (a row whose run cannot be checked is not destroyed,
+        // below).
         if let Err(e) = self.store.prune_runs() {
             tracing::warn!(error = %e, "cannot tidy the files of runs that are over");
         }

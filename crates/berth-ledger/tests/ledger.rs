@@ -1098,3 +1098,37 @@ async fn an_unreachable_provider_does_not_stop_the_sweep() {
         [entry] if matches!(entry.action, SweepAction::NotListed { .. })
     ));
 }
+
+/// A claim races the sweeps that remove the files of runs that are over: whatever the
+/// interleaving, a run just claimed is live (its lock is on the file its name leads to, never
+/// on one a sweep unlinked between the claim's open and its lock).
+#[tokio::test]
+async fn a_claim_racing_sweeps_that_tidy_run_files_is_always_live() {
+    let w = world().await;
+    let store = Store::open(&w.db).await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pruners: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    store.prune_runs().unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut held = Vec::new();
+    let mut lost = 0;
+    for n in 0..1000 {
+        let run = format!("run-race-{n}");
+        held.push(store.claim_run(&run).unwrap());
+        if !store.run_is_live(&run).unwrap() {
+            lost += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for pruner in pruners {
+        pruner.join().unwrap();
+    }
+    assert_eq!(lost, 0, "claimed runs that a sweep would take as over");
+}

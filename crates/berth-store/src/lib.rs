@@ -226,9 +226,10 @@ impl Store {
         MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
     }
 
-    /// Claims `run_id` live until the claim is dropped (a lock the kernel drops with the process): a sweep from another run
-    /// then holds this run's rows instead of taking them. One claim per run per process;
-    /// claiming a run this process already claimed returns the same claim.
+    /// Claims `run_id` live until the claim is dropped (a lock the kernel drops with the
+    /// process): a sweep from another run then holds this run's rows instead of taking them.
+    /// One claim per run per process; claiming a run this process already claimed returns the
+    /// same claim.
     pub fn claim_run(&self, run_id: &str) -> Result<std::sync::Arc<RunClaim>, StoreError> {
         runs::claim(&runs::runs_dir(self.direct.path()), run_id)
     }

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions, TryLockError};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -92,25 +92,49 @@ pub(crate) fn claim(dir: &Path, run_id: &str) -> Result<Arc<RunClaim>, StoreErro
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io_error(dir, run_id, e)),
     }
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| io_error(dir, run_id, e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
+    // A sweep removes a file whose lock is free, so between this open and this lock the path
+    // may have been unlinked: the lock then holds a file no sweep will ever open. Locked, the
+    // path must still name the same file; else try again with a fresh one. (Run ids are
+    // random per run, so a lock held for long is never another claim of the same run.)
+    let mut attempts = 0;
+    let file = loop {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| io_error(dir, run_id, e))?;
+        attempts += 1;
+        match file.try_lock() {
+            Ok(()) => {
+                let opened = file.metadata().map_err(|e| io_error(dir, run_id, e))?;
+                match std::fs::symlink_metadata(&path) {
+                    Ok(named) if (named.dev(), named.ino()) == (opened.dev(), opened.ino()) => {
+                        break file
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error(dir, run_id, e)),
+                }
+            }
+            // A sweep checking whether the run is live holds a shared lock for a moment.
+            Err(TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(TryLockError::Error(e)) => return Err(io_error(dir, run_id, e)),
+        }
+        if attempts == 200 {
             return Err(io_error(
                 dir,
                 run_id,
-                std::io::Error::other("another process holds this run id"),
-            ))
+                std::io::Error::other(
+                    "its file stayed locked by another process, or kept being removed",
+                ),
+            ));
         }
-        Err(TryLockError::Error(e)) => return Err(io_error(dir, run_id, e)),
-    }
+    };
     let claim = Arc::new(RunClaim {
         path: path.clone(),
         _locked: file,
@@ -120,30 +144,34 @@ pub(crate) fn claim(dir: &Path, run_id: &str) -> Result<Arc<RunClaim>, StoreErro
 }
 
 /// Whether `run_id` is claimed live, by this process or any other. A file whose lock is free
-/// is a killed run's: it is removed.
+/// is a run's that is over (killed): it is removed.
 pub(crate) fn is_live(dir: &Path, run_id: &str) -> Result<bool, StoreError> {
     let Ok(name) = file_name(run_id) else {
         // Never claimable, so never live.
         return Ok(false);
     };
     let path = dir.join(name);
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-    {
+    let file = match open_existing(&path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(io_error(dir, run_id, e)),
     };
-    match file.try_lock_shared() {
-        Err(TryLockError::WouldBlock) => Ok(true),
-        Ok(()) => {
-            let _ = std::fs::remove_file(&path);
-            Ok(false)
+    // Another sweep removing a file holds its lock for a moment: a few tries tell that from a
+    // claim, which holds it for as long as its run lives.
+    for _ in 0..3 {
+        match file.try_lock_shared() {
+            Ok(()) => {
+                drop(file);
+                remove_if_over(&path);
+                return Ok(false);
+            }
+            Err(TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+            Err(TryLockError::Error(e)) => return Err(io_error(dir, run_id, e)),
         }
-        Err(TryLockError::Error(e)) => Err(io_error(dir, run_id, e)),
     }
+    Ok(true)
 }
 
 /// Removes the files of runs that are over (their lock free); returns how many.
@@ -153,19 +181,34 @@ pub(crate) fn prune(dir: &Path) -> Result<usize, StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(io_error(dir, "*", e)),
     };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Ok(file) = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-        else {
-            continue;
-        };
-        if file.try_lock_shared().is_ok() && std::fs::remove_file(&path).is_ok() {
-            removed += 1;
-        }
+    Ok(entries
+        .flatten()
+        .filter(|entry| remove_if_over(&entry.path()))
+        .count())
+}
+
+fn open_existing(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Removes the run file at `path` if no run holds it. The removal holds the file's lock and
+/// first checks that `path` still names that file: a file opened a moment ago may since have
+/// been removed by another sweep and replaced by a new claim's, which must stay.
+fn remove_if_over(path: &Path) -> bool {
+    let Ok(file) = open_existing(path) else {
+        return false;
+    };
+    if file.try_lock().is_err() {
+        return false;
     }
-    Ok(removed)
+    let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(opened), Ok(named)) => (opened.dev(), opened.ino()) == (named.dev(), named.ino()),
+        _ => false,
+    };
+    // While this lock is held, a claim cannot lock this file, so it makes no new one at
+    // `path` (it only does when `path` is gone), and no other removal passes the check.
+    same && std::fs::remove_file(path).is_ok()
 }
