@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MissionFile {
-    /// Must equal [`SCHEMA_VERSION`].
+    /// Must equal [`SCHEMA_VERSION`](super::SCHEMA_VERSION).
     pub schema_version: u32,
     /// Mission name (letters, digits, `-`, `_`).
     pub name: String,
