@@ -3,11 +3,15 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+// Named by a field's doc (the published schema carries that text as written).
+#[allow(unused_imports)]
+use super::SCHEMA_VERSION;
+
 /// A mission file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MissionFile {
-    /// Must equal [`SCHEMA_VERSION`](super::SCHEMA_VERSION).
+    /// Must equal [`SCHEMA_VERSION`].
     pub schema_version: u32,
     /// Mission name (letters, digits, `-`, `_`).
     pub name: String,
