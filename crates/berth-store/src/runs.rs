@@ -109,14 +109,8 @@ pub(crate) fn claim(dir: &Path, run_id: &str) -> Result<Arc<RunClaim>, StoreErro
         attempts += 1;
         match file.try_lock() {
             Ok(()) => {
-                let opened = file.metadata().map_err(|e| io_error(dir, run_id, e))?;
-                match std::fs::symlink_metadata(&path) {
-                    Ok(named) if (named.dev(), named.ino()) == (opened.dev(), opened.ino()) => {
-                        break file
-                    }
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_error(dir, run_id, e)),
+                if still_named(&file, &path).map_err(|e| io_error(dir, run_id, e))? {
+                    break file;
                 }
             }
             // A sweep checking whether the run is live holds a shared lock for a moment.
@@ -204,11 +198,17 @@ fn remove_if_over(path: &Path) -> bool {
     if file.try_lock().is_err() {
         return false;
     }
-    let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
-        (Ok(opened), Ok(named)) => (opened.dev(), opened.ino()) == (named.dev(), named.ino()),
-        _ => false,
-    };
     // While this lock is held, a claim cannot lock this file, so it makes no new one at
     // `path` (it only does when `path` is gone), and no other removal passes the check.
-    same && std::fs::remove_file(path).is_ok()
+    still_named(&file, path).unwrap_or(false) && std::fs::remove_file(path).is_ok()
+}
+
+/// Whether `path` still names the file `file` opened (false when `path` is gone).
+fn still_named(file: &File, path: &Path) -> std::io::Result<bool> {
+    let opened = file.metadata()?;
+    match std::fs::symlink_metadata(path) {
+        Ok(named) => Ok((named.dev(), named.ino()) == (opened.dev(), opened.ino())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
