@@ -24,7 +24,9 @@
 //!   quota, rate limit, capacity, unavailable), and masked of the credentials' values.
 
 mod classify;
+mod command;
 pub mod sidecar;
+mod vendors;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,82 +36,19 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use base64::Engine as _;
 use berth_contract::{
-    CanonicalState, Command, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput,
-    ExecRequest, ExitStatus, NativeId, NetworkMode, Observation, Provider, ProviderError, Result,
+    CanonicalState, CreateRequest, Created, DestroyOutcome, ErrorKind, ExecOutput, ExecRequest,
+    ExitStatus, NativeId, NetworkMode, Observation, Provider, ProviderError, Result,
 };
 use serde_json::{json, Value};
 
 pub use classify::classify;
+pub use command::command_line;
+use command::with_cwd;
 use sidecar::{Failure, Launch, Sidecar};
-
-/// What Berth knows about one ComputeSDK provider package (read from its source at the pinned
-/// version; see the decision record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Vendor {
-    /// ComputeSDK's provider name (`just-bash`, `e2b`, …).
-    pub name: &'static str,
-    /// Its sandboxes live inside the sidecar process (they end with it).
-    pub in_process: bool,
-    /// `getById` returns null only for "not found" (it throws on other failures), so a null is
-    /// proof of absence.
-    pub absence_is_authoritative: bool,
-    /// A sandbox `getById` finds is ready for exec (ComputeSDK reports no state of its own).
-    pub found_means_running: bool,
-    /// It boots sandboxes from an image or template (a request's `image` goes to it).
-    pub images: bool,
-    /// It can give a sandbox outbound network (`bridge`). Every bridged vendor can run one
-    /// without network (Berth's default), through its own create option (see `sidecar.mjs`).
-    pub network_bridge: bool,
-}
-
-/// The ComputeSDK providers this build bridges.
-pub const VENDORS: [Vendor; 4] = [
-    // A Map lookup in the sidecar; an interpreter with networking off by default.
-    Vendor {
-        name: "just-bash",
-        in_process: true,
-        absence_is_authoritative: true,
-        found_means_running: true,
-        images: false,
-        network_bridge: false,
-    },
-    // `Sandbox.connect` inside a catch-all: any failure (auth, network) is null.
-    Vendor {
-        name: "e2b",
-        in_process: false,
-        absence_is_authoritative: false,
-        found_means_running: false,
-        images: true,
-        network_bridge: true,
-    },
-    // Null only when the error says "not found" or 404; anything else throws.
-    Vendor {
-        name: "daytona",
-        in_process: false,
-        absence_is_authoritative: true,
-        found_means_running: false,
-        images: true,
-        network_bridge: true,
-    },
-    // `sandboxes.fromId` inside a catch-all.
-    Vendor {
-        name: "modal",
-        in_process: false,
-        absence_is_authoritative: false,
-        found_means_running: false,
-        images: true,
-        network_bridge: true,
-    },
-];
+pub use vendors::{vendor, Vendor, VENDORS};
 
 /// How long a create, get, list or destroy may take before Berth gives up on it.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// The vendor a Berth provider id names (`computesdk:e2b` → e2b).
-pub fn vendor(provider_id: &str) -> Option<Vendor> {
-    let name = provider_id.strip_prefix("computesdk:")?;
-    VENDORS.into_iter().find(|v| v.name == name)
-}
 
 /// How to reach the sidecar.
 #[derive(Debug, Clone)]
@@ -186,52 +125,6 @@ pub(crate) fn mask(text: &str, secrets: &[String]) -> String {
     let mut bytes = text.as_bytes().to_vec();
     redactor.redact(&mut bytes);
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Quotes one argument for a POSIX shell line.
-fn shell_quote(arg: &str) -> String {
-    if !arg.is_empty()
-        && arg
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
-    {
-        return arg.to_owned();
-    }
-    format!("'{}'", arg.replace('\'', r"'\''"))
-}
-
-/// The shell line ComputeSDK's `runCommand` takes for a Berth command.
-pub fn command_line(command: &Command) -> String {
-    match command {
-        Command::Shell(line) => line.clone(),
-        Command::Argv(argv) => argv
-            .iter()
-            .map(|a| shell_quote(a))
-            .collect::<Vec<_>>()
-            .join(" "),
-    }
-}
-
-/// The command line and the `cwd` option for a request. A relative working directory means
-/// relative to where a command starts (the sandbox's workspace), as on every other provider;
-/// ComputeSDK passes `cwd` to the vendor as given, and just-bash resolves a relative one from
-/// `/`. So a relative one is entered by the line itself, its name carried in the environment
-/// (`BERTH_CWD`), never spliced into the line; an absolute one goes to the vendor.
-fn with_cwd(
-    command: &Command,
-    cwd: Option<&str>,
-    env: &mut BTreeMap<String, String>,
-) -> (String, Option<String>) {
-    match cwd {
-        Some(dir) if !dir.starts_with('/') => {
-            env.insert("BERTH_CWD".into(), dir.to_owned());
-            (
-                format!("cd -- \"$BERTH_CWD\" || exit 1\n{}", command_line(command)),
-                None,
-            )
-        }
-        other => (command_line(command), other.map(str::to_owned)),
-    }
 }
 
 impl ComputeSdk {

@@ -1,5 +1,6 @@
 use super::*;
 use crate::sidecar::VendorError;
+use berth_contract::Command;
 
 fn err(message: &str, status: Option<u16>, code: Option<&str>) -> VendorError {
     VendorError {
