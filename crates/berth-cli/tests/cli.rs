@@ -458,6 +458,15 @@ fn a_run_that_cannot_be_claimed_live_makes_nothing_and_is_not_swept_blind() {
     let (code, doc) = home.json(&["create"]);
     assert_eq!(code, 14, "{doc}");
     assert_eq!(doc["error"]["kind"], "setup", "{doc}");
+    // Berth's own failure, said as such: the provider was never called, so it is not "the
+    // provider failed".
+    let message = doc["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("cannot claim or check run `")
+            && message.contains(&format!("as live in {}: ", runs.display())),
+        "{doc}"
+    );
+    assert!(!message.contains("provider `host`"), "{doc}");
     assert!(
         doc["error"]["hint"]
             .as_str()

@@ -31,6 +31,10 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
     let image = args.image.clone();
     let network = args.network.mode();
     let resources = args.limits.resources();
+    // A ledger failure is Berth's, not the provider's: the loop stops on it (it is no fallback
+    // reason), and the user is told what failed, not that the provider did.
+    let ledger_failure = std::sync::Mutex::new(None);
+    let ledger_failure_slot = &ledger_failure;
     let fallback = app
         .registry
         .with_fallback(&order, &app.provider_config, |provider| {
@@ -53,18 +57,32 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
                         },
                     )
                     .await
-                    .map_err(|err| into_provider_error(provider.id(), err))
+                    .map_err(|err| match err {
+                        berth_ledger::LedgerError::Provider { source, .. } => source,
+                        other => {
+                            let stop = berth_contract::ProviderError::new(
+                                berth_contract::ErrorKind::Unknown,
+                                provider.id(),
+                                format!("ledger: {other}"),
+                            );
+                            *ledger_failure_slot.lock().expect("not poisoned") = Some(other);
+                            stop
+                        }
+                    })
             }
         })
-        .await?;
-    for step in &fallback.skipped {
-        errln!(
-            "berth: provider `{}` skipped ({}): {}",
-            step.provider,
-            step.kind,
-            step.message
-        );
-    }
+        .await;
+    let fallback = match fallback {
+        Err(berth_factory::FallbackError::Stopped { skipped, .. })
+            if ledger_failure.lock().expect("not poisoned").is_some() =>
+        {
+            report_skipped(&skipped);
+            let failure = ledger_failure.into_inner().expect("not poisoned");
+            return Err(failure.expect("checked above").into());
+        }
+        other => other?,
+    };
+    report_skipped(&fallback.skipped);
     print_tracked(
         app,
         "create",
@@ -74,20 +92,15 @@ pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
     Ok(code::OK)
 }
 
-/// The fallback loop decides on provider error kinds; a ledger failure is not a fallback reason.
-fn into_provider_error(
-    provider: &str,
-    err: berth_ledger::LedgerError,
-) -> berth_contract::ProviderError {
-    match err {
-        berth_ledger::LedgerError::Provider { source, .. } => source,
-        // Unknown to the fallback loop; the CLI classifies it by the ledger error it carries.
-        other => berth_contract::ProviderError::new(
-            berth_contract::ErrorKind::Unknown,
-            provider,
-            format!("ledger: {other}"),
-        )
-        .with_source(other),
+/// Says on stderr which providers the fallback loop passed over, and why.
+fn report_skipped(skipped: &[berth_factory::FallbackStep]) {
+    for step in skipped {
+        errln!(
+            "berth: provider `{}` skipped ({}): {}",
+            step.provider,
+            step.kind,
+            step.message
+        );
     }
 }
 
