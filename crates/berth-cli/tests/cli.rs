@@ -437,12 +437,44 @@ fn a_sweep_holds_the_sandbox_of_a_run_still_running() {
         "{doc}"
     );
     assert!(process_alive(pid), "the run's command was killed");
+    // The ledger's listing says which rows belong to a run still live, and which do not.
+    let other = home.create("tester");
+    let run_live = |berth_id: &str| {
+        let (code, listed) = home.json(&["ledger", "list", "--all"]);
+        assert_eq!(code, 0, "{listed}");
+        listed["entries"]
+            .as_array()
+            .and_then(|e| e.iter().find(|e| e["berth_id"] == berth_id))
+            .map(|e| e["run_live"].clone())
+            .unwrap_or_else(|| panic!("{berth_id} not listed: {listed}"))
+    };
+    assert_eq!(run_live(&id), true);
+    assert_eq!(run_live(&other), false);
+    let out = home.run(&["ledger", "list"]);
+    assert!(out.status.success(), "{out:?}");
+    let table = text(&out.stdout);
+    let row_of = |berth_id: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(berth_id))
+            .unwrap_or_else(|| panic!("{berth_id} not in:\n{table}"))
+            .split_whitespace()
+            .nth(4)
+            .map(str::to_owned)
+    };
+    assert!(
+        table.lines().next().is_some_and(|h| h.contains(" RUN ")),
+        "{table}"
+    );
+    assert_eq!(row_of(&id).as_deref(), Some("live"), "{table}");
+    assert_eq!(row_of(&other).as_deref(), Some("over"), "{table}");
     std::fs::write(home.sandbox_dir(&id).join("workspace/go"), b"").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{out:?}");
     assert_eq!(text(&out.stdout).trim(), "finished");
     assert_eq!(home.ledger_state("tester", &id), "verified_gone");
     assert!(!home.sandbox_dir(&id).exists());
+    assert_eq!(run_live(&id), false);
 }
 
 /// Where a run cannot be claimed live (`berth.db.runs` is not a directory), a create is a setup
@@ -477,6 +509,14 @@ fn a_run_that_cannot_be_claimed_live_makes_nothing_and_is_not_swept_blind() {
     assert_eq!(
         listed["entries"].as_array().map(Vec::len),
         Some(1),
+        "{listed}"
+    );
+    // Whether its run is live is unknown, and the listing says why rather than guess.
+    assert_eq!(listed["entries"][0]["run_live"], serde_json::Value::Null);
+    assert!(
+        listed["entries"][0]["run_live_unknown"]
+            .as_str()
+            .is_some_and(|r| r.contains("Not a directory")),
         "{listed}"
     );
     let (code, doc) = home.json(&["ledger", "sweep"]);

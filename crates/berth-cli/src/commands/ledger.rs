@@ -12,10 +12,39 @@ use crate::output::emit;
 /// `berth ledger list`.
 pub async fn list(app: &App, all: bool) -> Result<i32> {
     let rows = app.ledger.owned_rows(None, all).await?;
+    // Whether each row's run is still live in a berth process (a sweep from another run holds
+    // a live run's unexpired rows): asked once per run.
+    let mut runs: std::collections::BTreeMap<&str, Result<bool, String>> = Default::default();
+    for row in &rows {
+        runs.entry(row.run_id.as_str()).or_insert_with(|| {
+            app.ledger
+                .store()
+                .run_is_live(&row.run_id)
+                .map_err(|e| e.to_string())
+        });
+    }
     if app.json {
+        let entries: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|row| {
+                let mut entry = json!(row);
+                if let Some(map) = entry.as_object_mut() {
+                    match &runs[row.run_id.as_str()] {
+                        Ok(live) => {
+                            map.insert("run_live".into(), json!(live));
+                        }
+                        Err(reason) => {
+                            map.insert("run_live".into(), serde_json::Value::Null);
+                            map.insert("run_live_unknown".into(), json!(reason));
+                        }
+                    }
+                }
+                entry
+            })
+            .collect();
         emit(
             "ledger list",
-            json!({ "owner": app.ledger.owner(), "entries": rows }),
+            json!({ "owner": app.ledger.owner(), "entries": entries }),
         );
         return Ok(code::OK);
     }
@@ -39,6 +68,7 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
         "PROVIDER",
         "KIND",
         "STATE",
+        "RUN",
         "ORIGIN",
         "CREATED",
         "EXPIRES",
@@ -56,6 +86,11 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
             (row.provider.clone(), Style::Plain),
             (row.kind.as_str().to_owned(), Style::Plain),
             (row.state.as_str().to_owned(), style),
+            match &runs[row.run_id.as_str()] {
+                Ok(true) => ("live".to_owned(), Style::Good),
+                Ok(false) => ("over".to_owned(), Style::Dim),
+                Err(_) => ("UNKNOWN".to_owned(), Style::Warn),
+            },
             (shorten(&row.origin, 26), Style::Plain),
             (
                 row.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
