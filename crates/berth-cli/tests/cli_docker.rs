@@ -349,6 +349,75 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     assert_eq!(state, Some(Value::from("finished")), "{doc}");
     let (code, _) = home.json(&["logs", &id, "../../etc/passwd"]);
     assert_eq!(code, 5);
+    logs_of_any_length_are_read_in_pieces(&home, &id);
+    // Stopped, it has no supervisor to ask: its output files are read through the engine.
+    let (code, doc) = home.json(&["stop", &id]);
+    assert_eq!(code, 0, "{doc}");
+    let out = home.run(&["logs", &id, &first]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "one\nthree\n");
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");
+}
+
+/// Output longer than a file read may hold (256 MiB) is printed whole by `berth logs`, piece
+/// by piece (before: "larger than the file API's limit"); `--json` holds the first 16 MiB of
+/// each stream and says how much there is.
+fn logs_of_any_length_are_read_in_pieces(home: &Home, id: &str) {
+    const LONG: u64 = 270_000_000;
+    let (code, doc) = home.json(&[
+        "exec",
+        id,
+        "--detach",
+        "-c",
+        &format!("head -c {LONG} /dev/zero | tr '\\0' a; echo done >&2"),
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    let long = doc["handle"].as_str().unwrap().to_owned();
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (_, doc) = home.json(&["ps", id]);
+        let finished = doc["processes"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["handle"] == long.as_str()))
+            .is_some_and(|p| p["status"]["state"] == "finished");
+        if finished {
+            break;
+        }
+        assert!(Instant::now() < until, "the writer did not finish: {doc}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut child = home
+        .command("tester", &["logs", id, &long])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (mut total, mut others) = (0u64, 0u64);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        others += buf[..n].iter().filter(|b| **b != b'a').count() as u64;
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!((total, others), (LONG, 0));
+    assert_eq!(text(&out.stderr), "done\n");
+    let (code, doc) = home.json(&["logs", id, &long]);
+    assert_eq!(code, 0);
+    assert_eq!(doc["stdout_bytes"], LONG);
+    assert_eq!(doc["stdout_truncated"], true);
+    assert_eq!(
+        doc["stdout"].as_str().map(str::len),
+        Some(berth_contract::DEFAULT_MAX_OUTPUT_BYTES)
+    );
+    assert_eq!(
+        (&doc["stderr"], &doc["stderr_truncated"]),
+        (&Value::from("done\n"), &Value::from(false))
+    );
 }

@@ -179,6 +179,33 @@ pub enum ProcessStatus {
     },
 }
 
+/// Where to read a detached process's output from: a byte offset into each stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutputOffsets {
+    /// Into its stdout.
+    pub stdout: u64,
+    /// Into its stderr.
+    pub stderr: u64,
+}
+
+/// A piece of a detached process's output, read from [`OutputOffsets`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputChunk {
+    /// Stdout from its offset on, at most the bytes asked for.
+    pub stdout: Vec<u8>,
+    /// Stderr from its offset on, at most the bytes asked for.
+    pub stderr: Vec<u8>,
+    /// How many bytes stdout held when it was read. Below the offset: it was rewritten (read
+    /// again from 0).
+    pub stdout_size: u64,
+    /// How many bytes stderr held when it was read.
+    pub stderr_size: u64,
+}
+
+/// The most a provider returns of one stream in one [`DetachedExec::output`] call, whatever is
+/// asked: a caller reads a long output piece by piece.
+pub const MAX_OUTPUT_CHUNK: usize = 4 << 20;
+
 /// Detached exec and kill.
 ///
 /// # Contract
@@ -195,8 +222,16 @@ pub trait DetachedExec: Send + Sync {
     /// Handles of the processes started with `spawn` whose output the sandbox still holds
     /// (a handle may outlive what can be polled: see the provider's manifest).
     async fn list(&self, id: &NativeId) -> Result<Vec<ProcessHandle>>;
-    /// Everything the process has written so far: `(stdout, stderr)`.
-    async fn output(&self, id: &NativeId, process: &ProcessHandle) -> Result<(Vec<u8>, Vec<u8>)>;
+    /// What the process has written so far from `from` on: at most `max` bytes (and at most
+    /// [`MAX_OUTPUT_CHUNK`]) of each stream, with each stream's whole size, so output of any
+    /// length is read in bounded pieces and a follower reads only what is new.
+    async fn output(
+        &self,
+        id: &NativeId,
+        process: &ProcessHandle,
+        from: OutputOffsets,
+        max: usize,
+    ) -> Result<OutputChunk>;
 }
 
 /// Kind of a file entry.

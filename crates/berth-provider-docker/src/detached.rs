@@ -2,6 +2,7 @@
 
 use super::container::*;
 use super::*;
+use berth_contract::{OutputChunk, OutputOffsets, Stream, MAX_OUTPUT_CHUNK};
 
 /// Where detached processes' output files go, inside the container's own filesystem (readable
 /// with the files API; the engine's archive API does not see tmpfs mounts).
@@ -90,13 +91,105 @@ impl DetachedExec for DockerProvider {
             .collect())
     }
 
-    async fn output(&self, id: &NativeId, process: &ProcessHandle) -> Result<(Vec<u8>, Vec<u8>)> {
+    async fn output(
+        &self,
+        id: &NativeId,
+        process: &ProcessHandle,
+        from: OutputOffsets,
+        max: usize,
+    ) -> Result<OutputChunk> {
         if !process_handle_ok(&process.0) {
             return Err(err(
                 ErrorKind::InvalidRequest,
                 format!("`{}` is not a process handle", process.0.escape_debug()),
             ));
         }
+        let max = max.min(MAX_OUTPUT_CHUNK);
+        let request = Request::Output {
+            v: PROTOCOL_VERSION,
+            process: process.0.clone(),
+            log_dir: PROCESS_LOGS.into(),
+            stdout_from: from.stdout,
+            stderr_from: from.stderr,
+            max: max as u64,
+        };
+        let channel = match self.channel(&id.0).await {
+            Ok(channel) => channel,
+            // Not running (stopped, paused): its files are still there to read.
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                return self.output_through_archive(id, process, from, max).await
+            }
+            Err(e) => return Err(e),
+        };
+        let mut chunk = OutputChunk::default();
+        let answered = tokio::time::timeout(
+            OUTPUT_DEADLINE,
+            supervise::exec(&channel.0, &channel.1, &request, |stream, bytes| {
+                // The supervisor sends at most `max` of each; more is not kept.
+                let kept = match stream {
+                    Stream::Stdout => &mut chunk.stdout,
+                    Stream::Stderr => &mut chunk.stderr,
+                };
+                let room = max.saturating_sub(kept.len());
+                kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }),
+        )
+        .await;
+        match answered {
+            Ok(Ok(supervise::Outcome::Exit(Exit::Output {
+                stdout_size,
+                stderr_size,
+            }))) => Ok(OutputChunk {
+                stdout_size,
+                stderr_size,
+                ..chunk
+            }),
+            Ok(Ok(supervise::Outcome::Exit(Exit::UnknownProcess { process }))) => {
+                Err(unknown_process(id, &process))
+            }
+            // A supervisor from before `output` (a sandbox an older Berth made).
+            Ok(Ok(supervise::Outcome::Exit(Exit::BadRequest { message })))
+                if message.starts_with("malformed request") =>
+            {
+                self.output_through_archive(id, process, from, max).await
+            }
+            Ok(Ok(supervise::Outcome::Exit(other))) => Err(err(
+                ErrorKind::Unknown,
+                format!("supervisor answered output with {other:?}"),
+            )),
+            Ok(Ok(supervise::Outcome::Lost(reason))) => Err(err(ErrorKind::Unavailable, reason)),
+            Ok(Err(connect)) => match self.unreachable_supervisor(id, connect).await {
+                // Stopped or paused meanwhile: its files are still there to read.
+                e if e.kind() == ErrorKind::Conflict => {
+                    self.output_through_archive(id, process, from, max).await
+                }
+                e => Err(e),
+            },
+            Err(_) => Err(err(
+                ErrorKind::Unavailable,
+                format!(
+                    "the supervisor in `{}` did not send the output within {OUTPUT_DEADLINE:?}",
+                    id.0
+                ),
+            )),
+        }
+    }
+}
+
+/// How long reading one piece of a detached process's output may take.
+const OUTPUT_DEADLINE: Duration = Duration::from_secs(60);
+
+impl DockerProvider {
+    /// A detached process's output read whole through the engine's archive API (at most
+    /// [`berth_contract::MAX_FILE_READ_BYTES`] of each stream) and cut to the piece asked for:
+    /// for a sandbox whose supervisor is not running, or is from before `output`.
+    async fn output_through_archive(
+        &self,
+        id: &NativeId,
+        process: &ProcessHandle,
+        from: OutputOffsets,
+        max: usize,
+    ) -> Result<OutputChunk> {
         let read = |stream: &'static str| async move {
             let path = format!("{PROCESS_LOGS}/{}.{stream}", process.0);
             match Files::read(self, id, &path).await {
@@ -109,7 +202,16 @@ impl DetachedExec for DockerProvider {
             return Err(unknown_process(id, &process.0));
         };
         let stderr = read("err").await?.unwrap_or_default();
-        Ok((stdout, stderr))
+        let piece = |bytes: &[u8], from: u64| {
+            let start = (from.min(bytes.len() as u64)) as usize;
+            bytes[start..bytes.len().min(start.saturating_add(max))].to_vec()
+        };
+        Ok(OutputChunk {
+            stdout: piece(&stdout, from.stdout),
+            stderr: piece(&stderr, from.stderr),
+            stdout_size: stdout.len() as u64,
+            stderr_size: stderr.len() as u64,
+        })
     }
 }
 

@@ -106,6 +106,23 @@ pub enum Request {
         /// The handle from `Spawn`.
         process: String,
     },
+    /// A piece of a detached process's output: [`TAG_STDOUT`] and [`TAG_STDERR`] frames of at
+    /// most `max` bytes of each stream from its offset, then [`Exit::Output`] with each stream's
+    /// size. Read from the files `Spawn` made (regular files only, never through a symlink).
+    Output {
+        /// Protocol version.
+        v: u32,
+        /// The handle from `Spawn`.
+        process: String,
+        /// Where `Spawn` put the output files.
+        log_dir: String,
+        /// Offset into stdout.
+        stdout_from: u64,
+        /// Offset into stderr.
+        stderr_from: u64,
+        /// The most bytes of each stream to send.
+        max: u64,
+    },
     /// Listen on `127.0.0.1:port` in the sandbox's network namespace while this connection
     /// stays open; each connection made to it is announced with a [`TAG_CONNECTION`] frame.
     Listen {
@@ -204,6 +221,13 @@ pub enum Exit {
     UnknownProcess {
         /// The handle asked about.
         process: String,
+    },
+    /// The end of an `Output` reply: how many bytes each stream held when it was read.
+    Output {
+        /// Stdout's size.
+        stdout_size: u64,
+        /// Stderr's size.
+        stderr_size: u64,
     },
 }
 

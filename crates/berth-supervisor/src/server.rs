@@ -83,6 +83,7 @@ fn handle(stream: UnixStream) -> io::Result<()> {
         | Request::Exec { v, .. }
         | Request::Spawn { v, .. }
         | Request::Status { v, .. }
+        | Request::Output { v, .. }
         | Request::Kill { v, .. }
         | Request::Listen { v, .. }
         | Request::Attach { v, .. }
@@ -118,6 +119,17 @@ fn handle(stream: UnixStream) -> io::Result<()> {
             ..
         } => send_exit(&out, &detached::spawn(&argv, &cwd, &env, &log_dir)),
         Request::Status { process, .. } => send_exit(&out, &detached::status(&process)),
+        Request::Output {
+            process,
+            log_dir,
+            stdout_from,
+            stderr_from,
+            max,
+            ..
+        } => {
+            let exit = detached::output(&out, &process, &log_dir, [stdout_from, stderr_from], max);
+            send_exit(&out, &exit)
+        }
         Request::Listen { port, .. } => match crate::forward::listen(&stream, &out, port) {
             Ok(()) => Ok(()),
             Err(exit) => send_exit(&out, &exit),
@@ -367,8 +379,13 @@ mod detached {
     use nix::sys::signal::{killpg, Signal};
     use nix::unistd::Pid;
 
+    use std::fs::File;
+    use std::io;
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::net::UnixStream;
+
     use super::{spawn_failure, status_to_exit};
-    use crate::Exit;
+    use crate::{write_frame, Exit, TAG_STDERR, TAG_STDOUT};
 
     struct Process {
         pgid: Pid,
@@ -439,6 +456,103 @@ mod detached {
             }
         });
         Exit::Started { process: handle }
+    }
+
+    /// The most of one stream one `Output` reply carries, whatever is asked.
+    const MAX_OUTPUT: u64 = 4 << 20;
+
+    /// Sends `max` bytes (at most) of each of the process's streams from its offset, as frames;
+    /// says each stream's size. The files are the sandbox's to change: a handle is a plain name,
+    /// nothing is opened through a symlink or as anything but a regular file, and every read
+    /// is bounded.
+    pub(super) fn output(
+        out: &Mutex<UnixStream>,
+        handle: &str,
+        log_dir: &str,
+        from: [u64; 2],
+        max: u64,
+    ) -> Exit {
+        let plain = !handle.is_empty()
+            && handle.len() <= 32
+            && handle
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !plain {
+            return Exit::BadRequest {
+                message: format!("`{}` is not a process handle", handle.escape_debug()),
+            };
+        }
+        let max = max.min(MAX_OUTPUT);
+        let mut sizes = [0u64; 2];
+        for (n, (suffix, tag)) in [("out", TAG_STDOUT), ("err", TAG_STDERR)]
+            .into_iter()
+            .enumerate()
+        {
+            let path = format!("{log_dir}/{handle}.{suffix}");
+            let file = match open_regular(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && suffix == "out" => {
+                    return Exit::UnknownProcess {
+                        process: handle.to_owned(),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Exit::Unknown {
+                        reason: format!("cannot read `{path}`: {e}"),
+                    }
+                }
+            };
+            match send_from(out, &file, tag, from[n], max) {
+                Ok(size) => sizes[n] = size,
+                Err(e) => {
+                    return Exit::Unknown {
+                        reason: format!("cannot send `{path}`: {e}"),
+                    }
+                }
+            }
+        }
+        Exit::Output {
+            stdout_size: sizes[0],
+            stderr_size: sizes[1],
+        }
+    }
+
+    /// Opens `path` for reading only if its last component is a regular file and no symlink
+    /// (a FIFO is refused without waiting for a writer).
+    fn open_regular(path: &str) -> io::Result<File> {
+        use rustix::fs::{Mode, OFlags};
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let file = File::from(rustix::fs::open(path, flags, Mode::empty())?);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        Ok(file)
+    }
+
+    /// Sends the file's bytes from `from` (at most `max`) in frames; returns its size.
+    fn send_from(
+        out: &Mutex<UnixStream>,
+        file: &File,
+        tag: u8,
+        from: u64,
+        max: u64,
+    ) -> io::Result<u64> {
+        let size = file.metadata()?.len();
+        let mut at = from;
+        let end = size.min(from.saturating_add(max));
+        let mut buf = vec![0u8; (crate::MAX_FRAME as u64).min(max) as usize];
+        while at < end {
+            let want = ((end - at) as usize).min(buf.len());
+            let n = file.read_at(&mut buf[..want], at)?;
+            if n == 0 {
+                break;
+            }
+            let mut writer = out.lock().unwrap_or_else(|p| p.into_inner());
+            write_frame(&mut *writer, tag, &buf[..n])?;
+            at += n as u64;
+        }
+        Ok(size)
     }
 
     pub(super) fn status(handle: &str) -> Exit {

@@ -315,6 +315,116 @@ fn detached_processes_outlive_their_connection_and_can_be_killed() {
     );
 }
 
+/// A detached process's output is read in bounded pieces from any offset, with each stream's
+/// size; what the sandbox plants in place of its output files (a symlink, a FIFO) is refused,
+/// never followed or waited on, and a handle is never a path.
+#[test]
+fn detached_output_is_read_in_bounded_pieces_and_never_through_what_the_sandbox_plants() {
+    let s = server();
+    let logs = s.dir.path().join("procs");
+    let spawn = Request::Spawn {
+        v: PROTOCOL_VERSION,
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "head -c 3000000 /dev/zero | tr '\\0' a; echo oops >&2".into(),
+        ],
+        cwd: s.dir.path().to_string_lossy().into_owned(),
+        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
+        log_dir: logs.to_string_lossy().into_owned(),
+    };
+    let Exit::Started { process } = detached(&s, spawn) else {
+        panic!("not started")
+    };
+    assert!(wait_status(&s, &process, &Exit::Exited { code: 0 }));
+    let output = |process: &str, from: [u64; 2], max: u64| {
+        read_reply(send(
+            &s.socket,
+            &Request::Output {
+                v: PROTOCOL_VERSION,
+                process: process.into(),
+                log_dir: logs.to_string_lossy().into_owned(),
+                stdout_from: from[0],
+                stderr_from: from[1],
+                max,
+            },
+        ))
+    };
+    let sizes = Exit::Output {
+        stdout_size: 3_000_000,
+        stderr_size: 5,
+    };
+    // Every piece is what the file holds there, and no more than asked.
+    let mut whole = Vec::new();
+    loop {
+        let reply = output(&process, [whole.len() as u64, 0], 1_000_000);
+        assert_eq!(reply.exit, sizes);
+        assert!(reply.stdout.len() <= 1_000_000);
+        if reply.stdout.is_empty() {
+            break;
+        }
+        whole.extend(reply.stdout);
+    }
+    assert_eq!(whole.len(), 3_000_000);
+    assert!(whole.iter().all(|b| *b == b'a'));
+    let tail = output(&process, [2_999_998, 2], 100);
+    assert_eq!(
+        (tail.stdout, tail.stderr, tail.exit),
+        (b"aa".to_vec(), b"ps\n".to_vec(), sizes.clone())
+    );
+    // Past the end: nothing, and the sizes say so (a reader that was further on sees it shrank).
+    let past = output(&process, [9_000_000, 9], 100);
+    assert!(past.stdout.is_empty() && past.stderr.is_empty());
+    assert_eq!(past.exit, sizes);
+    // However much is asked, one reply carries at most 4 MiB of a stream.
+    let big = output(&process, [0, 0], u64::MAX);
+    assert_eq!(big.stdout.len(), 3_000_000);
+
+    // Planted by the sandbox: a symlink to a file outside, and a FIFO with no writer.
+    let secret = s.dir.path().join("secret");
+    std::fs::write(&secret, b"host secret").unwrap();
+    std::fs::remove_file(logs.join(format!("{process}.out"))).unwrap();
+    std::os::unix::fs::symlink(&secret, logs.join(format!("{process}.out"))).unwrap();
+    let linked = output(&process, [0, 0], 100);
+    assert!(linked.stdout.is_empty(), "read through a symlink");
+    assert!(
+        matches!(&linked.exit, Exit::Unknown { reason } if reason.contains("cannot read")),
+        "{:?}",
+        linked.exit
+    );
+    std::fs::remove_file(logs.join(format!("{process}.out"))).unwrap();
+    let fifo = logs.join(format!("{process}.out"));
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let started = Instant::now();
+    let piped = output(&process, [0, 0], 100);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited on a FIFO"
+    );
+    assert!(
+        matches!(&piped.exit, Exit::Unknown { reason } if reason.contains("not a regular file")),
+        "{:?}",
+        piped.exit
+    );
+    // A handle is a plain name, never a path; an unknown one is said as such.
+    for hostile in ["../secret", "/etc/passwd", "", "p1/../../x"] {
+        assert!(
+            matches!(output(hostile, [0, 0], 100).exit, Exit::BadRequest { .. }),
+            "{hostile:?}"
+        );
+    }
+    assert_eq!(
+        output("p999", [0, 0], 100).exit,
+        Exit::UnknownProcess {
+            process: "p999".into()
+        }
+    );
+}
+
 /// A request the supervisor reads only after its client gave up (the supervisor was frozen, as
 /// in a paused container) never runs: nothing is queued behind the caller's back.
 #[test]

@@ -389,32 +389,76 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
         )
         .into());
     }
-    let (mut out_seen, mut err_seen) = (0usize, 0usize);
-    loop {
+    if app.json {
         // The status first: output read after it is complete when it says finished.
         let status = detached.status(&native, &handle).await;
-        let (stdout, stderr) = detached.output(&native, &handle).await?;
-        if app.json {
-            let mut doc = json!({
-                "sandbox": id,
-                "handle": handle.0,
-                "status": process_status_json(&status),
-            });
-            put_output(&mut doc, "stdout", Some(&stdout));
-            put_output(&mut doc, "stderr", Some(&stderr));
-            emit("logs", doc);
-            return Ok(code::OK);
+        let (output, sizes) = read_output(
+            detached,
+            &native,
+            &handle,
+            berth_contract::DEFAULT_MAX_OUTPUT_BYTES,
+        )
+        .await?;
+        let mut doc = json!({
+            "sandbox": id,
+            "handle": handle.0,
+            "status": process_status_json(&status),
+            "stdout_bytes": sizes.0,
+            "stderr_bytes": sizes.1,
+            "stdout_truncated": (output.0.len() as u64) < sizes.0,
+            "stderr_truncated": (output.1.len() as u64) < sizes.1,
+        });
+        put_output(&mut doc, "stdout", Some(&output.0));
+        put_output(&mut doc, "stderr", Some(&output.1));
+        emit("logs", doc);
+        return Ok(code::OK);
+    }
+    // Piece by piece from where the last read ended: memory stays bounded however long the
+    // output, and following reads only what is new.
+    let mut at = berth_contract::OutputOffsets::default();
+    loop {
+        let status = detached.status(&native, &handle).await;
+        // Without --follow, the output there is now: never chasing a process that goes on
+        // writing.
+        let mut until = None;
+        let mut rewound = false;
+        loop {
+            let piece = detached
+                .output(&native, &handle, at, berth_contract::MAX_OUTPUT_CHUNK)
+                .await?;
+            if !follow {
+                until.get_or_insert((piece.stdout_size, piece.stderr_size));
+            }
+            // A log that shrank (rewritten inside the sandbox) is shown again from its start;
+            // rewritten again under the reads, it waits for the next look.
+            if piece.stdout_size < at.stdout || piece.stderr_size < at.stderr {
+                if std::mem::replace(&mut rewound, true) {
+                    break;
+                }
+                if piece.stdout_size < at.stdout {
+                    at.stdout = 0;
+                }
+                if piece.stderr_size < at.stderr {
+                    at.stderr = 0;
+                }
+                if let Some(until) = until.as_mut() {
+                    *until = (piece.stdout_size, piece.stderr_size);
+                }
+                continue;
+            }
+            if piece.stdout.is_empty() && piece.stderr.is_empty() {
+                break;
+            }
+            Terminal.chunk(Stream::Stdout, &piece.stdout);
+            Terminal.chunk(Stream::Stderr, &piece.stderr);
+            at.stdout += piece.stdout.len() as u64;
+            at.stderr += piece.stderr.len() as u64;
+            if crate::output::stdout_gone()
+                || until.is_some_and(|(out, err)| at.stdout >= out && at.stderr >= err)
+            {
+                break;
+            }
         }
-        // A log that shrank (rewritten inside the sandbox) is shown again from its start.
-        if stdout.len() < out_seen {
-            out_seen = 0;
-        }
-        if stderr.len() < err_seen {
-            err_seen = 0;
-        }
-        Terminal.chunk(Stream::Stdout, &stdout[out_seen..]);
-        Terminal.chunk(Stream::Stderr, &stderr[err_seen..]);
-        (out_seen, err_seen) = (stdout.len(), stderr.len());
         let running = matches!(status, Ok(berth_contract::ProcessStatus::Running));
         // Following for a reader that went away (`| head`) has no one to follow for.
         if !follow || !running || crate::output::stdout_gone() {
@@ -427,6 +471,46 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
+}
+
+/// A detached process's output from its start, at most `limit` bytes of each stream, with each
+/// stream's whole size.
+async fn read_output(
+    detached: &dyn berth_contract::DetachedExec,
+    native: &berth_contract::NativeId,
+    handle: &berth_contract::ProcessHandle,
+    limit: usize,
+) -> Result<((Vec<u8>, Vec<u8>), (u64, u64))> {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    // Bounded even against a sandbox that keeps rewriting its output under the reads.
+    let rounds = 2 * limit.div_ceil(berth_contract::MAX_OUTPUT_CHUNK) + 2;
+    for round in 1.. {
+        let at = berth_contract::OutputOffsets {
+            stdout: stdout.len() as u64,
+            stderr: stderr.len() as u64,
+        };
+        let room = limit - stdout.len().min(stderr.len());
+        let piece = detached.output(native, handle, at, room).await?;
+        let keep = |kept: &mut Vec<u8>, bytes: &[u8], size: u64| {
+            // Rewritten meanwhile: what was read no longer matches; none of it is kept.
+            if size < kept.len() as u64 {
+                kept.clear();
+            }
+            let room = limit.saturating_sub(kept.len());
+            kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        };
+        let before = (stdout.len(), stderr.len());
+        keep(&mut stdout, &piece.stdout, piece.stdout_size);
+        keep(&mut stderr, &piece.stderr, piece.stderr_size);
+        let done = |kept: &Vec<u8>, size: u64| kept.len() >= limit || kept.len() as u64 >= size;
+        if (done(&stdout, piece.stdout_size) && done(&stderr, piece.stderr_size))
+            || (stdout.len(), stderr.len()) == before
+            || round == rounds
+        {
+            return Ok(((stdout, stderr), (piece.stdout_size, piece.stderr_size)));
+        }
+    }
+    unreachable!("the rounds end with a return")
 }
 
 /// `berth kill`.

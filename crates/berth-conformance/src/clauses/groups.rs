@@ -83,19 +83,65 @@ pub(super) async fn detached(s: &Subject) -> Outcome {
             .await
             .map_err(|e| fail("second kill", e))?;
         let until = Instant::now() + Duration::from_secs(10);
-        loop {
+        let killed = loop {
             match detached
                 .status(&id, &handle)
                 .await
                 .map_err(|e| fail("status", e))?
             {
-                ProcessStatus::Finished { status } => return Ok(vec![format!("killed: {status}")]),
+                ProcessStatus::Finished { status } => break status,
                 ProcessStatus::Running if Instant::now() > until => {
                     return Err("process still running 10 s after kill".into())
                 }
                 ProcessStatus::Running => tokio::time::sleep(Duration::from_millis(20)).await,
             }
+        };
+        // Output is read in pieces from any offset, each stream's size said.
+        let writer = detached
+            .spawn(
+                &id,
+                &ExecRequest::shell("printf 0123456789; printf oops >&2"),
+            )
+            .await
+            .map_err(|e| fail("spawn", e))?;
+        loop {
+            match detached
+                .status(&id, &writer)
+                .await
+                .map_err(|e| fail("status", e))?
+            {
+                ProcessStatus::Finished { .. } => break,
+                ProcessStatus::Running if Instant::now() > until => {
+                    return Err("a process printing 14 bytes still runs after 10 s".into())
+                }
+                ProcessStatus::Running => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
         }
+        let piece = |stdout, stderr, max| {
+            let from = berth_contract::OutputOffsets { stdout, stderr };
+            detached.output(&id, &writer, from, max)
+        };
+        let first = piece(0, 0, 4).await.map_err(|e| fail("output", e))?;
+        let rest = piece(8, 3, 100).await.map_err(|e| fail("output", e))?;
+        let got = |c: &berth_contract::OutputChunk| {
+            (
+                c.stdout.clone(),
+                c.stderr.clone(),
+                c.stdout_size,
+                c.stderr_size,
+            )
+        };
+        check!(
+            got(&first) == (b"0123".to_vec(), b"oops".to_vec(), 10, 4)
+                && got(&rest) == (b"89".to_vec(), b"s".to_vec(), 10, 4),
+            "pieces of `0123456789` / `oops`: {:?} from 0 (max 4), {:?} from 8/3",
+            got(&first),
+            got(&rest)
+        );
+        Ok(vec![
+            format!("killed: {killed}"),
+            "output read in pieces".into(),
+        ])
     })
     .await
 }
