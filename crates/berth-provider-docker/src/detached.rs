@@ -153,6 +153,10 @@ impl DetachedExec for DockerProvider {
             {
                 self.output_through_archive(id, process, from, max).await
             }
+            // What the sandbox put where its output was (a symlink, a FIFO), said as such.
+            Ok(Ok(supervise::Outcome::Exit(Exit::Unknown { reason }))) => {
+                Err(err(ErrorKind::Unknown, reason))
+            }
             Ok(Ok(supervise::Outcome::Exit(other))) => Err(err(
                 ErrorKind::Unknown,
                 format!("supervisor answered output with {other:?}"),

@@ -143,20 +143,53 @@ pub fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
 }
 
 /// Starts `berth run -- sh -c 'echo $$ > pid; sleep 60'` and waits until the command runs.
-pub fn start_run(home: &Home) -> (Child, String, i32) {
+pub fn start_run(home: &Home) -> (RunningCli, String, i32) {
     start_run_of(home, "exec sleep 60", Stdio::null())
 }
 
 /// `berth run -- sh -c 'echo $$ > pid; SCRIPT'`, once the script runs: the child, the
 /// sandbox's id and the script's pid.
-pub fn start_run_of(home: &Home, script: &str, stdout: Stdio) -> (Child, String, i32) {
+/// A `berth run` under way, killed if the test ends first (a failed assertion must not leave
+/// it waiting forever: the home's sweep then takes its sandbox, its run being over).
+pub struct RunningCli(Option<Child>);
+
+impl RunningCli {
+    pub fn wait_with_output(mut self) -> std::io::Result<std::process::Output> {
+        self.0.take().expect("not yet waited").wait_with_output()
+    }
+}
+
+impl std::ops::Deref for RunningCli {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("not yet waited")
+    }
+}
+
+impl std::ops::DerefMut for RunningCli {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("not yet waited")
+    }
+}
+
+impl Drop for RunningCli {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn start_run_of(home: &Home, script: &str, stdout: Stdio) -> (RunningCli, String, i32) {
     let script = format!("echo $$ > pid; {script}");
-    let child = home
-        .command("tester", &["run", "--", "sh", "-c", &script])
-        .stdout(stdout)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = RunningCli(Some(
+        home.command("tester", &["run", "--", "sh", "-c", &script])
+            .stdout(stdout)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
     let sandboxes = home.path().join("state/host/sandboxes");
     let mut found = None;
     wait_for("the run's command to start", || {
