@@ -403,6 +403,16 @@ fn the_dashboard_in_a_real_browser() {
     // Ledger, catalog, benchmarks.
     browser.open(&format!("{base}/ui/ledger"));
     browser.wait_until("the ledger", "return !!document.getElementById('ledger')");
+    // Each row says whether its run is still live; this owner's runs here are all over.
+    let runs = browser.script(
+        "return [...document.querySelectorAll('#ledger tr')].slice(1) \
+         .map(r => r.children[4].className)",
+    );
+    let runs = runs.as_array().cloned().unwrap_or_default();
+    assert!(
+        !runs.is_empty() && runs.iter().all(|c| c == "over"),
+        "run column: {runs:?}"
+    );
     browser.screenshot("ledger");
     browser.open(&format!("{base}/ui/catalog"));
     browser.wait_until(

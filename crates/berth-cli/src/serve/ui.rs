@@ -313,13 +313,23 @@ pub(crate) async fn ledger(State(server): State<Arc<Server>>, headers: HeaderMap
     };
     let mut body = String::from(
         "<table id=ledger><tr><th>id</th><th>kind</th><th>provider</th><th>state</th>\
-         <th>created</th><th>verified gone</th><th>last error</th></tr>",
+         <th>run</th><th>created</th><th>verified gone</th><th>last error</th></tr>",
     );
     for row in doc["entries"].as_array().into_iter().flatten() {
+        // Whether the row's run is still live (a sweep holds its unexpired rows), or why that
+        // is unknown.
+        let run = match row["run_live"].as_bool() {
+            Some(true) => "<td class=live>live</td>".to_owned(),
+            Some(false) => "<td class=over>over</td>".to_owned(),
+            None => format!(
+                "<td class=UNKNOWN title=\"{}\">UNKNOWN</td>",
+                esc(&text(&row["run_live_unknown"]))
+            ),
+        };
         let _ = write!(
             body,
-            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td></tr>",
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td>{run}<td>{}</td>\
+             <td>{}</td><td>{}</td></tr>",
             esc(&text(&row["berth_id"])),
             esc(&text(&row["kind"])),
             esc(&text(&row["provider"])),
