@@ -932,6 +932,62 @@ fn a_berth_home_that_is_a_file_is_a_setup_error() {
 }
 
 /// A file a user names that is a FIFO or a device is refused at once as invalid input: the
+/// `cp` out of a sandbox streams a file of any size — past the 256 MiB a whole-file read may
+/// hold (before: "larger than the file API's limit") — to a file or stdout, and a copy that
+/// fails leaves the destination as it was.
+#[test]
+fn cp_out_of_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
+    let home = Home::new();
+    let id = home.create("tester");
+    const BIG: u64 = (256 << 20) + 12345;
+    let out = home.run(&["exec", &id, "--", "truncate", "-s", &BIG.to_string(), "big"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let copy = home.path().join("big.copy");
+    let (code, doc) = home.json(&["cp", &format!("{id}:big"), copy.to_str().unwrap()]);
+    assert_eq!(code, 0, "{doc}");
+    assert_eq!(doc["bytes"], BIG);
+    assert_eq!(std::fs::metadata(&copy).unwrap().len(), BIG);
+    std::fs::remove_file(&copy).unwrap();
+    let mut child = home
+        .command("tester", &["cp", &format!("{id}:big"), "-"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut streamed = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut stdout = child.stdout.take().unwrap();
+    loop {
+        let n = std::io::Read::read(&mut stdout, &mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        assert!(buf[..n].iter().all(|b| *b == 0));
+        streamed += n as u64;
+    }
+    assert!(child.wait().unwrap().success());
+    assert_eq!(streamed, BIG);
+    // A reader that goes away ends the copy, not the command.
+    let piped = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("\"$BERTH\" cp \"$FROM\" - | head -c 10 | wc -c")
+        .env("BERTH", env!("CARGO_BIN_EXE_berth"))
+        .env("FROM", format!("{id}:big"))
+        .env("BERTH_HOME", home.path())
+        .env("BERTH_OWNER", "tester")
+        .output()
+        .unwrap();
+    assert_eq!(text(&piped.stdout).trim(), "10", "{}", text(&piped.stderr));
+    // A copy that fails (no such file) leaves what was there.
+    let kept = home.path().join("kept.txt");
+    std::fs::write(&kept, b"precious").unwrap();
+    let (code, doc) = home.json(&["cp", &format!("{id}:missing"), kept.to_str().unwrap()]);
+    assert_eq!(code, 3, "{doc}");
+    assert_eq!(std::fs::read(&kept).unwrap(), b"precious");
+    // A directory as the destination is refused before anything is copied.
+    let (code, doc) = home.json(&["cp", &format!("{id}:big"), home.path().to_str().unwrap()]);
+    assert_eq!(code, 5, "{doc}");
+}
+
 /// FIFO's `open` used to block forever (`mission run FIFO` and `cp ID:f FIFO` hung, deaf to
 /// SIGTERM) and `/dev/zero` never ends. Each command must answer within seconds.
 #[test]

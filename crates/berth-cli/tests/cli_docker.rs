@@ -350,6 +350,16 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     let (code, _) = home.json(&["logs", &id, "../../etc/passwd"]);
     assert_eq!(code, 5);
     logs_of_any_length_are_read_in_pieces(&home, &id);
+    // `cp` out streams a file past the whole-file read limit as the archive arrives.
+    const BIG: u64 = (256 << 20) + 12345;
+    let out = home.run(&["exec", &id, "--", "truncate", "-s", &BIG.to_string(), "big"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let copy = home.path().join("big.copy");
+    let (code, doc) = home.json(&["cp", &format!("{id}:big"), copy.to_str().unwrap()]);
+    assert_eq!((code, &doc["bytes"]), (0, &Value::from(BIG)), "{doc}");
+    assert_eq!(std::fs::metadata(&copy).unwrap().len(), BIG);
+    std::fs::remove_file(&copy).unwrap();
+    home.run(&["exec", &id, "--", "rm", "big"]);
     // Stopped, it has no supervisor to ask: its output files are read through the engine.
     let (code, doc) = home.json(&["stop", &id]);
     assert_eq!(code, 0, "{doc}");

@@ -275,6 +275,19 @@ pub fn file_too_large(provider: &str, path: &str) -> ProviderError {
     )
 }
 
+/// Where [`Files::read_to`] puts a file's bytes as they are read (a local file, stdout).
+pub type FileSink = Box<dyn std::io::Write + Send>;
+
+/// A copy ended because its sink refused a write (the disk is full, the reader went away).
+pub fn sink_failed(provider: &str, err: std::io::Error) -> ProviderError {
+    ProviderError::new(
+        crate::ErrorKind::Unknown,
+        provider,
+        format!("the copy's destination failed: {err}"),
+    )
+    .with_source(err)
+}
+
 /// The most entries [`Files::list`] returns for one directory (100 000): a sandbox decides how
 /// many names a directory holds (millions cost it one `xargs touch`), and a listing holds each.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
@@ -302,6 +315,23 @@ pub trait Files: Send + Sync {
     /// Reads a whole file, at most [`MAX_FILE_READ_BYTES`] (a larger one is
     /// `InvalidRequest`, found without holding more than that).
     async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>>;
+    /// Copies a whole regular file into `sink` as it is read, whatever its size, holding no
+    /// more than a buffer; gives the sink back with the number of bytes copied. The same file
+    /// as [`Files::read`] (same path rules, same refusals). A write to the sink that fails
+    /// ends the copy with an error of kind `Unknown`; the sink's owner knows why.
+    ///
+    /// The default reads the file whole, so it keeps [`Files::read`]'s bound.
+    async fn read_to(
+        &self,
+        id: &NativeId,
+        path: &str,
+        mut sink: FileSink,
+    ) -> Result<(FileSink, u64)> {
+        let bytes = self.read(id, path).await?;
+        sink.write_all(&bytes)
+            .map_err(|e| sink_failed("files", e))?;
+        Ok((sink, bytes.len() as u64))
+    }
     /// Writes a whole file, creating parent directories.
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()>;
     /// Lists a directory, sorted by name: at most [`MAX_LIST_ENTRIES`] (more is

@@ -67,7 +67,12 @@ pub fn read_bounded(reader: impl Read, max: u64) -> Result<Vec<u8>, ReadError> {
 /// directory is refused without blocking (a FIFO with no reader fails the non-blocking open;
 /// one with a reader, or a device, is refused before a byte is written).
 pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
-    use std::io::Write;
+    write_regular_from(path, bytes).map(|_| ())
+}
+
+/// [`write_regular`] with the bytes read from `reader` (a spooled copy, say); returns how
+/// many were written.
+pub fn write_regular_from(path: &Path, mut reader: impl Read) -> Result<u64, ReadError> {
     let opened = open_nonblocking(
         std::fs::OpenOptions::new()
             .write(true)
@@ -84,8 +89,7 @@ pub fn write_regular(path: &Path, bytes: &[u8]) -> Result<(), ReadError> {
         Err(e) => return Err(e.into()),
     };
     let mut file = regular(file)?;
-    file.write_all(bytes)?;
-    Ok(())
+    Ok(std::io::copy(&mut reader, &mut file)?)
 }
 
 #[cfg(test)]

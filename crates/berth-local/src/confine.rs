@@ -233,6 +233,42 @@ impl Workspace {
 
     /// Reads a regular file, at most [`MAX_READ_BYTES`].
     pub(crate) fn read(&self, path: &str) -> Result<Vec<u8>> {
+        let (file, size) = self.open_regular(path)?;
+        let mut bytes = Vec::with_capacity(size.min(1 << 20) as usize);
+        file.take(MAX_READ_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error(&format!("read `{path}`"), e))?;
+        if bytes.len() as u64 > MAX_READ_BYTES {
+            return Err(berth_contract::file_too_large(PROVIDER_ID, path));
+        }
+        Ok(bytes)
+    }
+
+    /// Copies a regular file into `sink` as it is read, whatever its size.
+    pub(crate) fn read_to(
+        &self,
+        path: &str,
+        mut sink: berth_contract::FileSink,
+    ) -> Result<(berth_contract::FileSink, u64)> {
+        let (mut file, _) = self.open_regular(path)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut copied = 0u64;
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => return Ok((sink, copied)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error(&format!("read `{path}`"), e)),
+            };
+            sink.write_all(&buf[..n])
+                .map_err(|e| berth_contract::sink_failed(PROVIDER_ID, e))?;
+            copied += n as u64;
+        }
+    }
+
+    /// Opens a regular file for reading, with its size; anything else is refused without
+    /// blocking.
+    fn open_regular(&self, path: &str) -> Result<(std::fs::File, u64)> {
         let parts = components(&self.host_path, path)?;
         if parts.is_empty() {
             return Err(invalid(path, "is the workspace directory, not a file"));
@@ -255,16 +291,7 @@ impl Workspace {
         };
         let stat = rustix::fs::fstat(&fd).map_err(|e| resolve_error(path, "inspect", e))?;
         require_regular(path, FileType::from_raw_mode(stat.st_mode))?;
-        let mut file = std::fs::File::from(fd);
-        let mut bytes = Vec::with_capacity((stat.st_size.max(0) as u64).min(1 << 20) as usize);
-        (&mut file)
-            .take(MAX_READ_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| io_error(&format!("read `{path}`"), e))?;
-        if bytes.len() as u64 > MAX_READ_BYTES {
-            return Err(berth_contract::file_too_large(PROVIDER_ID, path));
-        }
-        Ok(bytes)
+        Ok((std::fs::File::from(fd), stat.st_size.max(0) as u64))
     }
 
     /// Replaces a regular file (or creates it, with missing parent directories). The bytes go
@@ -522,6 +549,79 @@ mod tests {
         std::fs::hard_link(&other, ws.join("hard")).unwrap();
         opened.write("hard", b"changed").unwrap();
         assert_eq!(std::fs::read(&other).unwrap(), b"keep");
+    }
+
+    /// A copy streams a file of any size (here past the whole-file read limit) with a bounded
+    /// buffer, under the same rules as a read: no symlink followed, no FIFO waited on.
+    #[test]
+    fn a_copy_streams_any_size_under_the_read_rules() {
+        struct Counting(std::sync::Arc<std::sync::atomic::AtomicU64>);
+        impl Write for Counting {
+            fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+                self.0
+                    .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let (dir, ws, opened) = workspace();
+        let big = MAX_READ_BYTES + (1 << 20);
+        std::fs::File::create(ws.join("big"))
+            .unwrap()
+            .set_len(big)
+            .unwrap();
+        assert_eq!(
+            opened.read("big").unwrap_err().kind(),
+            ErrorKind::InvalidRequest
+        );
+        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (_, copied) = opened
+            .read_to("big", Box::new(Counting(seen.clone())))
+            .unwrap();
+        assert_eq!(
+            (copied, seen.load(std::sync::atomic::Ordering::Relaxed)),
+            (big, big)
+        );
+
+        std::fs::write(dir.path().join("secret"), b"s").unwrap();
+        symlink(dir.path().join("secret"), ws.join("link")).unwrap();
+        let refused = |path: &str| match opened.read_to(path, Box::new(io::sink())) {
+            Ok(_) => panic!("`{path}` was copied"),
+            Err(err) => err,
+        };
+        let err = refused("link");
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            ws.join("fifo").as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let err = refused("fifo");
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+        let err = refused("../x");
+        assert!(err.to_string().contains("contains `..`"), "{err}");
+        // A sink that fails ends the copy, said as the destination's failure.
+        struct Full;
+        impl Write for Full {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::from_raw_os_error(28))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let Err(err) = opened.read_to("big", Box::new(Full)) else {
+            panic!("a failing sink was not noticed")
+        };
+        assert!(
+            err.to_string().contains("the copy's destination failed"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -402,6 +402,17 @@ impl<L: Launcher> LocalProvider<L> {
         blocking(move || confine::Workspace::open(&workspace)?.read(&path)).await
     }
 
+    async fn read_to_inner(
+        &self,
+        id: &NativeId,
+        path: &str,
+        sink: berth_contract::FileSink,
+    ) -> Result<(berth_contract::FileSink, u64)> {
+        let workspace = self.ready_workspace(id)?;
+        let path = self.sandbox_path(path).to_owned();
+        blocking(move || confine::Workspace::open(&workspace)?.read_to(&path, sink)).await
+    }
+
     async fn write_inner(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
         let workspace = self.ready_workspace(id)?;
         let path = self.sandbox_path(path).to_owned();

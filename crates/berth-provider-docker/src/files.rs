@@ -7,22 +7,34 @@ use http_body_util::BodyExt;
 /// What an archive's first entry says a path is.
 enum First {
     File(Vec<u8>),
+    Copied(u64),
     Directory,
     Symlink(PathBuf),
     Other(tar::EntryType),
     TooLarge,
 }
 
-#[async_trait]
-impl Files for DockerProvider {
-    async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>> {
+/// What a read does with a regular file's entry: keep it (bounded), or copy it into a sink.
+enum Take {
+    Bytes,
+    Into(Option<berth_contract::FileSink>),
+}
+
+impl DockerProvider {
+    /// Reads the file at `path` (a final symlink followed a few times, inside the container's
+    /// filesystem): its bytes, or with a sink, copied into it as they arrive.
+    async fn read_file(
+        &self,
+        id: &NativeId,
+        path: &str,
+        mut take: Take,
+    ) -> Result<(First, Option<berth_contract::FileSink>)> {
         let mut full = container_path(path)?;
-        // Follow a final symlink a few times, inside the container's filesystem.
         for _ in 0..8 {
             // Only the first entry is read: a directory's archive, or a file over the limit,
             // is given up at its header, never fetched.
-            let first = self
-                .archive(id, &full, |archive| {
+            let (first, back) = self
+                .archive(id, &full, move |archive| {
                     let mut entries = archive
                         .entries()
                         .map_err(|e| io_err("read the archive", e))?;
@@ -30,10 +42,17 @@ impl Files for DockerProvider {
                         Some(entry) => entry.map_err(|e| io_err("read the archive", e))?,
                         None => return Err(err(ErrorKind::Unknown, "an empty archive")),
                     };
-                    Ok(match entry.header().entry_type() {
-                        tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let first = match (entry.header().entry_type(), &mut take) {
+                        (
+                            tar::EntryType::Regular | tar::EntryType::Continuous,
+                            Take::Into(sink),
+                        ) => {
+                            let sink = sink.as_mut().expect("a sink until the copy");
+                            First::Copied(copy_entry(&mut entry, sink)?)
+                        }
+                        (tar::EntryType::Regular | tar::EntryType::Continuous, Take::Bytes) => {
                             if entry.size() > berth_contract::MAX_FILE_READ_BYTES {
-                                return Ok(First::TooLarge);
+                                return Ok((First::TooLarge, take));
                             }
                             let mut bytes = Vec::new();
                             (&mut entry)
@@ -42,20 +61,26 @@ impl Files for DockerProvider {
                                 .map_err(|e| io_err("read the archive", e))?;
                             First::File(bytes)
                         }
-                        tar::EntryType::Directory => First::Directory,
-                        tar::EntryType::Symlink => First::Symlink(
+                        (tar::EntryType::Directory, _) => First::Directory,
+                        (tar::EntryType::Symlink, _) => First::Symlink(
                             entry
                                 .link_name()
                                 .map_err(|e| io_err("read the archive", e))?
                                 .ok_or_else(|| err(ErrorKind::Unknown, "symlink without target"))?
                                 .into_owned(),
                         ),
-                        other => First::Other(other),
-                    })
+                        (other, _) => First::Other(other),
+                    };
+                    Ok((first, take))
                 })
                 .await?;
+            take = back;
+            let sink = match &mut take {
+                Take::Into(sink) => sink.take(),
+                Take::Bytes => None,
+            };
             match first {
-                First::File(bytes) => return Ok(bytes),
+                First::File(_) | First::Copied(_) => return Ok((first, sink)),
                 First::TooLarge => return Err(berth_contract::file_too_large(PROVIDER_ID, path)),
                 First::Directory => {
                     return Err(err(
@@ -68,6 +93,9 @@ impl Files for DockerProvider {
                     if full.components().any(|c| c == Component::ParentDir) {
                         // Let the engine resolve `..` inside the container's root.
                         full = full.components().collect();
+                    }
+                    if let Take::Into(slot) = &mut take {
+                        *slot = sink;
                     }
                 }
                 First::Other(other) => {
@@ -82,6 +110,45 @@ impl Files for DockerProvider {
             ErrorKind::InvalidRequest,
             format!("`{path}`: too many levels of symlinks"),
         ))
+    }
+}
+
+/// Copies an archive entry into `sink` as it arrives; a failing sink is said as such.
+fn copy_entry(entry: &mut impl Read, sink: &mut berth_contract::FileSink) -> Result<u64> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = match entry.read(&mut buf) {
+            Ok(0) => return Ok(copied),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err("read the archive", e)),
+        };
+        sink.write_all(&buf[..n])
+            .map_err(|e| berth_contract::sink_failed(PROVIDER_ID, e))?;
+        copied += n as u64;
+    }
+}
+
+#[async_trait]
+impl Files for DockerProvider {
+    async fn read(&self, id: &NativeId, path: &str) -> Result<Vec<u8>> {
+        match self.read_file(id, path, Take::Bytes).await? {
+            (First::File(bytes), _) => Ok(bytes),
+            _ => Err(err(ErrorKind::Unknown, "a read ended without the file")),
+        }
+    }
+
+    async fn read_to(
+        &self,
+        id: &NativeId,
+        path: &str,
+        sink: berth_contract::FileSink,
+    ) -> Result<(berth_contract::FileSink, u64)> {
+        match self.read_file(id, path, Take::Into(Some(sink))).await? {
+            (First::Copied(n), Some(sink)) => Ok((sink, n)),
+            _ => Err(err(ErrorKind::Unknown, "a copy ended without the file")),
+        }
     }
 
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {

@@ -249,6 +249,43 @@ fn missing_file(e: berth_contract::ProviderError, id: &str) -> anyhow::Error {
     .into()
 }
 
+/// A file copied to stdout as it arrives; once the reader is gone, the copy stops.
+struct StdoutSink;
+
+impl Write for StdoutSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        crate::output::stdout_write_bytes(bytes);
+        if crate::output::stdout_gone() {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A local file a copy goes to, keeping the first write error for the caller to report as
+/// its own (the provider only knows that the destination failed).
+struct RecordingSink {
+    file: std::fs::File,
+    failed: std::sync::Arc<std::sync::Mutex<Option<std::io::Error>>>,
+}
+
+impl Write for RecordingSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.file.write(bytes).inspect_err(|e| {
+            let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+            failed.get_or_insert(std::io::Error::new(e.kind(), e.to_string()));
+        })
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 /// `berth cp`.
 pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
     if app.json && destination == "-" {
@@ -261,24 +298,56 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
     let bytes = match (endpoint(source), endpoint(destination)) {
         (Endpoint::Sandbox { id, path }, Endpoint::Local(local)) => {
             let (_row, provider, native) = app.sandbox(id).await?;
-            let data = provider
-                .require_files()?
-                .read(&native, path)
-                .await
-                .map_err(|e| missing_file(e, id))?;
+            let files = provider.require_files()?;
+            let cannot_write = |e| {
+                local_file_error(
+                    e,
+                    format!("cannot write {local}"),
+                    format!("cannot copy to {local}"),
+                    "`cp` writes one regular file (or `-` for stdout)",
+                )
+            };
             if local == "-" {
-                crate::output::stdout_write_bytes(&data);
+                // As it arrives, whatever its size; a reader that goes away ends the copy.
+                let sink = Box::new(StdoutSink);
+                match files.read_to(&native, path, sink).await {
+                    Ok((_, copied)) => copied as usize,
+                    Err(_) if crate::output::stdout_gone() => 0,
+                    Err(e) => return Err(missing_file(e, id)),
+                }
             } else {
-                berth_files::write_regular(std::path::Path::new(local), &data).map_err(|e| {
-                    local_file_error(
-                        e,
-                        format!("cannot write {local}"),
-                        format!("cannot copy to {local}"),
-                        "`cp` writes one regular file (or `-` for stdout)",
-                    )
-                })?;
+                let destination = std::path::Path::new(local);
+                // Refused before anything is copied, as it would be after.
+                if std::fs::metadata(destination).is_ok_and(|m| !m.is_file()) {
+                    return Err(cannot_write(berth_files::ReadError::NotRegular));
+                }
+                // Spooled first, beside the destination (anonymous: nothing is left behind if
+                // berth dies), so a copy that fails halfway leaves the destination as it was.
+                let spool = destination
+                    .parent()
+                    .filter(|dir| !dir.as_os_str().is_empty())
+                    .map_or_else(tempfile::tempfile, tempfile::tempfile_in)
+                    .or_else(|_| tempfile::tempfile())
+                    .map_err(|e| cannot_write(e.into()))?;
+                let failed = std::sync::Arc::new(std::sync::Mutex::new(None));
+                let sink = Box::new(RecordingSink {
+                    file: spool.try_clone().map_err(|e| cannot_write(e.into()))?,
+                    failed: failed.clone(),
+                });
+                let copied = match files.read_to(&native, path, sink).await {
+                    Ok((_, copied)) => copied,
+                    Err(e) => {
+                        return Err(match failed.lock().expect("not poisoned").take() {
+                            Some(local) => cannot_write(local.into()),
+                            None => missing_file(e, id),
+                        })
+                    }
+                };
+                let mut spool = spool;
+                std::io::Seek::rewind(&mut spool).map_err(|e| cannot_write(e.into()))?;
+                berth_files::write_regular_from(destination, spool).map_err(cannot_write)?;
+                copied as usize
             }
-            data.len()
         }
         (Endpoint::Local(local), Endpoint::Sandbox { id, path }) => {
             let data = if local == "-" {

@@ -179,7 +179,37 @@ pub(super) async fn files_round_trip(s: &Subject) -> Outcome {
                 .any(|e| e.name == "blob.bin" && e.size == 100_000),
             "listing {listing:?}"
         );
-        Ok(vec![])
+        // The same bytes copied as they are read (how `cp` takes a file of any size).
+        #[derive(Clone, Default)]
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Shared {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let copy = Shared::default();
+        let (_, copied) = files
+            .read_to(&id, "cf/dir/blob.bin", Box::new(copy.clone()))
+            .await
+            .map_err(|e| fail("read_to", e))?;
+        let copied_bytes = copy.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        check!(
+            copied == 100_000 && copied_bytes == blob,
+            "a streamed copy gave {copied} bytes, {} unlike the file",
+            copied_bytes
+                .iter()
+                .zip(&blob)
+                .filter(|(a, b)| a != b)
+                .count()
+        );
+        Ok(vec!["streamed copy identical".into()])
     })
     .await
 }
@@ -203,6 +233,15 @@ pub(super) async fn files_hostile(s: &Subject) -> Outcome {
                         "writing `{path}` answered {other:?}, not invalid_request"
                     ))
                 }
+            }
+            match files.read_to(&id, path, Box::new(std::io::sink())).await {
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+                Err(e) => {
+                    return Err(format!(
+                        "copying `{path}` answered {e}, not invalid_request"
+                    ))
+                }
+                Ok((_, n)) => return Err(format!("copying `{path}` copied {n} bytes")),
             }
         }
         Ok(vec![])

@@ -75,6 +75,17 @@ impl<L: Launcher> Files for LocalProvider<L> {
         self.read_inner(id, path).await.map_err(|e| self.own(e))
     }
 
+    async fn read_to(
+        &self,
+        id: &NativeId,
+        path: &str,
+        sink: berth_contract::FileSink,
+    ) -> Result<(berth_contract::FileSink, u64)> {
+        self.read_to_inner(id, path, sink)
+            .await
+            .map_err(|e| self.own(e))
+    }
+
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
         self.write_inner(id, path, bytes)
             .await
