@@ -33,6 +33,7 @@ impl DockerProvider {
         for _ in 0..8 {
             // Only the first entry is read: a directory's archive, or a file over the limit,
             // is given up at its header, never fetched.
+            let full_shown = full.display().to_string();
             let (first, back) = self
                 .archive(id, &full, move |archive| {
                     let mut entries = archive
@@ -47,8 +48,10 @@ impl DockerProvider {
                             tar::EntryType::Regular | tar::EntryType::Continuous,
                             Take::Into(sink),
                         ) => {
-                            let sink = sink.as_mut().expect("a sink until the copy");
-                            First::Copied(copy_entry(&mut entry, sink)?)
+                            let Some(sink) = sink.as_mut() else {
+                                return Err(err(ErrorKind::Unknown, "a copy without its sink"));
+                            };
+                            First::Copied(copy_whole_entry(&mut entry, sink, &full_shown)?)
                         }
                         (tar::EntryType::Regular | tar::EntryType::Continuous, Take::Bytes) => {
                             if entry.size() > berth_contract::MAX_FILE_READ_BYTES {
@@ -111,6 +114,24 @@ impl DockerProvider {
             format!("`{path}`: too many levels of symlinks"),
         ))
     }
+}
+
+/// Copies a file's archive entry into `sink` as it arrives, all of it: an archive cut short
+/// (the engine went away mid-stream) is an error, never a shorter file.
+fn copy_whole_entry<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    sink: &mut berth_contract::FileSink,
+    shown: &str,
+) -> Result<u64> {
+    let size = entry.size();
+    let copied = copy_entry(entry, sink)?;
+    if copied != size {
+        return Err(err(
+            ErrorKind::Unavailable,
+            format!("the engine's archive of `{shown}` ended after {copied} of its {size} bytes"),
+        ));
+    }
+    Ok(copied)
 }
 
 /// Copies an archive entry into `sink` as it arrives; a failing sink is said as such.
@@ -338,5 +359,39 @@ impl Read for BodyReader {
         buf[..n].copy_from_slice(&self.current[..n]);
         self.current.advance(n);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An archive that ends before its entry's bytes do is an error, not a shorter copy.
+    #[test]
+    fn a_copy_cut_short_is_an_error_not_a_shorter_file() {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(100);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, "f", &[7u8; 100][..])
+            .unwrap();
+        let whole = builder.into_inner().unwrap();
+        let copy = |archive: &[u8]| {
+            let mut archive = tar::Archive::new(archive);
+            let mut entries = archive.entries().unwrap();
+            let mut entry = entries.next().unwrap().unwrap();
+            let mut sink: berth_contract::FileSink = Box::new(std::io::sink());
+            copy_whole_entry(&mut entry, &mut sink, "/f")
+        };
+        assert_eq!(copy(&whole).unwrap(), 100);
+        // The header (512 bytes) and 40 of the 100 bytes.
+        let err = copy(&whole[..552]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable);
+        assert!(
+            err.to_string().contains("ended after 40 of its 100 bytes"),
+            "{err}"
+        );
     }
 }
