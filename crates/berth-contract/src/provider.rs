@@ -288,6 +288,29 @@ pub fn sink_failed(provider: &str, err: std::io::Error) -> ProviderError {
     .with_source(err)
 }
 
+/// Copies `from` into `sink` through a bounded buffer until `from` ends; returns the bytes
+/// copied. A failing read is named by `read_failed`, a failing sink by [`sink_failed`].
+pub fn copy_into_sink(
+    from: &mut impl std::io::Read,
+    sink: &mut FileSink,
+    provider: &str,
+    read_failed: impl Fn(std::io::Error) -> ProviderError,
+) -> Result<u64> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => return Ok(copied),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_failed(e)),
+        };
+        sink.write_all(&buf[..n])
+            .map_err(|e| sink_failed(provider, e))?;
+        copied += n as u64;
+    }
+}
+
 /// The most entries [`Files::list`] returns for one directory (100 000): a sandbox decides how
 /// many names a directory holds (millions cost it one `xargs touch`), and a listing holds each.
 pub const MAX_LIST_ENTRIES: usize = 100_000;

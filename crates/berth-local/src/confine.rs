@@ -251,19 +251,10 @@ impl Workspace {
         mut sink: berth_contract::FileSink,
     ) -> Result<(berth_contract::FileSink, u64)> {
         let (mut file, _) = self.open_regular(path)?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut copied = 0u64;
-        loop {
-            let n = match file.read(&mut buf) {
-                Ok(0) => return Ok((sink, copied)),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_error(&format!("read `{path}`"), e)),
-            };
-            sink.write_all(&buf[..n])
-                .map_err(|e| berth_contract::sink_failed(PROVIDER_ID, e))?;
-            copied += n as u64;
-        }
+        let copied = berth_contract::copy_into_sink(&mut file, &mut sink, PROVIDER_ID, |e| {
+            io_error(&format!("read `{path}`"), e)
+        })?;
+        Ok((sink, copied))
     }
 
     /// Opens a regular file for reading, with its size; anything else is refused without

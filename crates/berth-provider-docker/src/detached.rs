@@ -3,6 +3,7 @@
 use super::container::*;
 use super::*;
 use berth_contract::{OutputChunk, OutputOffsets, Stream, MAX_OUTPUT_CHUNK};
+use berth_supervisor::process_handle_ok;
 
 /// Where detached processes' output files go, inside the container's own filesystem (readable
 /// with the files API; the engine's archive API does not see tmpfs mounts).
@@ -217,15 +218,6 @@ impl DockerProvider {
             stderr_size: stderr.len() as u64,
         })
     }
-}
-
-/// Handles are the supervisor's own (`p1`, `p2`, …); anything else never reaches a path.
-pub(crate) fn process_handle_ok(handle: &str) -> bool {
-    !handle.is_empty()
-        && handle.len() <= 32
-        && handle
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 pub(crate) fn unknown_process(id: &NativeId, process: &str) -> ProviderError {

@@ -124,7 +124,9 @@ fn copy_whole_entry<R: Read>(
     shown: &str,
 ) -> Result<u64> {
     let size = entry.size();
-    let copied = copy_entry(entry, sink)?;
+    let copied = berth_contract::copy_into_sink(entry, sink, PROVIDER_ID, |e| {
+        io_err("read the archive", e)
+    })?;
     if copied != size {
         return Err(err(
             ErrorKind::Unavailable,
@@ -132,23 +134,6 @@ fn copy_whole_entry<R: Read>(
         ));
     }
     Ok(copied)
-}
-
-/// Copies an archive entry into `sink` as it arrives; a failing sink is said as such.
-fn copy_entry(entry: &mut impl Read, sink: &mut berth_contract::FileSink) -> Result<u64> {
-    let mut buf = vec![0u8; 1 << 20];
-    let mut copied = 0u64;
-    loop {
-        let n = match entry.read(&mut buf) {
-            Ok(0) => return Ok(copied),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_err("read the archive", e)),
-        };
-        sink.write_all(&buf[..n])
-            .map_err(|e| berth_contract::sink_failed(PROVIDER_ID, e))?;
-        copied += n as u64;
-    }
 }
 
 #[async_trait]

@@ -231,6 +231,16 @@ pub enum Exit {
     },
 }
 
+/// Whether `handle` is a detached process handle as the supervisor makes them (`p1`, `p2`, …):
+/// a short plain name, so no handle ever reaches a path as anything else.
+pub fn process_handle_ok(handle: &str) -> bool {
+    !handle.is_empty()
+        && handle.len() <= 32
+        && handle
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// Bytes before a frame's payload: its tag, then the payload's length (big-endian `u32`).
 pub const FRAME_HEADER: usize = 5;
 

@@ -472,12 +472,7 @@ mod detached {
         from: [u64; 2],
         max: u64,
     ) -> Exit {
-        let plain = !handle.is_empty()
-            && handle.len() <= 32
-            && handle
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !plain {
+        if !crate::process_handle_ok(handle) {
             return Exit::BadRequest {
                 message: format!("`{}` is not a process handle", handle.escape_debug()),
             };
