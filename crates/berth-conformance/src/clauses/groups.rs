@@ -83,19 +83,14 @@ pub(super) async fn detached(s: &Subject) -> Outcome {
             .await
             .map_err(|e| fail("second kill", e))?;
         let until = Instant::now() + Duration::from_secs(10);
-        let killed = loop {
-            match detached
-                .status(&id, &handle)
-                .await
-                .map_err(|e| fail("status", e))?
-            {
-                ProcessStatus::Finished { status } => break status,
-                ProcessStatus::Running if Instant::now() > until => {
-                    return Err("process still running 10 s after kill".into())
-                }
-                ProcessStatus::Running => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        };
+        let killed = finished(
+            detached,
+            &id,
+            &handle,
+            until,
+            "process still running 10 s after kill",
+        )
+        .await?;
         // Output is read in pieces from any offset, each stream's size said.
         let writer = detached
             .spawn(
@@ -104,19 +99,14 @@ pub(super) async fn detached(s: &Subject) -> Outcome {
             )
             .await
             .map_err(|e| fail("spawn", e))?;
-        loop {
-            match detached
-                .status(&id, &writer)
-                .await
-                .map_err(|e| fail("status", e))?
-            {
-                ProcessStatus::Finished { .. } => break,
-                ProcessStatus::Running if Instant::now() > until => {
-                    return Err("a process printing 14 bytes still runs after 10 s".into())
-                }
-                ProcessStatus::Running => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
+        finished(
+            detached,
+            &id,
+            &writer,
+            until,
+            "a process printing 14 bytes still runs after 10 s",
+        )
+        .await?;
         let piece = |stdout, stderr, max| {
             let from = berth_contract::OutputOffsets { stdout, stderr };
             detached.output(&id, &writer, from, max)
@@ -144,6 +134,27 @@ pub(super) async fn detached(s: &Subject) -> Outcome {
         ])
     })
     .await
+}
+
+/// Polls a detached process until it finishes, at most until `until`: how it ended, or `late`.
+async fn finished(
+    detached: &dyn berth_contract::DetachedExec,
+    id: &NativeId,
+    handle: &berth_contract::ProcessHandle,
+    until: Instant,
+    late: &str,
+) -> Result<berth_contract::ExitStatus, String> {
+    loop {
+        match detached
+            .status(id, handle)
+            .await
+            .map_err(|e| fail("status", e))?
+        {
+            ProcessStatus::Finished { status } => return Ok(status),
+            ProcessStatus::Running if Instant::now() > until => return Err(late.into()),
+            ProcessStatus::Running => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
 }
 
 pub(super) async fn files_round_trip(s: &Subject) -> Outcome {
