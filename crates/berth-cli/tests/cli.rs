@@ -988,6 +988,84 @@ fn cp_out_of_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
     assert_eq!(code, 5, "{doc}");
 }
 
+/// `cp` into a sandbox streams a file of any size — past the 1 GiB it held in memory before
+/// ("holds more than 1073741824 bytes, the limit for `cp`") — from a file or stdin; a copy
+/// onto a directory is refused and leaves it as it was.
+#[test]
+fn cp_into_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
+    use std::io::{Seek, Write};
+    let home = Home::new();
+    let id = home.create("tester");
+    const BIG: u64 = (1 << 30) + 7;
+    let local = home.path().join("big.local");
+    {
+        let mut file = std::fs::File::create(&local).unwrap();
+        file.seek(std::io::SeekFrom::Start(BIG - 3)).unwrap();
+        file.write_all(b"end").unwrap();
+    }
+    let (code, doc) = home.json(&["cp", local.to_str().unwrap(), &format!("{id}:in/big")]);
+    assert_eq!(
+        (code, &doc["bytes"]),
+        (0, &serde_json::Value::from(BIG)),
+        "{doc}"
+    );
+    std::fs::remove_file(&local).unwrap();
+    let out = home.run(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "stat -c %s in/big; tail -c 3 in/big",
+    ]);
+    assert_eq!(
+        text(&out.stdout),
+        format!("{BIG}\nend"),
+        "{}",
+        text(&out.stderr)
+    );
+    home.run(&["exec", &id, "--", "rm", "in/big"]);
+    // From stdin, streamed the same way.
+    let mut child = home
+        .command("tester", &["cp", "-", &format!("{id}:in/piped")])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for _ in 0..3 {
+        stdin.write_all(&[b'p'; 1 << 20]).unwrap();
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let out = home.run(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "tr -d p < in/piped | wc -c; wc -c < in/piped",
+    ]);
+    assert_eq!(
+        text(&out.stdout).split_whitespace().collect::<Vec<_>>(),
+        ["0", "3145728"]
+    );
+    // Onto a directory: refused, the directory and what it holds untouched.
+    home.run(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p tree/sub && echo precious > tree/sub/f",
+    ]);
+    let small = home.path().join("small.txt");
+    std::fs::write(&small, b"x").unwrap();
+    let (code, doc) = home.json(&["cp", small.to_str().unwrap(), &format!("{id}:tree")]);
+    assert_eq!(code, 5, "{doc}");
+    let out = home.run(&["exec", &id, "--", "cat", "tree/sub/f"]);
+    assert_eq!(text(&out.stdout), "precious\n");
+}
+
 /// FIFO's `open` used to block forever (`mission run FIFO` and `cp ID:f FIFO` hung, deaf to
 /// SIGTERM) and `/dev/zero` never ends. Each command must answer within seconds.
 #[test]

@@ -358,8 +358,47 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     let (code, doc) = home.json(&["cp", &format!("{id}:big"), copy.to_str().unwrap()]);
     assert_eq!((code, &doc["bytes"]), (0, &Value::from(BIG)), "{doc}");
     assert_eq!(std::fs::metadata(&copy).unwrap().len(), BIG);
+    // And `cp` in streams it back, with a mark at its end, into a directory not yet made.
+    {
+        use std::io::{Seek, Write};
+        let mut file = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+        file.seek(std::io::SeekFrom::Start(BIG)).unwrap();
+        file.write_all(b"end").unwrap();
+    }
+    let (code, doc) = home.json(&["cp", copy.to_str().unwrap(), &format!("{id}:data/up.bin")]);
+    assert_eq!((code, &doc["bytes"]), (0, &Value::from(BIG + 3)), "{doc}");
+    let out = home.run(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "stat -c %s data/up.bin; tail -c 3 data/up.bin",
+    ]);
+    assert_eq!(text(&out.stdout), format!("{}\nend", BIG + 3));
     std::fs::remove_file(&copy).unwrap();
-    home.run(&["exec", &id, "--", "rm", "big"]);
+    home.run(&["exec", &id, "--", "rm", "-r", "big", "data"]);
+    // A file copied onto a directory is refused and the directory keeps its tree (before: the
+    // archive replaced `tree`, `sub/f` and all, exit 0); nothing of the copy is left.
+    home.run(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p tree/sub && echo precious > tree/sub/f",
+    ]);
+    let small = home.path().join("small.txt");
+    std::fs::write(&small, b"x").unwrap();
+    let (code, doc) = home.json(&["cp", small.to_str().unwrap(), &format!("{id}:tree")]);
+    assert_eq!(code, 5, "{doc}");
+    let out = home.run(&["exec", &id, "--", "sh", "-c", "cat tree/sub/f; ls -A"]);
+    assert_eq!(
+        text(&out.stdout),
+        "precious\ntree\n",
+        "{}",
+        text(&out.stderr)
+    );
     // Stopped, it has no supervisor to ask: its output files are read through the engine.
     let (code, doc) = home.json(&["stop", &id]);
     assert_eq!(code, 0, "{doc}");

@@ -30,12 +30,13 @@ pub use exec::{
 };
 pub use labels::{LabelFilter, Labels};
 pub use provider::{
-    check_snapshot_key, copy_into_sink, file_too_large, implemented_capabilities, sink_failed,
-    too_many_entries, Access, DetachedExec, FileEntry, FileKind, FileSink, Files, Fork,
-    ForwardedPort, Listed, Listing, ListingScope, LoopbackForward, MemorySnapshots, OutputChunk,
-    OutputOffsets, ProcessHandle, ProcessStatus, Provider, ProviderExt, ProviderLookup, PtyRequest,
-    SnapshotHandleKind, SnapshotRef, Snapshots, StopStart, StreamingExec, SuspendResume, Ttl,
-    MAX_FILE_READ_BYTES, MAX_LIST_ENTRIES, MAX_OUTPUT_CHUNK,
+    check_snapshot_key, copy_exactly, copy_into_sink, file_too_large, implemented_capabilities,
+    sink_failed, source_ended, too_many_entries, Access, DetachedExec, FileEntry, FileKind,
+    FileSink, FileSource, Files, Fork, ForwardedPort, Listed, Listing, ListingScope,
+    LoopbackForward, MemorySnapshots, OutputChunk, OutputOffsets, ProcessHandle, ProcessStatus,
+    Provider, ProviderExt, ProviderLookup, PtyRequest, SnapshotHandleKind, SnapshotRef, Snapshots,
+    StopStart, StreamingExec, SuspendResume, Ttl, MAX_FILE_READ_BYTES, MAX_HELD_WRITE_BYTES,
+    MAX_LIST_ENTRIES, MAX_OUTPUT_CHUNK,
 };
 pub use spec::{CreateRequest, Created, NativeId, NetworkMode, Resources, SandboxName};
 pub use state::{CanonicalState, DestroyOutcome, Observation, Transition};

@@ -311,6 +311,66 @@ pub fn copy_into_sink(
     }
 }
 
+/// What [`Files::write_from`] copies into a sandbox: exactly `len` bytes read from `reader` (a
+/// file opened on the host, a spooled stdin).
+pub struct FileSource {
+    /// Where the bytes come from; read in bounded pieces, never past `len`.
+    pub reader: Box<dyn std::io::Read + Send>,
+    /// How many bytes the file has. A reader that ends sooner fails the write.
+    pub len: u64,
+}
+
+impl std::fmt::Debug for FileSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSource")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The largest source the default [`Files::write_from`] takes (1 GiB): it holds the whole
+/// file in memory. Providers that stream take any size.
+pub const MAX_HELD_WRITE_BYTES: u64 = 1 << 30;
+
+/// A write whose source ended before its declared length, in the same words from every
+/// provider.
+pub fn source_ended(provider: &str, path: &str, copied: u64, len: u64) -> ProviderError {
+    ProviderError::new(
+        crate::ErrorKind::InvalidRequest,
+        provider,
+        format!(
+            "the source for `{path}` ended after {copied} of its {len} bytes (it changed while \
+             it was copied); nothing was written"
+        ),
+    )
+}
+
+/// Copies exactly `len` bytes of `from` into `into` through a bounded buffer. A source that
+/// ends sooner is [`source_ended`]; a failing read or write is named by `io_failed`.
+pub fn copy_exactly(
+    from: &mut dyn std::io::Read,
+    into: &mut dyn std::io::Write,
+    len: u64,
+    provider: &str,
+    path: &str,
+    io_failed: impl Fn(std::io::Error) -> ProviderError,
+) -> Result<()> {
+    let mut buf = vec![0u8; (1 << 20).min(len.max(1)) as usize];
+    let mut copied = 0u64;
+    while copied < len {
+        let want = buf.len().min((len - copied) as usize);
+        let n = match from.read(&mut buf[..want]) {
+            Ok(0) => return Err(source_ended(provider, path, copied, len)),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_failed(e)),
+        };
+        into.write_all(&buf[..n]).map_err(&io_failed)?;
+        copied += n as u64;
+    }
+    Ok(())
+}
+
 /// The most entries [`Files::list`] returns for one directory (100 000): a sandbox decides how
 /// many names a directory holds (millions cost it one `xargs touch`), and a listing holds each.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
@@ -355,8 +415,39 @@ pub trait Files: Send + Sync {
             .map_err(|e| sink_failed("files", e))?;
         Ok((sink, bytes.len() as u64))
     }
-    /// Writes a whole file, creating parent directories.
+    /// Writes a whole file, creating parent directories. A directory at `path` is refused
+    /// (`InvalidRequest`), never replaced.
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()>;
+    /// [`Files::write`] with the bytes read from `source` as they are written, whatever its
+    /// size: the file appears whole under its name, or the write fails and the name keeps
+    /// what it had (a source that ends before its length is [`source_ended`]).
+    ///
+    /// The default reads the source whole, so it takes at most [`MAX_HELD_WRITE_BYTES`].
+    async fn write_from(&self, id: &NativeId, path: &str, source: FileSource) -> Result<()> {
+        if source.len > MAX_HELD_WRITE_BYTES {
+            return Err(ProviderError::new(
+                crate::ErrorKind::InvalidRequest,
+                "files",
+                format!(
+                    "{} bytes for `{path}` is more than this provider's limit of {} MiB for \
+                     one write",
+                    source.len,
+                    MAX_HELD_WRITE_BYTES >> 20
+                ),
+            ));
+        }
+        let FileSource { mut reader, len } = source;
+        let mut bytes = Vec::with_capacity(len as usize);
+        copy_exactly(&mut reader, &mut bytes, len, "files", path, |e| {
+            ProviderError::new(
+                crate::ErrorKind::InvalidRequest,
+                "files",
+                format!("cannot read the source for `{path}`: {e}"),
+            )
+            .with_source(e)
+        })?;
+        self.write(id, path, &bytes).await
+    }
     /// Lists a directory, sorted by name: at most [`MAX_LIST_ENTRIES`] (more is
     /// `InvalidRequest`, found without holding more than that).
     async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>>;

@@ -47,6 +47,17 @@ fn regular(file: File) -> Result<File, ReadError> {
     }
 }
 
+/// The regular file at `path`, opened for reading, with its length (anything else is refused
+/// without blocking).
+pub fn open_regular(path: &Path) -> Result<(File, u64), ReadError> {
+    let file = regular(open_nonblocking(
+        std::fs::OpenOptions::new().read(true),
+        path,
+    )?)?;
+    let len = file.metadata()?.len();
+    Ok((file, len))
+}
+
 /// The bytes of the regular file at `path`, at most `max` of them.
 pub fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, ReadError> {
     let file = open_nonblocking(std::fs::OpenOptions::new().read(true), path)?;

@@ -289,6 +289,12 @@ impl Workspace {
     /// to a new file beneath the same directory handle, renamed over the old name: nothing is
     /// ever written through an existing inode (a hard link) or a symlink.
     pub(crate) fn write(&self, path: &str, bytes: &[u8]) -> Result<()> {
+        self.write_from(path, &mut &bytes[..], bytes.len() as u64)
+    }
+
+    /// [`Workspace::write`] with exactly `len` bytes read from `from` as they are written;
+    /// the old name keeps what it had unless all of them were.
+    pub(crate) fn write_from(&self, path: &str, from: &mut dyn io::Read, len: u64) -> Result<()> {
         let mut parts = components(&self.host_path, path)?;
         let Some(name) = parts.pop() else {
             return Err(invalid(path, "is the workspace directory, not a file"));
@@ -315,25 +321,24 @@ impl Workspace {
             OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
         )
         .map_err(|e| resolve_error(path, "create", e))?;
-        let written = (|| -> io::Result<()> {
-            give(&fd, self.owner)?;
-            rustix::fs::fchmod(&fd, mode)?;
+        let failed = |e: io::Error| io_error(&format!("write `{path}`"), e);
+        let written = (|| -> Result<()> {
+            give(&fd, self.owner).map_err(|e| failed(e.into()))?;
+            rustix::fs::fchmod(&fd, mode).map_err(|e| failed(e.into()))?;
             let mut file = std::fs::File::from(fd);
-            file.write_all(bytes)?;
-            file.flush()
+            berth_contract::copy_exactly(from, &mut file, len, PROVIDER_ID, path, failed)?;
+            file.flush().map_err(failed)
         })();
-        let renamed = written
-            .map_err(|e| io_error(&format!("write `{path}`"), e))
-            .and_then(|()| {
-                rustix::fs::renameat_with(
-                    &parent,
-                    &temp,
-                    &parent,
-                    name.as_path(),
-                    RenameFlags::empty(),
-                )
-                .map_err(|e| resolve_error(path, "replace", e))
-            });
+        let renamed = written.and_then(|()| {
+            rustix::fs::renameat_with(
+                &parent,
+                &temp,
+                &parent,
+                name.as_path(),
+                RenameFlags::empty(),
+            )
+            .map_err(|e| resolve_error(path, "replace", e))
+        });
         if renamed.is_err() {
             let _ = rustix::fs::unlinkat(&parent, &temp, AtFlags::empty());
         }
@@ -540,6 +545,32 @@ mod tests {
         std::fs::hard_link(&other, ws.join("hard")).unwrap();
         opened.write("hard", b"changed").unwrap();
         assert_eq!(std::fs::read(&other).unwrap(), b"keep");
+    }
+
+    /// A streamed write takes exactly its length: a source that ends sooner fails it and the
+    /// old file keeps its bytes, with nothing left beside it; a longer one is read no further.
+    #[test]
+    fn a_streamed_write_is_whole_or_changes_nothing() {
+        let (_dir, ws, opened) = workspace();
+        opened.write("keep.txt", b"old").unwrap();
+        let err = opened
+            .write_from("keep.txt", &mut &b"short"[..], 10)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+        assert!(
+            err.to_string().contains("ended after 5 of its 10 bytes"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(ws.join("keep.txt")).unwrap(), b"old");
+        let names: Vec<_> = std::fs::read_dir(&ws)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["keep.txt"]);
+        let mut long: &[u8] = b"0123456789";
+        opened.write_from("keep.txt", &mut long, 4).unwrap();
+        assert_eq!(std::fs::read(ws.join("keep.txt")).unwrap(), b"0123");
+        assert_eq!(long, b"456789", "read past its length");
     }
 
     /// A copy streams a file of any size (here past the whole-file read limit) with a bounded

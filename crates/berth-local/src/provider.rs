@@ -426,6 +426,24 @@ impl<L: Launcher> LocalProvider<L> {
         .await
     }
 
+    async fn write_from_inner(
+        &self,
+        id: &NativeId,
+        path: &str,
+        source: berth_contract::FileSource,
+    ) -> Result<()> {
+        let workspace = self.ready_workspace(id)?;
+        let path = self.sandbox_path(path).to_owned();
+        let owner = self.launcher.workspace_owner();
+        let berth_contract::FileSource { mut reader, len } = source;
+        blocking(move || {
+            confine::Workspace::open(&workspace)?
+                .owned_by(owner)
+                .write_from(&path, &mut reader, len)
+        })
+        .await
+    }
+
     async fn list_inner(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
         let workspace = self.ready_workspace(id)?;
         let path = self.sandbox_path(path).to_owned();

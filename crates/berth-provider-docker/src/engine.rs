@@ -36,6 +36,51 @@ struct Negotiated {
     server_version: String,
 }
 
+/// A request's body: whole, or produced as it is sent.
+type RequestBody = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// A request body of exactly `len` bytes produced elsewhere (a blocking reader) and sent as it
+/// arrives: each piece through a bounded channel, so at most a few pieces are held. An error
+/// from the producer ends the request (the engine sees it cut short).
+#[derive(Debug)]
+pub struct ChannelBody {
+    pieces: tokio::sync::mpsc::Receiver<std::io::Result<Bytes>>,
+    len: u64,
+}
+
+impl ChannelBody {
+    /// A body of `len` bytes and the sender its producer fills it through.
+    pub fn new(
+        len: u64,
+    ) -> (
+        tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+        ChannelBody,
+    ) {
+        let (sender, pieces) = tokio::sync::mpsc::channel(4);
+        (sender, ChannelBody { pieces, len })
+    }
+}
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<hyper::body::Frame<Bytes>, std::io::Error>>>
+    {
+        self.pieces
+            .poll_recv(cx)
+            .map(|piece| piece.map(|piece| piece.map(hyper::body::Frame::data)))
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        // Sent with its length, so a body cut short is a broken request, never a shorter one.
+        hyper::body::SizeHint::with_exact(self.len)
+    }
+}
+
 /// A raw response.
 #[derive(Debug)]
 pub struct Response {
@@ -182,11 +227,44 @@ impl Engine {
         Ok(Response { status, body })
     }
 
+    /// Sends `body` as it is produced (an archive of a file of any size) and reads the answer
+    /// like [`Engine::request`]. The request ends early, and fails, when the body does.
+    pub async fn request_streamed(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &'static str,
+        body: ChannelBody,
+    ) -> Result<Response> {
+        let uri = format!("{}{}", self.negotiated().await?.prefix, path);
+        let response = self
+            .start_with(method, &uri, Some((content_type, body.boxed())))
+            .await?;
+        let status = response.status();
+        let body = collect_limited(response.into_body(), ANSWER_LIMIT)
+            .await?
+            .unwrap_or_default();
+        Ok(Response { status, body })
+    }
+
     async fn start(
         &self,
         method: Method,
         uri: &str,
         body: Option<(&'static str, Vec<u8>)>,
+    ) -> Result<hyper::Response<hyper::body::Incoming>> {
+        let body = body.map(|(content_type, bytes)| {
+            let full = Full::new(Bytes::from(bytes)).map_err(|never| match never {});
+            (content_type, full.boxed())
+        });
+        self.start_with(method, uri, body).await
+    }
+
+    async fn start_with(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<(&'static str, RequestBody)>,
     ) -> Result<hyper::Response<hyper::body::Incoming>> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
@@ -202,11 +280,13 @@ impl Engine {
             .uri(uri)
             .header("host", "docker");
         let body = match body {
-            Some((content_type, bytes)) => {
+            Some((content_type, body)) => {
                 builder = builder.header("content-type", content_type);
-                Full::new(Bytes::from(bytes))
+                body
             }
-            None => Full::new(Bytes::new()),
+            None => Full::new(Bytes::new())
+                .map_err(|never| match never {})
+                .boxed(),
         };
         let request = builder.body(body).map_err(|e| {
             ProviderError::new(

@@ -158,57 +158,22 @@ impl Files for DockerProvider {
     }
 
     async fn write(&self, id: &NativeId, path: &str, bytes: &[u8]) -> Result<()> {
-        let full = container_path(path)?;
-        let (Some(parent), Some(name)) = (full.parent(), full.file_name()) else {
-            return Err(err(
-                ErrorKind::InvalidRequest,
-                format!("`{path}` names no file"),
-            ));
+        // The same way as a streamed write: a directory at `path` is refused, never replaced by
+        // the file (the archive alone replaced it, tree and all).
+        let source = berth_contract::FileSource {
+            reader: Box::new(std::io::Cursor::new(bytes.to_vec())),
+            len: bytes.len() as u64,
         };
-        // Parents first, through the supervisor, so the archive never rewrites an existing
-        // directory's mode.
-        let mkdir = ExecRequest::argv(["mkdir", "-p", "--", &parent.to_string_lossy()]);
-        let made = self.exec(id, &mkdir).await?;
-        if !made.status.success() {
-            return Err(err(
-                ErrorKind::InvalidRequest,
-                format!(
-                    "cannot create `{}`: {}",
-                    parent.display(),
-                    String::from_utf8_lossy(made.stderr.as_deref().unwrap_or_default()).trim()
-                ),
-            ));
-        }
-        let mut builder = tar::Builder::new(Vec::new());
-        let mut header = tar::Header::new_gnu();
-        header.set_size(bytes.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-        );
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, name, bytes)
-            .map_err(|e| io_err("build the archive", e))?;
-        let tar = builder
-            .into_inner()
-            .map_err(|e| io_err("build the archive", e))?;
-        self.engine
-            .expect(
-                Method::PUT,
-                &format!(
-                    "/containers/{}/archive?path={}",
-                    path_name(&id.0)?,
-                    query_escape(&parent.to_string_lossy())
-                ),
-                Some(("application/x-tar", tar)),
-                &[],
-            )
-            .await?;
-        Ok(())
+        self.write_streamed(id, path, source).await
+    }
+
+    async fn write_from(
+        &self,
+        id: &NativeId,
+        path: &str,
+        source: berth_contract::FileSource,
+    ) -> Result<()> {
+        self.write_streamed(id, path, source).await
     }
 
     async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {

@@ -32,6 +32,7 @@ mod files;
 mod forward;
 mod images;
 mod supervise;
+mod upload;
 
 pub use detached::PROCESS_LOGS;
 

@@ -65,7 +65,94 @@ async fn large_files_are_refused_and_listed_without_being_held() {
     );
     assert_eq!(files.read(&id, "wide/d").await.unwrap(), b"small\n");
 
+    // A write of any size streams: 600 MB go in with the same bounded peak (the whole-file
+    // write held the bytes and their archive: 1.2 GB).
+    const UP: u64 = 600_000_007;
+    let source = berth_contract::FileSource {
+        reader: Box::new(Alphabet { at: 0, len: UP }),
+        len: UP,
+    };
+    files.write_from(&id, "up/big.txt", source).await.unwrap();
+    let seen = f
+        .sh(
+            &id,
+            "stat -c %s up/big.txt; head -c 28 up/big.txt; echo; tail -c 5 up/big.txt",
+        )
+        .await;
+    let expected_tail: String = (UP - 5..UP)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    assert_eq!(
+        text(&seen.stdout),
+        format!("{UP}\nabcdefghijklmnopqrstuvwxyzab\n{expected_tail}")
+    );
+    // A source that ends before its length fails the write and changes nothing: the old file
+    // keeps its bytes and no part of the upload is left beside it.
+    files.write(&id, "up/keep.txt", b"old").await.unwrap();
+    let short = berth_contract::FileSource {
+        reader: Box::new(Alphabet {
+            at: 0,
+            len: 3 << 20,
+        }),
+        len: 10 << 20,
+    };
+    let e = files
+        .write_from(&id, "up/keep.txt", short)
+        .await
+        .expect_err("a short source was written");
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    assert!(
+        e.to_string()
+            .contains("ended after 3145728 of its 10485760 bytes"),
+        "{e}"
+    );
+    assert_eq!(files.read(&id, "up/keep.txt").await.unwrap(), b"old");
+    // A directory is not replaced by a file.
+    let onto_dir = berth_contract::FileSource {
+        reader: Box::new(Alphabet { at: 0, len: 4 }),
+        len: 4,
+    };
+    let e = files
+        .write_from(&id, "wide", onto_dir)
+        .await
+        .expect_err("a directory was replaced");
+    assert_eq!(e.kind(), ErrorKind::InvalidRequest, "{e}");
+    let names = |listed: Vec<berth_contract::FileEntry>| -> Vec<String> {
+        listed.into_iter().map(|e| e.name).collect()
+    };
+    assert_eq!(
+        names(files.list(&id, "up").await.unwrap()),
+        ["big.txt", "keep.txt"]
+    );
+    assert_eq!(
+        names(files.list(&id, "wide").await.unwrap()),
+        ["a", "b", "d"]
+    );
+    assert!(
+        !names(files.list(&id, ".").await.unwrap())
+            .iter()
+            .any(|n| n.starts_with(".berth-upload-")),
+        "an upload was left behind"
+    );
+
     let peak = peak_mib();
     assert!(peak < 200, "the process's memory peaked at {peak} MiB");
     f.docker.destroy(&id).await.unwrap();
+}
+
+/// `len` bytes of the alphabet over and over, made as they are read (no file, no memory).
+struct Alphabet {
+    at: u64,
+    len: u64,
+}
+
+impl std::io::Read for Alphabet {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min((self.len - self.at) as usize);
+        for (i, byte) in buf[..n].iter_mut().enumerate() {
+            *byte = b'a' + ((self.at + i as u64) % 26) as u8;
+        }
+        self.at += n as u64;
+        Ok(n)
+    }
 }

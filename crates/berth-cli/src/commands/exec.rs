@@ -67,9 +67,6 @@ pub(crate) fn request(app: &App, spec: &CommandSpec) -> Result<ExecRequest> {
     Ok(req)
 }
 
-/// The largest file `cp` copies into a sandbox (it is held in memory on the way).
-const MAX_COPY_BYTES: u64 = 1 << 30;
-
 /// A local file `cp` could not read or write: an I/O failure as itself under `io_context`, a
 /// refused one (not a regular file, too large) as invalid input.
 fn local_file_error(
@@ -350,36 +347,35 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
             }
         }
         (Endpoint::Local(local), Endpoint::Sandbox { id, path }) => {
-            let data = if local == "-" {
-                berth_files::read_bounded(std::io::stdin().lock(), MAX_COPY_BYTES).map_err(|e| {
-                    match e {
-                        berth_files::ReadError::TooLarge { max } => CliError::invalid(
-                            format!("stdin holds more than {max} bytes, the limit for `cp`"),
-                            "copy a smaller file, or archive and split it",
-                        )
-                        .into(),
-                        berth_files::ReadError::Io(io) => io.into(),
-                        other => anyhow::Error::new(other),
-                    }
-                })?
+            let cannot_read = |e| {
+                local_file_error(
+                    e,
+                    format!("cannot read {local}"),
+                    format!("cannot copy {local}"),
+                    "`cp` copies one regular file (or `-` for stdin)",
+                )
+            };
+            // Streamed whatever its size. Stdin is spooled first (anonymous: nothing is left
+            // behind), since a copy declares its length before its first byte.
+            let (file, len) = if local == "-" {
+                let mut spool = tempfile::tempfile().map_err(|e| cannot_read(e.into()))?;
+                let len = std::io::copy(&mut std::io::stdin().lock(), &mut spool)
+                    .map_err(|e| cannot_read(e.into()))?;
+                std::io::Seek::rewind(&mut spool).map_err(|e| cannot_read(e.into()))?;
+                (spool, len)
             } else {
-                berth_files::read_regular(std::path::Path::new(local), MAX_COPY_BYTES).map_err(
-                    |e| {
-                        local_file_error(
-                            e,
-                            format!("cannot read {local}"),
-                            format!("cannot copy {local}"),
-                            "`cp` copies one regular file (or `-` for stdin)",
-                        )
-                    },
-                )?
+                berth_files::open_regular(std::path::Path::new(local)).map_err(cannot_read)?
             };
             let (_row, provider, native) = app.sandbox(id).await?;
+            let source = berth_contract::FileSource {
+                reader: Box::new(file),
+                len,
+            };
             provider
                 .require_files()?
-                .write(&native, path, &data)
+                .write_from(&native, path, source)
                 .await?;
-            data.len()
+            len as usize
         }
         _ => {
             return Err(CliError::invalid(

@@ -220,7 +220,62 @@ pub(super) async fn files_round_trip(s: &Subject) -> Outcome {
                 .filter(|(a, b)| a != b)
                 .count()
         );
-        Ok(vec!["streamed copy identical".into()])
+        // And written as it is read (how `cp` puts a file of any size in).
+        let source = |bytes: Vec<u8>, len: u64| berth_contract::FileSource {
+            reader: Box::new(std::io::Cursor::new(bytes)),
+            len,
+        };
+        files
+            .write_from(&id, "cf/dir/streamed.bin", source(blob.clone(), 100_000))
+            .await
+            .map_err(|e| fail("write_from", e))?;
+        let back = files
+            .read(&id, "cf/dir/streamed.bin")
+            .await
+            .map_err(|e| fail("read streamed", e))?;
+        check!(
+            back == blob,
+            "a streamed write read back {} bytes unlike it",
+            back.len()
+        );
+        // A source that ends before its length changes nothing.
+        let short = files
+            .write_from(&id, "cf/dir/streamed.bin", source(b"short".to_vec(), 10))
+            .await;
+        check!(
+            matches!(&short, Err(e) if e.kind() == ErrorKind::InvalidRequest),
+            "a source shorter than its length answered {short:?}, not invalid_request"
+        );
+        let kept = files
+            .read(&id, "cf/dir/streamed.bin")
+            .await
+            .map_err(|e| fail("read after a short source", e))?;
+        check!(
+            kept == blob,
+            "a short source changed the file ({} bytes)",
+            kept.len()
+        );
+        // A file is never written over a directory.
+        let onto_dir = files.write(&id, "cf/dir", b"x").await;
+        check!(
+            matches!(&onto_dir, Err(e) if e.kind() == ErrorKind::InvalidRequest),
+            "writing a file onto a directory answered {onto_dir:?}, not invalid_request"
+        );
+        let names: Vec<String> = files
+            .list(&id, "cf/dir")
+            .await
+            .map_err(|e| fail("list after refusals", e))?
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        check!(
+            names == ["blob.bin", "streamed.bin"],
+            "after the refused writes the directory holds {names:?}"
+        );
+        Ok(vec![
+            "streamed copy identical".into(),
+            "streamed write identical; short source and directory refused".into(),
+        ])
     })
     .await
 }
@@ -242,6 +297,18 @@ pub(super) async fn files_hostile(s: &Subject) -> Outcome {
                 other => {
                     return Err(format!(
                         "writing `{path}` answered {other:?}, not invalid_request"
+                    ))
+                }
+            }
+            let source = berth_contract::FileSource {
+                reader: Box::new(std::io::Cursor::new(b"x".to_vec())),
+                len: 1,
+            };
+            match files.write_from(&id, path, source).await {
+                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
+                other => {
+                    return Err(format!(
+                        "a streamed write to `{path}` answered {other:?}, not invalid_request"
                     ))
                 }
             }

@@ -92,6 +92,17 @@ impl<L: Launcher> Files for LocalProvider<L> {
             .map_err(|e| self.own(e))
     }
 
+    async fn write_from(
+        &self,
+        id: &NativeId,
+        path: &str,
+        source: berth_contract::FileSource,
+    ) -> Result<()> {
+        self.write_from_inner(id, path, source)
+            .await
+            .map_err(|e| self.own(e))
+    }
+
     async fn list(&self, id: &NativeId, path: &str) -> Result<Vec<FileEntry>> {
         self.list_inner(id, path).await.map_err(|e| self.own(e))
     }

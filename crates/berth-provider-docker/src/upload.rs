@@ -1,0 +1,230 @@
+//! Writing a file of any size into the container: its archive is sent to the Engine as it is
+//! read, under a temporary name beside the destination, and renamed over the destination only
+//! once the engine has taken all of it — so a failed write leaves the destination as it was.
+
+use super::*;
+use bytes::Bytes;
+
+/// How much of the source one piece of the archive carries.
+const PIECE: usize = 1 << 20;
+
+/// The name an upload has until it is whole.
+fn upload_name() -> String {
+    let mut nonce = [0u8; 8];
+    // The name only has to be unlikely to meet another upload's; a clock-derived one will do
+    // when the random source fails.
+    if getrandom::fill(&mut nonce).is_err() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        nonce = (now ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    format!(".berth-upload-{hex}")
+}
+
+/// The tar header of one regular file named `name` of `len` bytes.
+fn file_header(name: &str, len: u64) -> std::io::Result<tar::Header> {
+    let mut header = tar::Header::new_gnu();
+    header.set_path(name)?;
+    header.set_size(len);
+    header.set_mode(0o644);
+    header.set_mtime(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    );
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    Ok(header)
+}
+
+/// The archive's length: header, contents padded to a block, two empty blocks.
+fn archive_len(len: u64) -> u64 {
+    512 + len.div_ceil(512) * 512 + 1024
+}
+
+/// Why the producer stopped early.
+enum Stopped {
+    /// The source failed or ended short: the write's error.
+    Source(ProviderError),
+    /// The request went away (the engine refused or closed): its answer says why.
+    Request,
+}
+
+/// Reads `source` and sends the archive of one file named `name` through `pieces`.
+fn produce(
+    name: &str,
+    path: &str,
+    source: berth_contract::FileSource,
+    pieces: &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) -> std::result::Result<(), Stopped> {
+    let berth_contract::FileSource { mut reader, len } = source;
+    let send = |piece: Vec<u8>| {
+        pieces
+            .blocking_send(Ok(Bytes::from(piece)))
+            .map_err(|_| Stopped::Request)
+    };
+    let header =
+        file_header(name, len).map_err(|e| Stopped::Source(io_err("build the archive", e)))?;
+    send(header.as_bytes().to_vec())?;
+    let mut copied = 0u64;
+    while copied < len {
+        let want = PIECE.min((len - copied) as usize);
+        let mut piece = vec![0u8; want];
+        let n = loop {
+            match reader.read(&mut piece) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let message = format!("cannot read the source for `{path}`: {e}");
+                    return Err(Stopped::Source(
+                        err(ErrorKind::InvalidRequest, message).with_source(e),
+                    ));
+                }
+            }
+        };
+        if n == 0 {
+            return Err(Stopped::Source(berth_contract::source_ended(
+                PROVIDER_ID,
+                path,
+                copied,
+                len,
+            )));
+        }
+        piece.truncate(n);
+        copied += n as u64;
+        send(piece)?;
+    }
+    let padding = (len.div_ceil(512) * 512 - len) as usize;
+    send(vec![0u8; padding + 1024])
+}
+
+impl DockerProvider {
+    /// Creates `parent` and its missing parents through the supervisor, so an archive never
+    /// rewrites an existing directory's mode.
+    pub(crate) async fn make_parent(&self, id: &NativeId, parent: &Path) -> Result<()> {
+        let mkdir = ExecRequest::argv(["mkdir", "-p", "--", &parent.to_string_lossy()]);
+        let made = self.exec(id, &mkdir).await?;
+        if made.status.success() {
+            return Ok(());
+        }
+        Err(err(
+            ErrorKind::InvalidRequest,
+            format!(
+                "cannot create `{}`: {}",
+                parent.display(),
+                String::from_utf8_lossy(made.stderr.as_deref().unwrap_or_default()).trim()
+            ),
+        ))
+    }
+
+    /// [`Files::write_from`]: see the module docs.
+    pub(crate) async fn write_streamed(
+        &self,
+        id: &NativeId,
+        path: &str,
+        source: berth_contract::FileSource,
+    ) -> Result<()> {
+        let full = container_path(path)?;
+        let (Some(parent), Some(_)) = (full.parent(), full.file_name()) else {
+            return Err(err(
+                ErrorKind::InvalidRequest,
+                format!("`{path}` names no file"),
+            ));
+        };
+        self.make_parent(id, parent).await?;
+        let name = upload_name();
+        let temp = parent.join(&name);
+        let (pieces, body) = engine::ChannelBody::new(archive_len(source.len));
+        let producer = {
+            let (name, path) = (name.clone(), path.to_owned());
+            tokio::task::spawn_blocking(move || {
+                let produced = produce(&name, &path, source, &pieces);
+                if let Err(Stopped::Source(_)) = &produced {
+                    // Ends the request: the engine sees an archive cut short.
+                    let _ = pieces.blocking_send(Err(std::io::Error::other("source failed")));
+                }
+                produced
+            })
+        };
+        let sent = self
+            .engine
+            .request_streamed(
+                Method::PUT,
+                &format!(
+                    "/containers/{}/archive?path={}",
+                    path_name(&id.0)?,
+                    query_escape(&parent.to_string_lossy())
+                ),
+                "application/x-tar",
+                body,
+            )
+            .await;
+        let produced = producer.await.map_err(|e| {
+            err(
+                ErrorKind::Unknown,
+                format!("the archive's producer failed: {e}"),
+            )
+        });
+        let taken = match (produced, sent) {
+            (Ok(Err(Stopped::Source(source_failed))), _) => Err(source_failed),
+            (Err(e), _) => Err(e),
+            (_, Err(e)) => Err(e),
+            (_, Ok(response)) => engine::ok("archive", response).map(|_| ()),
+        };
+        let placed = match taken {
+            Ok(()) => self.rename_over(id, &temp, &full).await,
+            Err(e) => Err(e),
+        };
+        if placed.is_err() {
+            // Whatever part of the upload the engine unpacked goes; the destination was never
+            // touched.
+            let remove = ExecRequest::argv(["rm", "-f", "--", &temp.to_string_lossy()]);
+            let _ = self.exec(id, &remove).await;
+        }
+        placed
+    }
+
+    /// Renames the whole upload `temp` over `full` (never into it: `-T` refuses a directory).
+    async fn rename_over(&self, id: &NativeId, temp: &Path, full: &Path) -> Result<()> {
+        let mv = ExecRequest::argv([
+            "mv",
+            "-f",
+            "-T",
+            "--",
+            &temp.to_string_lossy(),
+            &full.to_string_lossy(),
+        ]);
+        let moved = self.exec(id, &mv).await?;
+        if moved.status.success() {
+            return Ok(());
+        }
+        Err(err(
+            ErrorKind::InvalidRequest,
+            format!(
+                "cannot put the copy at `{}`: {}",
+                full.display(),
+                String::from_utf8_lossy(moved.stderr.as_deref().unwrap_or_default()).trim()
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_archive_is_as_long_as_its_blocks() {
+        for len in [0u64, 1, 511, 512, 513, 1 << 20] {
+            let header = file_header(".berth-upload-x", len).expect("header");
+            assert_eq!(header.size().expect("size"), len);
+            let padded = len.div_ceil(512) * 512;
+            assert_eq!(archive_len(len), 512 + padded + 1024, "{len}");
+        }
+        assert!(upload_name().starts_with(".berth-upload-"));
+        assert_ne!(upload_name(), upload_name());
+    }
+}
