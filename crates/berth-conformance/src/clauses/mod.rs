@@ -183,12 +183,14 @@ where
 }
 
 mod access;
+mod files;
 mod groups;
 mod lifecycle;
 mod teardown;
 mod walls;
 
 use access::*;
+use files::*;
 use groups::*;
 use lifecycle::*;
 use teardown::*;
