@@ -100,7 +100,8 @@ pub enum Command {
     /// API tokens for `berth serve`: create (printed once, stored hashed), list, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
-    /// Copy a file between the host and a sandbox: `berth cp ID:path local` or `berth cp local ID:path`.
+    /// Copy a file into, out of or between sandboxes, streamed at any size: `berth cp ID:path
+    /// local`, `berth cp local ID:path` or `berth cp ID:path ID2:path`.
     Cp {
         /// Source: `ID:path`, a local path, or `-` for stdin.
         source: String,

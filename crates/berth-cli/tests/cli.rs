@@ -989,8 +989,8 @@ fn cp_out_of_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
 }
 
 /// `cp` into a sandbox streams a file of any size — past the 1 GiB it held in memory before
-/// ("holds more than 1073741824 bytes, the limit for `cp`") — from a file or stdin; a copy
-/// onto a directory is refused and leaves it as it was.
+/// ("holds more than 1073741824 bytes, the limit for `cp`") — from a file, stdin or another
+/// sandbox; a copy onto a directory is refused and leaves it as it was.
 #[test]
 fn cp_into_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
     use std::io::{Seek, Write};
@@ -1064,6 +1064,23 @@ fn cp_into_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
     assert_eq!(code, 5, "{doc}");
     let out = home.run(&["exec", &id, "--", "cat", "tree/sub/f"]);
     assert_eq!(text(&out.stdout), "precious\n");
+    // From one sandbox to another (before: "cp needs exactly one side as ID:path").
+    let other = home.create("tester");
+    let (code, doc) = home.json(&["cp", &format!("{id}:tree/sub/f"), &format!("{other}:got/f")]);
+    assert_eq!(
+        (code, &doc["bytes"]),
+        (0, &serde_json::Value::from(9)),
+        "{doc}"
+    );
+    let out = home.run(&["exec", &other, "--", "cat", "got/f"]);
+    assert_eq!(text(&out.stdout), "precious\n");
+    // A missing source is the source's `not_found`, and the destination gets nothing.
+    let (code, doc) = home.json(&["cp", &format!("{id}:missing"), &format!("{other}:got/f")]);
+    assert_eq!(code, 3, "{doc}");
+    let out = home.run(&["exec", &other, "--", "cat", "got/f"]);
+    assert_eq!(text(&out.stdout), "precious\n");
+    let (code, doc) = home.json(&["cp", "./a", "./b"]);
+    assert_eq!(code, 5, "{doc}");
 }
 
 /// FIFO's `open` used to block forever (`mission run FIFO` and `cp ID:f FIFO` hung, deaf to

@@ -399,6 +399,16 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
         "{}",
         text(&out.stderr)
     );
+    // Between providers: out of the container into a host sandbox, and back under a new name.
+    let host = home.create("tester");
+    let (code, doc) = home.json(&["cp", &format!("{id}:tree/sub/f"), &format!("{host}:from/f")]);
+    assert_eq!(code, 0, "{doc}");
+    let (code, doc) = home.json(&["cp", &format!("{host}:from/f"), &format!("{id}:back.txt")]);
+    assert_eq!(code, 0, "{doc}");
+    let out = home.run(&["exec", &id, "--", "cat", "back.txt"]);
+    assert_eq!(text(&out.stdout), "precious\n");
+    home.run(&["exec", &id, "--", "rm", "back.txt"]);
+    home.json(&["destroy", &host]);
     // Stopped, it has no supervisor to ask: its output files are read through the engine.
     let (code, doc) = home.json(&["stop", &id]);
     assert_eq!(code, 0, "{doc}");

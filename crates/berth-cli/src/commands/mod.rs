@@ -3,6 +3,7 @@
 mod access;
 mod artifacts;
 pub mod catalog;
+mod copy;
 mod demo;
 pub(crate) mod exec;
 pub mod gateway;
@@ -68,7 +69,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Cp {
             source,
             destination,
-        } => exec::cp(&app, &source, &destination).await,
+        } => copy::cp(&app, &source, &destination).await,
         Command::Ledger(LedgerCommand::List { all }) => ledger::list(&app, all).await,
         Command::Ledger(LedgerCommand::Sweep {
             run,
