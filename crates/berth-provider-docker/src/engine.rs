@@ -210,21 +210,7 @@ impl Engine {
         body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<Response> {
         let response = self.start(method, &uri, body).await?;
-        let status = response.status();
-        let body = collect_limited(response.into_body(), ANSWER_LIMIT)
-            .await?
-            .ok_or_else(|| {
-                let path = uri.split('?').next().unwrap_or(&uri);
-                ProviderError::new(
-                    ErrorKind::Unknown,
-                    PROVIDER_ID,
-                    format!(
-                        "the engine's answer to `{path}` is larger than {} MiB",
-                        ANSWER_LIMIT >> 20
-                    ),
-                )
-            })?;
-        Ok(Response { status, body })
+        read_answer(&uri, response).await
     }
 
     /// Sends `body` as it is produced (an archive of a file of any size) and reads the answer
@@ -240,11 +226,7 @@ impl Engine {
         let response = self
             .start_with(method, &uri, Some((content_type, body.boxed())))
             .await?;
-        let status = response.status();
-        let body = collect_limited(response.into_body(), ANSWER_LIMIT)
-            .await?
-            .unwrap_or_default();
-        Ok(Response { status, body })
+        read_answer(&uri, response).await
     }
 
     async fn start(
@@ -342,6 +324,28 @@ impl Engine {
         }
         ok(path, response)
     }
+}
+
+/// An answer read whole, up to a limit no ordinary answer comes near.
+async fn read_answer(
+    uri: &str,
+    response: hyper::Response<hyper::body::Incoming>,
+) -> Result<Response> {
+    let status = response.status();
+    let body = collect_limited(response.into_body(), ANSWER_LIMIT)
+        .await?
+        .ok_or_else(|| {
+            let path = uri.split('?').next().unwrap_or(uri);
+            ProviderError::new(
+                ErrorKind::Unknown,
+                PROVIDER_ID,
+                format!(
+                    "the engine's answer to `{path}` is larger than {} MiB",
+                    ANSWER_LIMIT >> 20
+                ),
+            )
+        })?;
+    Ok(Response { status, body })
 }
 
 /// Reads a whole body of at most `limit` bytes; `None` when it is longer (found before more

@@ -170,9 +170,18 @@ impl DockerProvider {
         });
         let taken = match (produced, sent) {
             (Ok(Err(Stopped::Source(source_failed))), _) => Err(source_failed),
-            (Err(e), _) => Err(e),
-            (_, Err(e)) => Err(e),
-            (_, Ok(response)) => engine::ok("archive", response).map(|_| ()),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(Ok(())), Ok(response)) => engine::ok("archive", response).map(|_| ()),
+            // The engine answered before it took the whole archive: an error answer says why;
+            // a success would be for part of the file, which is never put in place.
+            (Ok(Err(Stopped::Request)), Ok(response)) => {
+                engine::ok("archive", response).and_then(|_| {
+                    Err(err(
+                        ErrorKind::Unknown,
+                        format!("the engine answered before it took all of `{path}`"),
+                    ))
+                })
+            }
         };
         let placed = match taken {
             Ok(()) => self.rename_over(id, &temp, &full).await,

@@ -108,10 +108,12 @@ async fn spool_out_of(
     let copied = match provider.require_files()?.read_to(&native, path, sink).await {
         Ok((_, copied)) => copied,
         Err(e) => {
-            return Err(match failed.lock().expect("not poisoned").take() {
-                Some(local) => cannot_spool(local.into()),
-                None => missing_file(e, id),
-            })
+            return Err(
+                match failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    Some(local) => cannot_spool(local.into()),
+                    None => missing_file(e, id),
+                },
+            )
         }
     };
     let mut spool = spool;
