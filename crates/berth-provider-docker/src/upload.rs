@@ -225,15 +225,53 @@ impl DockerProvider {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_archive_is_as_long_as_its_blocks() {
-        for len in [0u64, 1, 511, 512, 513, 1 << 20] {
-            let header = file_header(".berth-upload-x", len).expect("header");
-            assert_eq!(header.size().expect("size"), len);
-            let padded = len.div_ceil(512) * 512;
-            assert_eq!(archive_len(len), 512 + padded + 1024, "{len}");
+    /// Runs the producer on its own thread (as `spawn_blocking` would) and collects what it
+    /// sends, as the request body would carry it.
+    fn archive_of(name: &str, bytes: Vec<u8>, len: u64) -> (Vec<u8>, bool) {
+        let (pieces, mut received) = tokio::sync::mpsc::channel(4);
+        let name = name.to_owned();
+        let producer = std::thread::spawn(move || {
+            let source = berth_contract::FileSource {
+                reader: Box::new(std::io::Cursor::new(bytes)),
+                len,
+            };
+            produce(&name, "f", source, &pieces)
+        });
+        let mut body = Vec::new();
+        while let Some(piece) = received.blocking_recv() {
+            body.extend_from_slice(&piece.expect("a piece"));
         }
-        assert!(upload_name().starts_with(".berth-upload-"));
+        let whole = matches!(producer.join().expect("the producer ran"), Ok(()));
+        (body, whole)
+    }
+
+    /// What is sent is a tar archive another reader takes: one regular file under the upload's
+    /// name, with the source's bytes, exactly as long as the body declares.
+    #[test]
+    fn the_streamed_archive_is_one_whole_file_of_its_declared_length() {
+        for len in [0u64, 1, 511, 512, 513, (3 << 20) + 5] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let (body, whole) = archive_of(".berth-upload-x", bytes.clone(), len);
+            assert!(whole, "{len}");
+            assert_eq!(body.len() as u64, archive_len(len), "{len}");
+            let mut archive = tar::Archive::new(body.as_slice());
+            let mut entries = archive.entries().expect("entries");
+            let mut entry = entries.next().expect("one entry").expect("an entry");
+            assert_eq!(entry.header().entry_type(), tar::EntryType::Regular);
+            assert_eq!(
+                entry.path().expect("a path").to_str(),
+                Some(".berth-upload-x")
+            );
+            let mut content = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut content).expect("content");
+            assert!(content == bytes, "{len}: the content differs");
+            drop(entry);
+            assert!(entries.next().is_none(), "{len}: more than one entry");
+        }
+        // A source shorter than its length stops the archive short and says so.
+        let (body, whole) = archive_of(".berth-upload-x", vec![7; 100], 1000);
+        assert!(!whole);
+        assert!((body.len() as u64) < archive_len(1000));
         assert_ne!(upload_name(), upload_name());
     }
 }
