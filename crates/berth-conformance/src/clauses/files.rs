@@ -88,10 +88,7 @@ pub(super) async fn files_round_trip(s: &Subject) -> Outcome {
         let short = files
             .write_from(&id, "cf/dir/streamed.bin", source(b"short".to_vec(), 10))
             .await;
-        check!(
-            matches!(&short, Err(e) if e.kind() == ErrorKind::InvalidRequest),
-            "a source shorter than its length answered {short:?}, not invalid_request"
-        );
+        refused("a source shorter than its length", short)?;
         let kept = files
             .read(&id, "cf/dir/streamed.bin")
             .await
@@ -103,10 +100,7 @@ pub(super) async fn files_round_trip(s: &Subject) -> Outcome {
         );
         // A file is never written over a directory.
         let onto_dir = files.write(&id, "cf/dir", b"x").await;
-        check!(
-            matches!(&onto_dir, Err(e) if e.kind() == ErrorKind::InvalidRequest),
-            "writing a file onto a directory answered {onto_dir:?}, not invalid_request"
-        );
+        refused("writing a file onto a directory", onto_dir)?;
         let names: Vec<String> = files
             .list(&id, "cf/dir")
             .await
@@ -130,34 +124,19 @@ pub(super) async fn files_hostile(s: &Subject) -> Outcome {
     on_sandbox(s, |id| async move {
         let files = s.provider.require_files().map_err(|e| fail("files", e))?;
         for path in ["../../etc/passwd", "a/../../../etc/shadow"] {
-            match files.read(&id, path).await {
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-                other => {
-                    return Err(format!(
-                        "reading `{path}` answered {other:?}, not invalid_request"
-                    ))
-                }
-            }
-            match files.write(&id, path, b"x").await {
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-                other => {
-                    return Err(format!(
-                        "writing `{path}` answered {other:?}, not invalid_request"
-                    ))
-                }
-            }
+            refused(&format!("reading `{path}`"), files.read(&id, path).await)?;
+            refused(
+                &format!("writing `{path}`"),
+                files.write(&id, path, b"x").await,
+            )?;
             let source = berth_contract::FileSource {
                 reader: Box::new(std::io::Cursor::new(b"x".to_vec())),
                 len: 1,
             };
-            match files.write_from(&id, path, source).await {
-                Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
-                other => {
-                    return Err(format!(
-                        "a streamed write to `{path}` answered {other:?}, not invalid_request"
-                    ))
-                }
-            }
+            refused(
+                &format!("a streamed write to `{path}`"),
+                files.write_from(&id, path, source).await,
+            )?;
             match files.read_to(&id, path, Box::new(std::io::sink())).await {
                 Err(e) if e.kind() == ErrorKind::InvalidRequest => {}
                 Err(e) => {
@@ -171,4 +150,16 @@ pub(super) async fn files_hostile(s: &Subject) -> Outcome {
         Ok(vec![])
     })
     .await
+}
+
+/// An answer that must be `invalid_request` (a hostile path, a short source, a file onto a
+/// directory); anything else fails the clause, said as `what` answered it.
+fn refused<T: std::fmt::Debug>(
+    what: &str,
+    answer: berth_contract::Result<T>,
+) -> Result<(), String> {
+    match answer {
+        Err(e) if e.kind() == ErrorKind::InvalidRequest => Ok(()),
+        other => Err(format!("{what} answered {other:?}, not invalid_request")),
+    }
 }
