@@ -1010,14 +1010,7 @@ fn cp_into_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
         "{doc}"
     );
     std::fs::remove_file(&local).unwrap();
-    let out = home.run(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "stat -c %s in/big; tail -c 3 in/big",
-    ]);
+    let out = home.sh(&id, "stat -c %s in/big; tail -c 3 in/big");
     assert_eq!(
         text(&out.stdout),
         format!("{BIG}\nend"),
@@ -1037,36 +1030,20 @@ fn cp_into_a_sandbox_streams_any_size_and_a_failed_copy_changes_nothing() {
     }
     drop(stdin);
     assert!(child.wait().unwrap().success());
-    let out = home.run(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "tr -d p < in/piped | wc -c; wc -c < in/piped",
-    ]);
+    let out = home.sh(&id, "tr -d p < in/piped | wc -c; wc -c < in/piped");
     assert_eq!(
         text(&out.stdout).split_whitespace().collect::<Vec<_>>(),
         ["0", "3145728"]
     );
     // Onto a directory: refused, the directory and what it holds untouched.
-    home.run(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "mkdir -p tree/sub && echo precious > tree/sub/f",
-    ]);
-    let small = home.path().join("small.txt");
-    std::fs::write(&small, b"x").unwrap();
-    let (code, doc) = home.json(&["cp", small.to_str().unwrap(), &format!("{id}:tree")]);
-    assert_eq!(code, 5, "{doc}");
-    let out = home.run(&["exec", &id, "--", "cat", "tree/sub/f"]);
-    assert_eq!(text(&out.stdout), "precious\n");
+    a_file_onto_a_directory_changes_nothing(&home, &id);
     // From one sandbox to another (before: "cp needs exactly one side as ID:path").
     let other = home.create("tester");
-    let (code, doc) = home.json(&["cp", &format!("{id}:tree/sub/f"), &format!("{other}:got/f")]);
+    let (code, doc) = home.json(&[
+        "cp",
+        &format!("{id}:onto/tree/sub/f"),
+        &format!("{other}:got/f"),
+    ]);
     assert_eq!(
         (code, &doc["bytes"]),
         (0, &serde_json::Value::from(9)),

@@ -367,41 +367,20 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     }
     let (code, doc) = home.json(&["cp", copy.to_str().unwrap(), &format!("{id}:data/up.bin")]);
     assert_eq!((code, &doc["bytes"]), (0, &Value::from(BIG + 3)), "{doc}");
-    let out = home.run(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "stat -c %s data/up.bin; tail -c 3 data/up.bin",
-    ]);
+    let out = home.sh(&id, "stat -c %s data/up.bin; tail -c 3 data/up.bin");
     assert_eq!(text(&out.stdout), format!("{}\nend", BIG + 3));
     std::fs::remove_file(&copy).unwrap();
     home.run(&["exec", &id, "--", "rm", "-r", "big", "data"]);
     // A file copied onto a directory is refused and the directory keeps its tree (before: the
     // archive replaced `tree`, `sub/f` and all, exit 0); nothing of the copy is left.
-    home.run(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "mkdir -p tree/sub && echo precious > tree/sub/f",
-    ]);
-    let small = home.path().join("small.txt");
-    std::fs::write(&small, b"x").unwrap();
-    let (code, doc) = home.json(&["cp", small.to_str().unwrap(), &format!("{id}:tree")]);
-    assert_eq!(code, 5, "{doc}");
-    let out = home.run(&["exec", &id, "--", "sh", "-c", "cat tree/sub/f; ls -A"]);
-    assert_eq!(
-        text(&out.stdout),
-        "precious\ntree\n",
-        "{}",
-        text(&out.stderr)
-    );
+    a_file_onto_a_directory_changes_nothing(&home, &id);
     // Between providers: out of the container into a host sandbox, and back under a new name.
     let host = home.create("tester");
-    let (code, doc) = home.json(&["cp", &format!("{id}:tree/sub/f"), &format!("{host}:from/f")]);
+    let (code, doc) = home.json(&[
+        "cp",
+        &format!("{id}:onto/tree/sub/f"),
+        &format!("{host}:from/f"),
+    ]);
     assert_eq!(code, 0, "{doc}");
     let (code, doc) = home.json(&["cp", &format!("{host}:from/f"), &format!("{id}:back.txt")]);
     assert_eq!(code, 0, "{doc}");

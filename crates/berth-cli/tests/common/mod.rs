@@ -49,6 +49,11 @@ impl Home {
         self.run_as("tester", args)
     }
 
+    /// `berth exec ID -- sh -c LINE`.
+    pub fn sh(&self, id: &str, line: &str) -> Output {
+        self.run(&["exec", id, "--", "sh", "-c", line])
+    }
+
     pub fn json_as(&self, owner: &str, args: &[&str]) -> (i32, Value) {
         let mut full = vec!["--json"];
         full.extend_from_slice(args);
@@ -107,6 +112,26 @@ impl Drop for Home {
             let _ = self.run_as(&owner, &["ledger", "sweep"]);
         }
     }
+}
+
+/// `berth cp` of a file onto a directory in sandbox `id` is refused (invalid input) and changes
+/// nothing: the directory keeps its tree and nothing of the copy is left beside it.
+pub fn a_file_onto_a_directory_changes_nothing(home: &Home, id: &str) {
+    home.sh(
+        id,
+        "mkdir -p onto/tree/sub && echo precious > onto/tree/sub/f",
+    );
+    let small = home.path().join("small.txt");
+    std::fs::write(&small, b"x").unwrap();
+    let (code, doc) = home.json(&["cp", small.to_str().unwrap(), &format!("{id}:onto/tree")]);
+    assert_eq!(code, 5, "{doc}");
+    let out = home.sh(id, "cat onto/tree/sub/f; ls -A onto");
+    assert_eq!(
+        text(&out.stdout),
+        "precious\ntree\n",
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 pub fn walk(dir: &Path) -> Vec<PathBuf> {
