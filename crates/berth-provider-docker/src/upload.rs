@@ -102,22 +102,29 @@ fn produce(
 }
 
 impl DockerProvider {
-    /// Creates `parent` and its missing parents through the supervisor, so an archive never
-    /// rewrites an existing directory's mode.
-    pub(crate) async fn make_parent(&self, id: &NativeId, parent: &Path) -> Result<()> {
-        let mkdir = ExecRequest::argv(["mkdir", "-p", "--", &parent.to_string_lossy()]);
-        let made = self.exec(id, &mkdir).await?;
-        if made.status.success() {
+    /// Runs one of the image's file tools (`mkdir`, `mv`) through the supervisor; a failure is
+    /// the request's, said as `failed` with the tool's own words.
+    async fn run_tool(&self, id: &NativeId, argv: &[&str], failed: String) -> Result<()> {
+        let ran = self
+            .exec(id, &ExecRequest::argv(argv.iter().copied()))
+            .await?;
+        if ran.status.success() {
             return Ok(());
         }
+        let said = String::from_utf8_lossy(ran.stderr.as_deref().unwrap_or_default());
         Err(err(
             ErrorKind::InvalidRequest,
-            format!(
-                "cannot create `{}`: {}",
-                parent.display(),
-                String::from_utf8_lossy(made.stderr.as_deref().unwrap_or_default()).trim()
-            ),
+            format!("{failed}: {}", said.trim()),
         ))
+    }
+
+    /// Creates `parent` and its missing parents through the supervisor, so an archive never
+    /// rewrites an existing directory's mode.
+    async fn make_parent(&self, id: &NativeId, parent: &Path) -> Result<()> {
+        let parent = parent.to_string_lossy();
+        let failed = format!("cannot create `{parent}`");
+        self.run_tool(id, &["mkdir", "-p", "--", &parent], failed)
+            .await
     }
 
     /// [`Files::write_from`]: see the module docs.
@@ -198,26 +205,10 @@ impl DockerProvider {
 
     /// Renames the whole upload `temp` over `full` (never into it: `-T` refuses a directory).
     async fn rename_over(&self, id: &NativeId, temp: &Path, full: &Path) -> Result<()> {
-        let mv = ExecRequest::argv([
-            "mv",
-            "-f",
-            "-T",
-            "--",
-            &temp.to_string_lossy(),
-            &full.to_string_lossy(),
-        ]);
-        let moved = self.exec(id, &mv).await?;
-        if moved.status.success() {
-            return Ok(());
-        }
-        Err(err(
-            ErrorKind::InvalidRequest,
-            format!(
-                "cannot put the copy at `{}`: {}",
-                full.display(),
-                String::from_utf8_lossy(moved.stderr.as_deref().unwrap_or_default()).trim()
-            ),
-        ))
+        let (temp, full) = (temp.to_string_lossy(), full.to_string_lossy());
+        let failed = format!("cannot put the copy at `{full}`");
+        self.run_tool(id, &["mv", "-f", "-T", "--", &temp, &full], failed)
+            .await
     }
 }
 
