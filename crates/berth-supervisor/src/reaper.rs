@@ -119,6 +119,45 @@ pub fn run(argv: &[OsString]) -> i32 {
     reap(control, command, true)
 }
 
+/// The argument that selects reaper mode in a working directory the reaper enters itself
+/// (`__reap_in DIR PROGRAM ARGS…`; see [`run_in`]).
+pub const REAP_IN_ARG: &str = "__reap_in";
+
+/// The reaper of `argv[1..]`, run in the directory `argv[0]`. The supervisor starts its reapers
+/// this way rather than with a working directory of its own choosing: a static binary cannot
+/// ask the C library for a spawn that changes directory, so the standard library would copy
+/// the whole supervisor (`fork`) for every exec instead of spawning (`vfork`) the reaper.
+pub fn run_in(argv: &[OsString]) -> i32 {
+    let Some(control) = control_channel() else {
+        return 2;
+    };
+    let [dir, program, args @ ..] = argv else {
+        say(&control, "failed other usage: __reap_in DIR PROGRAM [ARG…]");
+        return 2;
+    };
+    if let Err(err) = std::env::set_current_dir(dir) {
+        // Said as a start of the command would say it, the command never having started.
+        let kind = match err.kind() {
+            io::ErrorKind::NotFound => "not_found",
+            io::ErrorKind::PermissionDenied => "permission_denied",
+            _ => "other",
+        };
+        let message = format!(
+            "cannot start `{}` in `{}`: {err}",
+            program.to_string_lossy(),
+            dir.to_string_lossy()
+        );
+        say(
+            &control,
+            &format!("failed {kind} {}", message.replace('\n', " ")),
+        );
+        return 0;
+    }
+    let mut command = Command::new(program);
+    command.args(args);
+    reap(control, command, true)
+}
+
 /// The reaper of a command that runs entered into a bwrap sandbox as an unprivileged user
 /// (`__reap_enter` followed by [`crate::enter`]'s arguments): the same as `__reap` of
 /// `__enter …`, one program start fewer. The reaper enters first — its own private mount

@@ -1,23 +1,17 @@
 //! The supervisor's server: one thread per connection, one request per connection.
 
-use std::collections::BTreeMap;
+mod exec;
+
 use std::io::{self, BufRead, BufReader, Read};
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use exec::{exec, spawn_failure};
 
-use crate::reaper::Report;
-use crate::{
-    write_frame, Exit, Request, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT, TAG_STDERR, TAG_STDOUT,
-};
+use crate::{write_frame, Exit, Request, PROTOCOL_VERSION, TAG_ACCEPTED, TAG_EXIT};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 4 << 20;
@@ -204,167 +198,6 @@ fn handle(stream: UnixStream) -> io::Result<()> {
             let _ = stream.shutdown(Shutdown::Both);
             sent
         }
-    }
-}
-
-fn exec(
-    stream: &UnixStream,
-    out: &Arc<Mutex<UnixStream>>,
-    argv: &[String],
-    cwd: &str,
-    env: &BTreeMap<String, String>,
-    timeout_ms: Option<u64>,
-    grace_ms: u64,
-) -> Exit {
-    let Some((program, args)) = argv.split_first() else {
-        return Exit::BadRequest {
-            message: "empty argv".into(),
-        };
-    };
-    // The command runs under this binary's reaper mode: it is a child subreaper, so what the
-    // command starts cannot leave the exec by `setsid` or double-forking (see `reaper`).
-    let (control, reaper_end) = match UnixStream::pair() {
-        Ok(pair) => pair,
-        Err(err) => return spawn_failure(program, cwd, &err),
-    };
-    let spawned = std::env::current_exe().and_then(|exe| {
-        Command::new(exe)
-            .arg(crate::reaper::REAP_ARG)
-            .arg(program)
-            .args(args)
-            .env_clear()
-            .envs(env)
-            .current_dir(cwd)
-            .stdin(Stdio::from(std::os::fd::OwnedFd::from(reaper_end)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-    });
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(err) => return spawn_failure(program, cwd, &err),
-    };
-    let mut reports = match control.try_clone() {
-        Ok(read) => BufReader::new(read).lines(),
-        Err(err) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return spawn_failure(program, cwd, &err);
-        }
-    };
-    let mut next_report = move || {
-        reports
-            .next()
-            .and_then(|line| line.ok())
-            .and_then(|line| Report::parse(&line))
-    };
-    match next_report() {
-        Some(Report::Started) => {}
-        Some(Report::Failed { kind, message }) => {
-            let _ = child.wait();
-            return Exit::SpawnFailed { kind, message };
-        }
-        other => {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Exit::SpawnFailed {
-                kind: "other".into(),
-                message: crate::reaper::start_unconfirmed(program, other.as_ref()),
-            };
-        }
-    }
-    let tell = {
-        let control = Mutex::new(control);
-        Arc::new(move |line: &str| {
-            let mut control = control.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = std::io::Write::write_all(&mut *control, format!("{line}\n").as_bytes());
-        })
-    };
-    let pgid = Pid::from_raw(child.id() as i32);
-    let finished = Arc::new(AtomicBool::new(false));
-    let timed_out = Arc::new(AtomicBool::new(false));
-
-    // Pipe readers: every chunk becomes a frame. A failed write means the client is gone.
-    let mut readers = Vec::new();
-    let pipes: [(u8, Box<dyn Read + Send>); 2] = [
-        (TAG_STDOUT, Box::new(child.stdout.take().expect("piped"))),
-        (TAG_STDERR, Box::new(child.stderr.take().expect("piped"))),
-    ];
-    for (tag, mut pipe) in pipes {
-        let out = Arc::clone(out);
-        let tell = Arc::clone(&tell);
-        readers.push(std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match pipe.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
-                        if write_frame(&mut *out, tag, &buf[..n]).is_err() {
-                            tell("kill");
-                        }
-                    }
-                }
-            }
-        }));
-    }
-
-    // Watchdog: the client sends nothing after its request, so a read returning means it hung
-    // up. A client that went away takes its command with it.
-    if let Ok(mut watch) = stream.try_clone() {
-        let finished = Arc::clone(&finished);
-        let tell = Arc::clone(&tell);
-        std::thread::spawn(move || {
-            let mut byte = [0u8; 1];
-            let _ = watch.read(&mut byte);
-            if !finished.load(Ordering::SeqCst) {
-                tell("kill");
-            }
-        });
-    }
-
-    // Deadline: the reaper sends SIGTERM to the whole subtree, SIGKILL after the grace period.
-    let (cancel, cancelled) = mpsc::channel::<()>();
-    let timer = timeout_ms.map(|ms| {
-        let timed_out = Arc::clone(&timed_out);
-        let tell = Arc::clone(&tell);
-        std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) =
-                cancelled.recv_timeout(Duration::from_millis(ms))
-            {
-                timed_out.store(true, Ordering::SeqCst);
-                tell(&format!("term {grace_ms}"));
-            }
-        })
-    });
-
-    let status = child.wait();
-    finished.store(true, Ordering::SeqCst);
-    // The reaper has already killed and reaped its subtree; the group is empty.
-    let _ = killpg(pgid, Signal::SIGKILL);
-    drop(cancel);
-    if let Some(timer) = timer {
-        let _ = timer.join();
-    }
-    for reader in readers {
-        let _ = reader.join();
-    }
-    if timed_out.load(Ordering::SeqCst) {
-        return Exit::TimedOut;
-    }
-    match next_report() {
-        Some(Report::Exited(code)) => Exit::Exited { code },
-        Some(Report::Signalled(signal)) => Exit::Signalled { signal },
-        other => Exit::Unknown {
-            reason: crate::reaper::status_lost(
-                &match status {
-                    Ok(status) => status.to_string(),
-                    Err(err) => err.to_string(),
-                },
-                other.as_ref(),
-            ),
-        },
     }
 }
 
@@ -584,18 +417,6 @@ mod detached {
         };
         let _ = killpg(process.pgid, signal);
         Exit::Exited { code: 0 }
-    }
-}
-
-fn spawn_failure(program: &str, cwd: &str, err: &io::Error) -> Exit {
-    let kind = match err.kind() {
-        io::ErrorKind::NotFound => "not_found",
-        io::ErrorKind::PermissionDenied => "permission_denied",
-        _ => "other",
-    };
-    Exit::SpawnFailed {
-        kind: kind.into(),
-        message: format!("cannot start `{program}` in `{cwd}`: {err}"),
     }
 }
 

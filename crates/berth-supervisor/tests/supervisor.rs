@@ -217,6 +217,80 @@ fn spawn_failures_and_bad_requests_are_reported_not_fabricated() {
     ));
 }
 
+/// The reaper enters the working directory itself (so the supervisor can spawn it without
+/// copying itself): the command runs there, and a directory it cannot enter is said as a start
+/// failure naming the directory — the command never runs.
+#[test]
+fn the_command_runs_in_its_directory_and_a_bad_one_is_a_start_failure() {
+    let s = server();
+    let inner = s.dir.path().join("in ner");
+    std::fs::create_dir(&inner).unwrap();
+    let reply = read_reply(send(&s.socket, &exec(&inner, "pwd; touch ran", None)));
+    assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    assert_eq!(
+        String::from_utf8_lossy(&reply.stdout),
+        format!("{}\n", inner.display())
+    );
+    let file = s.dir.path().join("plain");
+    std::fs::write(&file, "x").unwrap();
+    for (dir, want) in [(s.dir.path().join("missing"), "not_found"), (file, "other")] {
+        let marker = s.dir.path().join("should-not-exist");
+        let line = format!("touch '{}'", marker.display());
+        match read_reply(send(&s.socket, &exec(&dir, &line, None))).exit {
+            Exit::SpawnFailed { kind, message } => {
+                assert_eq!(kind, want, "{message}");
+                assert!(
+                    message.contains(&format!("in `{}`", dir.display())),
+                    "{message}"
+                );
+            }
+            other => panic!("{}: {other:?}", dir.display()),
+        }
+        assert!(!marker.exists(), "the command ran in {}", dir.display());
+    }
+}
+
+/// Anything in a sandbox running as the command's user can open `/proc/PID/fd/1` of a command
+/// and so hold the exec's output pipe open after every process of the exec is gone. That must
+/// not hold the exec open: once the reaper has ended, what is in the pipes is relayed and the
+/// exit is sent (before, the exec waited for the pipe's end for as long as the holder lived).
+#[test]
+fn a_process_outside_the_exec_holding_its_output_pipe_cannot_hold_the_exec_open() {
+    let s = server();
+    let stream = send(
+        &s.socket,
+        &exec(
+            s.dir.path(),
+            "echo before; echo $$ > cmd.pid; sleep 0.5; echo after",
+            None,
+        ),
+    );
+    let pidfile = s.dir.path().join("cmd.pid");
+    let until = Instant::now() + Duration::from_secs(5);
+    let pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            break pid;
+        }
+        assert!(Instant::now() < until, "command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{pid}/fd/1"))
+        .unwrap();
+    // Past this, the exec is being held open: the read fails instead of waiting forever.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let reply = read_reply(stream);
+    assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    assert_eq!(String::from_utf8_lossy(&reply.stdout), "before\nafter\n");
+    drop(held);
+}
+
 #[test]
 fn large_output_arrives_whole() {
     let s = server();
@@ -226,6 +300,23 @@ fn large_output_arrives_whole() {
     ));
     assert_eq!(reply.exit, Exit::Exited { code: 0 });
     assert_eq!(reply.stdout.len(), 5_000_000);
+    // A client that reads late: the command ends with its last output still in the pipes, and
+    // all of it arrives, to the last byte of each stream.
+    let stream = send(
+        &s.socket,
+        &exec(
+            s.dir.path(),
+            "head -c 3000000 /dev/zero; echo end; head -c 200000 /dev/zero >&2; echo err-end >&2",
+            None,
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let reply = read_reply(stream);
+    assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    assert_eq!(reply.stdout.len(), 3_000_004);
+    assert!(reply.stdout.ends_with(b"\0end\n"));
+    assert_eq!(reply.stderr.len(), 200_008);
+    assert!(reply.stderr.ends_with(b"\0err-end\n"));
 }
 
 fn detached(s: &Server, request: Request) -> Exit {

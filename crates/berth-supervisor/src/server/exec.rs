@@ -1,0 +1,270 @@
+//! One exec: the command under its reaper, its output relayed as frames, its status from the
+//! reaper.
+
+use std::collections::BTreeMap;
+use std::io::{self, BufRead, BufReader};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::reaper::Report;
+use crate::{write_frame, Exit, TAG_STDERR, TAG_STDOUT};
+
+pub(super) fn exec(
+    stream: &UnixStream,
+    out: &Arc<Mutex<UnixStream>>,
+    argv: &[String],
+    cwd: &str,
+    env: &BTreeMap<String, String>,
+    timeout_ms: Option<u64>,
+    grace_ms: u64,
+) -> Exit {
+    let Some((program, args)) = argv.split_first() else {
+        return Exit::BadRequest {
+            message: "empty argv".into(),
+        };
+    };
+    // The command runs under this binary's reaper mode: it is a child subreaper, so what the
+    // command starts cannot leave the exec by `setsid` or double-forking (see `reaper`).
+    let (control, reaper_end) = match UnixStream::pair() {
+        Ok(pair) => pair,
+        Err(err) => return spawn_failure(program, cwd, &err),
+    };
+    let spawned = std::env::current_exe().and_then(|exe| {
+        // The reaper enters `cwd` itself (see `reaper::run_in`): spawned without a directory
+        // of its own, the reaper is a `vfork` of this process, not a copy of it.
+        Command::new(exe)
+            .arg(crate::reaper::REAP_IN_ARG)
+            .arg(cwd)
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .envs(env)
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(reaper_end)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+    });
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => return spawn_failure(program, cwd, &err),
+    };
+    let mut reports = match control.try_clone() {
+        Ok(read) => BufReader::new(read).lines(),
+        Err(err) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return spawn_failure(program, cwd, &err);
+        }
+    };
+    let mut next_report = move || {
+        reports
+            .next()
+            .and_then(|line| line.ok())
+            .and_then(|line| Report::parse(&line))
+    };
+    match next_report() {
+        Some(Report::Started) => {}
+        Some(Report::Failed { kind, message }) => {
+            let _ = child.wait();
+            return Exit::SpawnFailed { kind, message };
+        }
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Exit::SpawnFailed {
+                kind: "other".into(),
+                message: crate::reaper::start_unconfirmed(program, other.as_ref()),
+            };
+        }
+    }
+    let tell = {
+        let control = Mutex::new(control);
+        Arc::new(move |line: &str| {
+            let mut control = control.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = std::io::Write::write_all(&mut *control, format!("{line}\n").as_bytes());
+        })
+    };
+    let pgid = Pid::from_raw(child.id() as i32);
+    let timed_out = Arc::new(AtomicBool::new(false));
+
+    // Deadline: the reaper sends SIGTERM to the whole subtree, SIGKILL after the grace period.
+    // On a thread of its own, so it fires even while a frame waits on a client that reads
+    // nothing.
+    let (cancel, cancelled) = mpsc::channel::<()>();
+    let timer = timeout_ms.map(|ms| {
+        let timed_out = Arc::clone(&timed_out);
+        let tell = Arc::clone(&tell);
+        std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) =
+                cancelled.recv_timeout(Duration::from_millis(ms))
+            {
+                timed_out.store(true, Ordering::SeqCst);
+                tell(&format!("term {grace_ms}"));
+            }
+        })
+    });
+
+    let pipes = [
+        (
+            TAG_STDOUT,
+            child.stdout.take().map(std::os::fd::OwnedFd::from),
+        ),
+        (
+            TAG_STDERR,
+            child.stderr.take().map(std::os::fd::OwnedFd::from),
+        ),
+    ];
+    // Seen to end through a pidfd (the reaper is not waited for yet, so its pid stays its own).
+    let reaper = rustix::process::Pid::from_child(&child);
+    let reaper = rustix::process::pidfd_open(reaper, rustix::process::PidfdFlags::empty()).ok();
+    relay(stream, out, pipes, reaper.as_ref(), &*tell);
+    let status = child.wait();
+    // The reaper has already killed and reaped its subtree; the group is empty.
+    let _ = killpg(pgid, Signal::SIGKILL);
+    drop(cancel);
+    if let Some(timer) = timer {
+        let _ = timer.join();
+    }
+    if timed_out.load(Ordering::SeqCst) {
+        return Exit::TimedOut;
+    }
+    match next_report() {
+        Some(Report::Exited(code)) => Exit::Exited { code },
+        Some(Report::Signalled(signal)) => Exit::Signalled { signal },
+        other => Exit::Unknown {
+            reason: crate::reaper::status_lost(
+                &match status {
+                    Ok(status) => status.to_string(),
+                    Err(err) => err.to_string(),
+                },
+                other.as_ref(),
+            ),
+        },
+    }
+}
+
+/// The command's output as frames to the client, until both pipes end — or, once the reaper has
+/// ended, until what was in them at that moment is relayed (`reaper`: its pidfd, when the
+/// kernel gives one; without it, the pipes' end is waited for). Every process of the exec is
+/// gone when the reaper ends, so what it wrote is all in the pipes then; a pipe still open is
+/// held by something outside the exec (a process that opened `/proc/PID/fd/1` of one of its
+/// commands), which must not hold the exec open, nor add to its output.
+///
+/// One loop on this connection's thread, where it used to be three threads per exec. The
+/// client sends nothing after its request, so the client turning readable (end of file, or
+/// anything at all) means it hung up: the command is killed with it. A frame that cannot be
+/// written (the client is gone) does the same; the pipes are still drained so nothing blocks
+/// on them.
+fn relay(
+    client: &UnixStream,
+    out: &Mutex<UnixStream>,
+    mut pipes: [(u8, Option<std::os::fd::OwnedFd>); 2],
+    reaper: Option<&std::os::fd::OwnedFd>,
+    tell: &dyn Fn(&str),
+) {
+    use rustix::event::{poll, PollFd, PollFlags};
+    const CLIENT: usize = 2;
+    const REAPER: usize = 3;
+    let mut watching = true;
+    let mut writing = true;
+    let mut reaper_running = reaper.is_some();
+    // Per pipe, once the reaper has ended: the bytes still to relay (`None`: until its end).
+    let mut left: [Option<u64>; 2] = [None; 2];
+    let mut buf = vec![0u8; 64 * 1024];
+    while pipes.iter().any(|(_, pipe)| pipe.is_some()) {
+        // Which pipes are readable (or ended), whether the client hung up, the reaper ended.
+        let mut ready = [false; 4];
+        {
+            let mut fds = Vec::with_capacity(4);
+            let mut which = Vec::with_capacity(4);
+            for (n, (_, pipe)) in pipes.iter().enumerate() {
+                if let Some(pipe) = pipe {
+                    fds.push(PollFd::new(pipe, PollFlags::IN));
+                    which.push(n);
+                }
+            }
+            if watching {
+                fds.push(PollFd::new(client, PollFlags::IN));
+                which.push(CLIENT);
+            }
+            if let Some(reaper) = reaper.filter(|_| reaper_running) {
+                fds.push(PollFd::new(reaper, PollFlags::IN));
+                which.push(REAPER);
+            }
+            match poll(&mut fds, None) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => {
+                    // Cannot wait on the pipes: end the command rather than leave it blocked
+                    // on output nobody reads.
+                    tell("kill");
+                    return;
+                }
+            }
+            for (fd, n) in fds.iter().zip(which) {
+                ready[n] = !fd.revents().is_empty();
+            }
+        }
+        if ready[REAPER] {
+            reaper_running = false;
+            for ((_, pipe), left) in pipes.iter().zip(left.iter_mut()) {
+                *left = pipe
+                    .as_ref()
+                    .and_then(|fd| rustix::io::ioctl_fionread(fd).ok());
+            }
+        }
+        if ready[CLIENT] {
+            watching = false;
+            tell("kill");
+        }
+        for (n, (tag, pipe)) in pipes.iter_mut().enumerate() {
+            if left[n] == Some(0) {
+                *pipe = None;
+            }
+            let Some(fd) = pipe.as_ref().filter(|_| ready[n]) else {
+                continue;
+            };
+            let most = left[n].map_or(buf.len(), |left| buf.len().min(left as usize));
+            match rustix::io::read(fd, &mut buf[..most]) {
+                Ok(0) => *pipe = None,
+                Ok(read) => {
+                    if let Some(left) = &mut left[n] {
+                        *left -= read as u64;
+                        if *left == 0 {
+                            *pipe = None;
+                        }
+                    }
+                    if writing {
+                        let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+                        if write_frame(&mut *out, *tag, &buf[..read]).is_err() {
+                            writing = false;
+                            tell("kill");
+                        }
+                    }
+                }
+                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                Err(_) => *pipe = None,
+            }
+        }
+    }
+}
+
+pub(super) fn spawn_failure(program: &str, cwd: &str, err: &io::Error) -> Exit {
+    let kind = match err.kind() {
+        io::ErrorKind::NotFound => "not_found",
+        io::ErrorKind::PermissionDenied => "permission_denied",
+        _ => "other",
+    };
+    Exit::SpawnFailed {
+        kind: kind.into(),
+        message: format!("cannot start `{program}` in `{cwd}`: {err}"),
+    }
+}
