@@ -156,7 +156,7 @@ pub(super) fn exec(
 /// kernel gives one; without it, the pipes' end is waited for). Every process of the exec is
 /// gone when the reaper ends, so what it wrote is all in the pipes then; a pipe still open is
 /// held by something outside the exec (a process that opened `/proc/PID/fd/1` of one of its
-/// commands), which must not hold the exec open, nor add to its output.
+/// commands), which must not hold the exec open; what it writes after that is not relayed.
 ///
 /// One loop on this connection's thread, where it used to be three threads per exec. The
 /// client sends nothing after its request, so the client turning readable (end of file, or
