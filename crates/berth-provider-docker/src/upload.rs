@@ -190,6 +190,7 @@ impl DockerProvider {
                 })
             }
         };
+        let cut_short = taken.is_err();
         let placed = match taken {
             Ok(()) => self.rename_over(id, &temp, &full).await,
             Err(e) => Err(e),
@@ -197,10 +198,38 @@ impl DockerProvider {
         if placed.is_err() {
             // Whatever part of the upload the engine unpacked goes; the destination was never
             // touched.
-            let remove = ExecRequest::argv(["rm", "-f", "--", &temp.to_string_lossy()]);
-            let _ = self.exec(id, &remove).await;
+            self.remove_upload(id, &temp, cut_short).await;
         }
         placed
+    }
+
+    /// Removes an upload's temporary. One `cut_short` may still be being unpacked by the engine
+    /// when its request has failed here (seen: a 5-byte part written after its `rm`). The
+    /// engine unpacks under the container's lock, and answers a stat of a path under the same
+    /// lock, so a stat first waits for the unpacking; it is made again after the `rm`, in case
+    /// the unpacking took the lock only after the first.
+    async fn remove_upload(&self, id: &NativeId, temp: &Path, cut_short: bool) {
+        let remove = ExecRequest::argv(["rm", "-f", "--", &temp.to_string_lossy()]);
+        let Ok(name) = path_name(&id.0) else {
+            return;
+        };
+        let stat = format!(
+            "/containers/{name}/archive?path={}",
+            query_escape(&temp.to_string_lossy())
+        );
+        let present = || async {
+            match self.engine.request(Method::HEAD, &stat, None).await {
+                Ok(answer) => answer.status != StatusCode::NOT_FOUND,
+                Err(_) => true,
+            }
+        };
+        if cut_short {
+            let _ = present().await;
+        }
+        let _ = self.exec(id, &remove).await;
+        if cut_short && present().await {
+            let _ = self.exec(id, &remove).await;
+        }
     }
 
     /// Renames the whole upload `temp` over `full` (never into it: `-T` refuses a directory).

@@ -173,6 +173,45 @@ async fn processes_do_not_outlive_an_exec() {
     f.host.destroy(&id).await.unwrap();
 }
 
+/// A process outside the exec (here the test; in life another exec of the same sandbox, as the
+/// same user) that opens `/proc/PID/fd/1` of a command holds the exec's output pipe after every
+/// process of the exec is gone. The exec still ends when its reaper does, with what its
+/// command wrote (before, it waited for the pipe's end for as long as the holder lived).
+#[tokio::test]
+async fn a_process_outside_the_exec_holding_its_output_pipe_cannot_hold_the_exec_open() {
+    let f = fixture();
+    let id = create(&f.host, "bx-held-pipe").await;
+    let pidfile = f.host.workspace_dir(&id).unwrap().join("cmd.pid");
+    let request = ExecRequest::shell("echo before; echo $$ > cmd.pid; sleep 0.5; echo after");
+    let exec = f.host.exec(&id, &request);
+    let hold = async {
+        let until = Instant::now() + Duration::from_secs(5);
+        let pid = loop {
+            if let Some(pid) = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse::<i32>().ok())
+            {
+                break pid;
+            }
+            assert!(Instant::now() < until, "command never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{pid}/fd/1"))
+            .unwrap()
+    };
+    let (out, held) =
+        tokio::time::timeout(Duration::from_secs(15), async { tokio::join!(exec, hold) })
+            .await
+            .expect("the exec was held open by a pipe held outside it");
+    let out = out.unwrap();
+    assert_eq!(out.status, ExitStatus::Exited { code: 0 });
+    assert_eq!(text(&out.stdout), "before\nafter\n");
+    drop(held);
+    f.host.destroy(&id).await.unwrap();
+}
+
 /// `setsid` and double forks leave the process group; under the reaper they still die with
 /// their exec — when it ends, and when it times out.
 #[tokio::test]
