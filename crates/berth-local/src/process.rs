@@ -11,7 +11,7 @@ use berth_contract::{
     Command, ErrorKind, ExecOutput, ExecRequest, ExecSummary, ExitStatus, OutputSink,
     ProviderError, Result, Stream,
 };
-use berth_supervisor::reaper::Report;
+use berth_supervisor::reaper::{PipeLeft, Report};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
@@ -323,27 +323,25 @@ pub(crate) async fn run(
     let mut exit: Option<std::process::ExitStatus> = None;
     let mut exited_at = started;
     let (mut stdout_open, mut stderr_open) = (true, true);
-    // Per pipe, once the reaper has ended: the bytes still to read (`None`: until its end).
-    let mut left: [Option<u64>; 2] = [None, None];
+    let mut left = [PipeLeft::default(); 2];
     let mut out_buf = vec![0u8; 64 * 1024];
     let mut err_buf = vec![0u8; 64 * 1024];
 
     while stdout_open || stderr_open || exit.is_none() {
-        let most = |left: Option<u64>| left.map_or(64 * 1024, |left| left.min(64 * 1024) as usize);
-        let (out_most, err_most) = (most(left[0]), most(left[1]));
+        let (out_most, err_most) = (left[0].most(out_buf.len()), left[1].most(err_buf.len()));
         tokio::select! {
             read = stdout.read(&mut out_buf[..out_most]), if stdout_open => match read {
                 Ok(0) | Err(_) => stdout_open = false,
                 Ok(n) => {
                     collector.push(Stream::Stdout, &out_buf[..n]);
-                    stdout_open = still_to_read(&mut left[0], n);
+                    stdout_open = left[0].consume(n);
                 }
             },
             read = stderr.read(&mut err_buf[..err_most]), if stderr_open => match read {
                 Ok(0) | Err(_) => stderr_open = false,
                 Ok(n) => {
                     collector.push(Stream::Stderr, &err_buf[..n]);
-                    stderr_open = still_to_read(&mut left[1], n);
+                    stderr_open = left[1].consume(n);
                 }
             },
             waited = child.wait(), if exit.is_none() => {
@@ -354,16 +352,16 @@ pub(crate) async fn run(
                 // and outlive the exec. Processes do not outlive an exec on this provider.
                 let _ = killpg(pgid, Signal::SIGKILL);
                 if control.is_some() {
-                    // A reaper ends only once its whole subtree is gone, so what the exec wrote
-                    // is all in the pipes now. A pipe still open past this is held from outside
-                    // the exec (something that opened `/proc/PID/fd/1` of one of its commands):
-                    // what is in it is read, its end is not waited for.
-                    left = [
-                        buffered(&stdout, stdout_open),
-                        buffered(&stderr, stderr_open),
-                    ];
-                    stdout_open &= left[0] != Some(0);
-                    stderr_open &= left[1] != Some(0);
+                    // The reaper has ended: what the exec wrote is all in the pipes now, and
+                    // only that is read (see `PipeLeft`).
+                    if stdout_open {
+                        left[0] = PipeLeft::buffered_in(&stdout);
+                        stdout_open = !left[0].is_done();
+                    }
+                    if stderr_open {
+                        left[1] = PipeLeft::buffered_in(&stderr);
+                        stderr_open = !left[1].is_done();
+                    }
                 }
             },
             _ = sleep_until(deadline), if !timed_out && exit.is_none() => {
@@ -425,24 +423,6 @@ pub(crate) async fn run(
         duration: exited_at - started,
         contained,
     })
-}
-
-/// The bytes waiting in an open pipe (`None`: closed, or not known — then its end is waited
-/// for).
-fn buffered(pipe: &impl std::os::fd::AsFd, open: bool) -> Option<u64> {
-    open.then(|| rustix::io::ioctl_fionread(pipe).ok())
-        .flatten()
-}
-
-/// Counts `read` bytes off `left` (see [`buffered`]); whether the pipe is still to be read.
-fn still_to_read(left: &mut Option<u64>, read: usize) -> bool {
-    match left {
-        Some(left) => {
-            *left = left.saturating_sub(read as u64);
-            *left > 0
-        }
-        None => true,
-    }
 }
 
 /// Kills every process still marked with this sandbox or running inside its workspace

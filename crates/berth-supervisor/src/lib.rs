@@ -20,9 +20,9 @@ pub mod enter;
 pub mod reaper;
 
 /// The helper modes a Berth binary runs instead of its own `main` when its first argument
-/// asks for one (`__reap`, `__reap_in`, `__reap_enter`,
-/// `__enter`, `__pty`); `None` for a normal invocation. `berth` and
-/// `berth-supervisor` both call this first, so either can serve as the helper.
+/// asks for one (`__reap`, `__reap_in`, `__reap_enter`, `__enter`, `__pty`); `None` for a
+/// normal invocation. `berth` and `berth-supervisor` both call this first, so either can serve
+/// as the helper.
 pub fn helper_mode(args: &[std::ffi::OsString]) -> Option<i32> {
     match args.get(1)?.to_str()? {
         reaper::REAP_ARG => Some(reaper::run(&args[2..])),

@@ -137,19 +137,14 @@ pub fn run_in(argv: &[OsString]) -> i32 {
     };
     if let Err(err) = std::env::set_current_dir(dir) {
         // Said as a start of the command would say it, the command never having started.
-        let kind = match err.kind() {
-            io::ErrorKind::NotFound => "not_found",
-            io::ErrorKind::PermissionDenied => "permission_denied",
-            _ => "other",
-        };
-        let message = format!(
-            "cannot start `{}` in `{}`: {err}",
-            program.to_string_lossy(),
-            dir.to_string_lossy()
-        );
-        say(
+        say_start_failed(
             &control,
-            &format!("failed {kind} {}", message.replace('\n', " ")),
+            start_failure_kind(&err),
+            &format!(
+                "cannot start `{}` in `{}`: {err}",
+                program.to_string_lossy(),
+                dir.to_string_lossy()
+            ),
         );
         return 0;
     }
@@ -201,15 +196,15 @@ fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 
     let child = match command.stdin(Stdio::null()).spawn() {
         Ok(child) => child,
         Err(err) => {
-            let kind = match err.kind() {
-                io::ErrorKind::NotFound if is_the_command => "not_found",
-                io::ErrorKind::PermissionDenied if is_the_command => "permission_denied",
-                _ => "other",
+            let kind = if is_the_command {
+                start_failure_kind(&err)
+            } else {
+                "other"
             };
-            let message = format!("cannot start `{}`: {err}", program.to_string_lossy());
-            say(
+            say_start_failed(
                 &control,
-                &format!("failed {kind} {}", message.replace('\n', " ")),
+                kind,
+                &format!("cannot start `{}`: {err}", program.to_string_lossy()),
             );
             return 0;
         }
@@ -274,6 +269,65 @@ fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 
             .unwrap_or("failed other the command's status was lost"),
     );
     0
+}
+
+/// How a command that could not start is reported (`failed KIND MESSAGE`; see
+/// [`Report::Failed`]): `not_found` or `permission_denied` when the command itself was missing
+/// or not executable (or its working directory was), else `other`.
+pub fn start_failure_kind(err: &io::Error) -> &'static str {
+    match err.kind() {
+        io::ErrorKind::NotFound => "not_found",
+        io::ErrorKind::PermissionDenied => "permission_denied",
+        _ => "other",
+    }
+}
+
+/// Tells the caller the command could not start, on one line.
+fn say_start_failed(control: &UnixStream, kind: &str, message: &str) {
+    say(
+        control,
+        &format!("failed {kind} {}", message.replace('\n', " ")),
+    );
+}
+
+/// What is still to be read from one of an exec's output pipes. While any process of the exec
+/// may still write, that is everything up to the pipe's end. Once its reaper has ended, which
+/// it does only when its whole subtree is gone, it is exactly the bytes then waiting in the
+/// pipe: a pipe still open after that is held by something outside the exec (a process that
+/// opened `/proc/PID/fd/1` of one of its commands), which must not hold the exec open, and what
+/// that writes is not the exec's output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipeLeft(Option<u64>);
+
+impl PipeLeft {
+    /// What `pipe` holds now, the reaper having ended (up to its end when the kernel cannot
+    /// tell).
+    pub fn buffered_in(pipe: &impl std::os::fd::AsFd) -> PipeLeft {
+        PipeLeft(rustix::io::ioctl_fionread(pipe).ok())
+    }
+
+    /// The most to read next into a buffer of `capacity` bytes.
+    pub fn most(self, capacity: usize) -> usize {
+        self.0.map_or(capacity, |left| {
+            capacity.min(usize::try_from(left).unwrap_or(usize::MAX))
+        })
+    }
+
+    /// Counts `read` bytes off; whether the pipe is still to be read.
+    pub fn consume(&mut self, read: usize) -> bool {
+        match &mut self.0 {
+            Some(left) => {
+                *left = left.saturating_sub(read as u64);
+                *left > 0
+            }
+            None => true,
+        }
+    }
+
+    /// Whether nothing is left to read (the pipe can be closed without reading it again).
+    pub fn is_done(self) -> bool {
+        self.0 == Some(0)
+    }
 }
 
 /// What the reaper said about its command.
@@ -359,6 +413,31 @@ pub fn start_unconfirmed(program: &str, first: Option<&Report>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn after_the_reaper_exactly_what_a_pipe_holds_is_read() {
+        // While the exec runs: up to the pipe's end, a whole buffer at a time.
+        let mut running = PipeLeft::default();
+        assert_eq!(running.most(64), 64);
+        assert!(running.consume(64));
+        assert!(!running.is_done());
+
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        let mut writer = writer;
+        std::io::Write::write_all(&mut writer, b"12345").expect("write");
+        // `writer` stays open, as a holder outside the exec would keep it.
+        let mut left = PipeLeft::buffered_in(&reader);
+        assert_eq!(left.most(64), 5);
+        assert_eq!(left.most(2), 2);
+        assert!(left.consume(3));
+        assert_eq!(left.most(64), 2);
+        assert!(!left.consume(2));
+        assert!(left.is_done());
+
+        let (empty, _held) = std::io::pipe().expect("pipe");
+        assert!(PipeLeft::buffered_in(&empty).is_done());
+        drop(writer);
+    }
 
     #[test]
     fn reports_round_trip() {

@@ -167,6 +167,21 @@ fn timeout_kills_the_group_even_when_sigterm_is_ignored() {
     assert!(gone(pid), "child {pid} survived");
 }
 
+/// The pid a command wrote to `pidfile` (`echo $$ > FILE`), once it has (at most 5 s).
+fn wait_for_pid(pidfile: &Path) -> i32 {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            return pid;
+        }
+        assert!(Instant::now() < until, "command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_client_that_hangs_up_takes_its_command_with_it() {
     let s = server();
@@ -174,21 +189,8 @@ fn a_client_that_hangs_up_takes_its_command_with_it() {
         &s.socket,
         &exec(s.dir.path(), "echo $$ > leader.pid; sleep 60", None),
     );
-    let pidfile = s.dir.path().join("leader.pid");
-    let until = Instant::now() + Duration::from_secs(5);
-    while std::fs::read_to_string(&pidfile)
-        .map(|p| p.trim().is_empty())
-        .unwrap_or(true)
-    {
-        assert!(Instant::now() < until, "command never started");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let pid = wait_for_pid(&s.dir.path().join("leader.pid"));
     drop(stream);
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
     assert!(gone(pid), "command {pid} outlived its client");
 }
 
@@ -265,18 +267,7 @@ fn a_process_outside_the_exec_holding_its_output_pipe_cannot_hold_the_exec_open(
             None,
         ),
     );
-    let pidfile = s.dir.path().join("cmd.pid");
-    let until = Instant::now() + Duration::from_secs(5);
-    let pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&pidfile)
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok())
-        {
-            break pid;
-        }
-        assert!(Instant::now() < until, "command never started");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let pid = wait_for_pid(&s.dir.path().join("cmd.pid"));
     let held = std::fs::OpenOptions::new()
         .write(true)
         .open(format!("/proc/{pid}/fd/1"))

@@ -13,7 +13,7 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::reaper::Report;
+use crate::reaper::{PipeLeft, Report};
 use crate::{write_frame, Exit, TAG_STDERR, TAG_STDOUT};
 
 pub(super) fn exec(
@@ -176,8 +176,7 @@ fn relay(
     let mut watching = true;
     let mut writing = true;
     let mut reaper_running = reaper.is_some();
-    // Per pipe, once the reaper has ended: the bytes still to relay (`None`: until its end).
-    let mut left: [Option<u64>; 2] = [None; 2];
+    let mut left = [PipeLeft::default(); 2];
     let mut buf = vec![0u8; 64 * 1024];
     while pipes.iter().any(|(_, pipe)| pipe.is_some()) {
         // Which pipes are readable (or ended), whether the client hung up, the reaper ended.
@@ -216,9 +215,9 @@ fn relay(
         if ready[REAPER] {
             reaper_running = false;
             for ((_, pipe), left) in pipes.iter().zip(left.iter_mut()) {
-                *left = pipe
-                    .as_ref()
-                    .and_then(|fd| rustix::io::ioctl_fionread(fd).ok());
+                if let Some(pipe) = pipe {
+                    *left = PipeLeft::buffered_in(pipe);
+                }
             }
         }
         if ready[CLIENT] {
@@ -226,21 +225,18 @@ fn relay(
             tell("kill");
         }
         for (n, (tag, pipe)) in pipes.iter_mut().enumerate() {
-            if left[n] == Some(0) {
+            if left[n].is_done() {
                 *pipe = None;
             }
             let Some(fd) = pipe.as_ref().filter(|_| ready[n]) else {
                 continue;
             };
-            let most = left[n].map_or(buf.len(), |left| buf.len().min(left as usize));
+            let most = left[n].most(buf.len());
             match rustix::io::read(fd, &mut buf[..most]) {
                 Ok(0) => *pipe = None,
                 Ok(read) => {
-                    if let Some(left) = &mut left[n] {
-                        *left -= read as u64;
-                        if *left == 0 {
-                            *pipe = None;
-                        }
+                    if !left[n].consume(read) {
+                        *pipe = None;
                     }
                     if writing {
                         let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
@@ -258,13 +254,8 @@ fn relay(
 }
 
 pub(super) fn spawn_failure(program: &str, cwd: &str, err: &io::Error) -> Exit {
-    let kind = match err.kind() {
-        io::ErrorKind::NotFound => "not_found",
-        io::ErrorKind::PermissionDenied => "permission_denied",
-        _ => "other",
-    };
     Exit::SpawnFailed {
-        kind: kind.into(),
+        kind: crate::reaper::start_failure_kind(err).into(),
         message: format!("cannot start `{program}` in `{cwd}`: {err}"),
     }
 }
