@@ -274,7 +274,7 @@ fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 
 /// How a command that could not start is reported (`failed KIND MESSAGE`; see
 /// [`Report::Failed`]): `not_found` or `permission_denied` when the command itself was missing
 /// or not executable (or its working directory was), else `other`.
-pub fn start_failure_kind(err: &io::Error) -> &'static str {
+pub(crate) fn start_failure_kind(err: &io::Error) -> &'static str {
     match err.kind() {
         io::ErrorKind::NotFound => "not_found",
         io::ErrorKind::PermissionDenied => "permission_denied",
@@ -422,8 +422,7 @@ mod tests {
         assert!(running.consume(64));
         assert!(!running.is_done());
 
-        let (reader, writer) = std::io::pipe().expect("pipe");
-        let mut writer = writer;
+        let (reader, mut writer) = std::io::pipe().expect("pipe");
         std::io::Write::write_all(&mut writer, b"12345").expect("write");
         // `writer` stays open, as a holder outside the exec would keep it.
         let mut left = PipeLeft::buffered_in(&reader);
@@ -436,7 +435,6 @@ mod tests {
 
         let (empty, _held) = std::io::pipe().expect("pipe");
         assert!(PipeLeft::buffered_in(&empty).is_done());
-        drop(writer);
     }
 
     #[test]
