@@ -286,8 +286,10 @@ impl Workspace {
     }
 
     /// Replaces a regular file (or creates it, with missing parent directories). The bytes go
-    /// to a new file beneath the same directory handle, renamed over the old name: nothing is
-    /// ever written through an existing inode (a hard link) or a symlink.
+    /// to a new file beneath the same directory handle, put in place under the old name only
+    /// once whole: nothing is ever written through an existing inode (a hard link) or a
+    /// symlink. The new file has no name until it is whole (`O_TMPFILE`), so a write killed
+    /// midway leaves nothing in the workspace (see [`NewFile`]).
     pub(crate) fn write(&self, path: &str, bytes: &[u8]) -> Result<()> {
         self.write_from(path, &mut &bytes[..], bytes.len() as u64)
     }
@@ -300,49 +302,35 @@ impl Workspace {
             return Err(invalid(path, "is the workspace directory, not a file"));
         };
         let parent = self.open_dir(path, &parts, true)?;
-        let mode = match rustix::fs::statat(&parent, name.as_path(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => {
-                let kind = FileType::from_raw_mode(stat.st_mode);
-                if kind == FileType::Directory {
-                    return Err(invalid(path, "is a directory, not a file"));
-                }
-                if kind != FileType::RegularFile && kind != FileType::Symlink {
-                    return Err(special(path, kind));
-                }
-                Mode::from_raw_mode(stat.st_mode & 0o777)
-            }
-            Err(rustix::io::Errno::NOENT) => Mode::from_raw_mode(0o644),
-            Err(e) => return Err(resolve_error(path, "inspect", e)),
-        };
-        let temp = temp_name();
-        let fd = open_beneath(
-            &parent,
-            &temp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
-        )
-        .map_err(|e| resolve_error(path, "create", e))?;
+        // A replaced file keeps its permissions; a new one (also one replacing a symlink, whose
+        // own mode says nothing) gets 0644.
+        let (mode, existed) =
+            match rustix::fs::statat(&parent, name.as_path(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat) => match FileType::from_raw_mode(stat.st_mode) {
+                    FileType::Directory => return Err(invalid(path, "is a directory, not a file")),
+                    FileType::RegularFile => (Mode::from_raw_mode(stat.st_mode & 0o777), true),
+                    FileType::Symlink => (Mode::from_raw_mode(0o644), true),
+                    kind => return Err(special(path, kind)),
+                },
+                Err(rustix::io::Errno::NOENT) => (Mode::from_raw_mode(0o644), false),
+                Err(e) => return Err(resolve_error(path, "inspect", e)),
+            };
+        let new = NewFile::create(&parent, path)?;
         let failed = |e: io::Error| io_error(&format!("write `{path}`"), e);
         let written = (|| -> Result<()> {
-            give(&fd, self.owner).map_err(|e| failed(e.into()))?;
-            rustix::fs::fchmod(&fd, mode).map_err(|e| failed(e.into()))?;
-            let mut file = std::fs::File::from(fd);
+            give(&new.fd, self.owner).map_err(|e| failed(e.into()))?;
+            rustix::fs::fchmod(&new.fd, mode).map_err(|e| failed(e.into()))?;
+            let mut file = std::fs::File::from(new.fd.try_clone().map_err(failed)?);
             berth_contract::copy_exactly(from, &mut file, len, PROVIDER_ID, path, failed)?;
             file.flush().map_err(failed)
         })();
-        let renamed = written.and_then(|()| {
-            rustix::fs::renameat_with(
-                &parent,
-                &temp,
-                &parent,
-                name.as_path(),
-                RenameFlags::empty(),
-            )
-            .map_err(|e| resolve_error(path, "replace", e))
-        });
-        if renamed.is_err() {
-            let _ = rustix::fs::unlinkat(&parent, &temp, AtFlags::empty());
+        match written {
+            Ok(()) => new.place(&parent, &name, existed, path),
+            Err(e) => {
+                new.discard(&parent);
+                Err(e)
+            }
         }
-        renamed
     }
 
     /// Lists a directory; symlinks are reported as symlinks, never followed.
@@ -396,6 +384,98 @@ fn temp_name() -> PathBuf {
     PathBuf::from(format!(".berth-write-{}", hex::encode(random)))
 }
 
+/// A file being written beneath a directory handle: unnamed (`O_TMPFILE`) where the filesystem
+/// allows, so a process killed while writing leaves nothing behind; else under a `.berth-write-*`
+/// name (which such a kill leaves).
+struct NewFile {
+    fd: OwnedFd,
+    /// The name it has while being written, when it could not be unnamed.
+    temp: Option<PathBuf>,
+}
+
+impl NewFile {
+    fn create(parent: &OwnedFd, shown: &str) -> Result<NewFile> {
+        if linkable_by_proc() {
+            // "." of the directory handle is that directory: nothing is resolved.
+            match rustix::fs::openat(
+                parent,
+                ".",
+                OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            ) {
+                Ok(fd) => return Ok(NewFile { fd, temp: None }),
+                // The filesystem has no unnamed files: a named one instead.
+                Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR) => {}
+                Err(e) => return Err(resolve_error(shown, "create", e)),
+            }
+        }
+        let temp = temp_name();
+        let fd = open_beneath(
+            parent,
+            &temp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+        )
+        .map_err(|e| resolve_error(shown, "create", e))?;
+        Ok(NewFile {
+            fd,
+            temp: Some(temp),
+        })
+    }
+
+    /// Puts the whole file under `name`. A new name is linked at once (atomic: it fails, and
+    /// nothing changes, if the name appeared meanwhile — then it is replaced like an old one).
+    /// An old name is replaced by a rename from a temporary name: a kill between that link and
+    /// the rename is the one moment a `.berth-write-*` name can be left.
+    fn place(self, parent: &OwnedFd, name: &Path, existed: bool, shown: &str) -> Result<()> {
+        let temp = match &self.temp {
+            Some(temp) => temp.clone(),
+            None => {
+                use std::os::fd::AsRawFd;
+                let by_proc = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
+                let link = |to: &Path| {
+                    rustix::fs::linkat(
+                        rustix::fs::CWD,
+                        &by_proc,
+                        parent,
+                        to,
+                        AtFlags::SYMLINK_FOLLOW,
+                    )
+                };
+                if !existed {
+                    match link(name) {
+                        Ok(()) => return Ok(()),
+                        Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(resolve_error(shown, "create", e)),
+                    }
+                }
+                let temp = temp_name();
+                link(&temp).map_err(|e| resolve_error(shown, "create", e))?;
+                temp
+            }
+        };
+        let renamed = rustix::fs::renameat_with(parent, &temp, parent, name, RenameFlags::empty())
+            .map_err(|e| resolve_error(shown, "replace", e));
+        if renamed.is_err() {
+            let _ = rustix::fs::unlinkat(parent, &temp, AtFlags::empty());
+        }
+        renamed
+    }
+
+    /// Drops a file that will not be placed (an unnamed one goes with its handle).
+    fn discard(self, parent: &OwnedFd) {
+        if let Some(temp) = &self.temp {
+            let _ = rustix::fs::unlinkat(parent, temp, AtFlags::empty());
+        }
+    }
+}
+
+/// Whether an unnamed file can be given a name: through `/proc/self/fd` (a link by the handle
+/// itself, `AT_EMPTY_PATH`, needs a capability Berth may not have).
+fn linkable_by_proc() -> bool {
+    static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
+}
+
 pub(crate) fn require_regular(path: &str, kind: FileType) -> Result<()> {
     match kind {
         FileType::RegularFile => Ok(()),
@@ -421,265 +501,4 @@ fn special(path: &str, kind: FileType) -> ProviderError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::symlink;
-
-    fn workspace() -> (tempfile::TempDir, PathBuf, Workspace) {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path().join("ws");
-        std::fs::create_dir(&ws).unwrap();
-        let opened = Workspace::open(&ws).unwrap();
-        (dir, ws, opened)
-    }
-
-    #[test]
-    fn plain_relative_paths_write_and_read_inside() {
-        let (_dir, ws, opened) = workspace();
-        opened.write("a/b/c.txt", b"hello").unwrap();
-        assert_eq!(std::fs::read(ws.join("a/b/c.txt")).unwrap(), b"hello");
-        assert_eq!(opened.read("./a/b/c.txt").unwrap(), b"hello");
-        let abs = ws.join("a/b/c.txt");
-        assert_eq!(opened.read(abs.to_str().unwrap()).unwrap(), b"hello");
-        assert_eq!(opened.directory(".").unwrap(), PathBuf::new());
-        assert_eq!(opened.directory("a/b").unwrap(), PathBuf::from("a/b"));
-    }
-
-    #[test]
-    fn dot_dot_and_outside_absolute_paths_are_refused() {
-        let (_dir, _ws, opened) = workspace();
-        std::fs::create_dir(_ws.join("a")).unwrap();
-        for path in ["../x", "a/../../x", "a/../b"] {
-            let err = opened.write(path, b"x").unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::InvalidRequest);
-            assert!(err.to_string().contains("contains `..`"), "{err}");
-        }
-        let err = opened.read("/etc/passwd").unwrap_err();
-        assert!(err.to_string().contains("absolute and outside"), "{err}");
-    }
-
-    /// A directory of more names than a listing may hold is refused, not held in memory.
-    #[test]
-    fn a_listing_holds_at_most_max_list_entries() {
-        let (_dir, ws, opened) = workspace();
-        let wide = ws.join("wide");
-        std::fs::create_dir(&wide).unwrap();
-        for n in 0..berth_contract::MAX_LIST_ENTRIES {
-            std::fs::File::create(wide.join(n.to_string())).unwrap();
-        }
-        assert_eq!(
-            opened.list("wide").unwrap().len(),
-            berth_contract::MAX_LIST_ENTRIES
-        );
-        std::fs::File::create(wide.join("one-more")).unwrap();
-        let err = opened.list("wide").unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidRequest);
-        assert!(
-            err.to_string()
-                .contains("`wide` holds more than the file API's limit of 100000 entries"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn symlinks_are_never_followed_inside_or_out() {
-        let (dir, ws, opened) = workspace();
-        let outside = dir.path().join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("secret"), b"s").unwrap();
-        std::fs::create_dir(ws.join("real")).unwrap();
-        std::fs::write(ws.join("real/f"), b"inside").unwrap();
-        symlink(&outside, ws.join("link-dir")).unwrap();
-        symlink(outside.join("secret"), ws.join("link-file")).unwrap();
-        symlink("real", ws.join("alias")).unwrap();
-        for path in ["link-dir/secret", "link-file", "alias/f"] {
-            let err = opened.read(path).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{path}: {err}");
-        }
-        for path in ["link-dir/new.txt", "alias/new.txt"] {
-            let err = opened.write(path, b"x").unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{path}: {err}");
-        }
-        assert!(!outside.join("new.txt").exists());
-        // Writing over a symlink replaces the link itself, never its target.
-        opened.write("link-file", b"replaced").unwrap();
-        assert_eq!(std::fs::read(outside.join("secret")).unwrap(), b"s");
-        assert!(!std::fs::symlink_metadata(ws.join("link-file"))
-            .unwrap()
-            .file_type()
-            .is_symlink());
-        let listed = opened.list(".").unwrap();
-        let alias = listed.iter().find(|e| e.name == "alias").unwrap();
-        assert_eq!(alias.kind, FileKind::Symlink);
-    }
-
-    #[test]
-    fn fifos_are_refused_without_blocking() {
-        let (_dir, ws, opened) = workspace();
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            ws.join("fifo").as_path(),
-            FileType::Fifo,
-            Mode::from_raw_mode(0o644),
-            0,
-        )
-        .unwrap();
-        let err = opened.read("fifo").unwrap_err();
-        assert!(err.to_string().contains("a FIFO"), "{err}");
-        let err = opened.write("fifo", b"x").unwrap_err();
-        assert!(err.to_string().contains("a FIFO"), "{err}");
-    }
-
-    #[test]
-    fn writes_keep_an_existing_mode_and_never_touch_a_hard_link() {
-        let (dir, ws, opened) = workspace();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::write(ws.join("run.sh"), b"old").unwrap();
-        std::fs::set_permissions(ws.join("run.sh"), std::fs::Permissions::from_mode(0o755))
-            .unwrap();
-        opened.write("run.sh", b"new").unwrap();
-        let meta = std::fs::metadata(ws.join("run.sh")).unwrap();
-        assert_eq!(meta.permissions().mode() & 0o777, 0o755);
-        let other = dir.path().join("other");
-        std::fs::write(&other, b"keep").unwrap();
-        std::fs::hard_link(&other, ws.join("hard")).unwrap();
-        opened.write("hard", b"changed").unwrap();
-        assert_eq!(std::fs::read(&other).unwrap(), b"keep");
-    }
-
-    /// A streamed write takes exactly its length: a source that ends sooner fails it and the
-    /// old file keeps its bytes, with nothing left beside it; a longer one is read no further.
-    #[test]
-    fn a_streamed_write_is_whole_or_changes_nothing() {
-        let (_dir, ws, opened) = workspace();
-        opened.write("keep.txt", b"old").unwrap();
-        let err = opened
-            .write_from("keep.txt", &mut &b"short"[..], 10)
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
-        assert!(
-            err.to_string().contains("ended after 5 of its 10 bytes"),
-            "{err}"
-        );
-        assert_eq!(std::fs::read(ws.join("keep.txt")).unwrap(), b"old");
-        let names: Vec<_> = std::fs::read_dir(&ws)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["keep.txt"]);
-        let mut long: &[u8] = b"0123456789";
-        opened.write_from("keep.txt", &mut long, 4).unwrap();
-        assert_eq!(std::fs::read(ws.join("keep.txt")).unwrap(), b"0123");
-        assert_eq!(long, b"456789", "read past its length");
-    }
-
-    /// A copy streams a file of any size (here past the whole-file read limit) with a bounded
-    /// buffer, under the same rules as a read: no symlink followed, no FIFO waited on.
-    #[test]
-    fn a_copy_streams_any_size_under_the_read_rules() {
-        struct Counting(std::sync::Arc<std::sync::atomic::AtomicU64>);
-        impl Write for Counting {
-            fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-                self.0
-                    .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let (dir, ws, opened) = workspace();
-        let big = MAX_READ_BYTES + (1 << 20);
-        std::fs::File::create(ws.join("big"))
-            .unwrap()
-            .set_len(big)
-            .unwrap();
-        assert_eq!(
-            opened.read("big").unwrap_err().kind(),
-            ErrorKind::InvalidRequest
-        );
-        let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (_, copied) = opened
-            .read_to("big", Box::new(Counting(seen.clone())))
-            .unwrap();
-        assert_eq!(
-            (copied, seen.load(std::sync::atomic::Ordering::Relaxed)),
-            (big, big)
-        );
-
-        std::fs::write(dir.path().join("secret"), b"s").unwrap();
-        symlink(dir.path().join("secret"), ws.join("link")).unwrap();
-        let refused = |path: &str| match opened.read_to(path, Box::new(io::sink())) {
-            Ok(_) => panic!("`{path}` was copied"),
-            Err(err) => err,
-        };
-        let err = refused("link");
-        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
-        rustix::fs::mknodat(
-            rustix::fs::CWD,
-            ws.join("fifo").as_path(),
-            FileType::Fifo,
-            Mode::from_raw_mode(0o644),
-            0,
-        )
-        .unwrap();
-        let err = refused("fifo");
-        assert!(err.to_string().contains("a FIFO"), "{err}");
-        let err = refused("../x");
-        assert!(err.to_string().contains("contains `..`"), "{err}");
-        // A sink that fails ends the copy, said as the destination's failure.
-        struct Full;
-        impl Write for Full {
-            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
-                Err(io::Error::from_raw_os_error(28))
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let Err(err) = opened.read_to("big", Box::new(Full)) else {
-            panic!("a failing sink was not noticed")
-        };
-        assert!(
-            err.to_string().contains("the copy's destination failed"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn missing_path_is_not_found() {
-        let (_dir, _ws, opened) = workspace();
-        let err = opened.read("nope/file").unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::NotFound);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4096))]
-
-        /// Any path text: refused, or workspace-relative components with no `..`, no root and
-        /// no NUL — never a panic.
-        #[test]
-        fn sandbox_paths_parse_or_refuse_never_panic(path in "(\\PC|/|\\.|\\.\\.){0,40}") {
-            if let Ok(parts) = components(Path::new("/ws"), &path) {
-                for part in parts {
-                    let text = part.to_string_lossy().into_owned();
-                    proptest::prop_assert!(text != ".." && text != "." && !text.contains('/') && !text.contains('\0'));
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn overlong_names_are_invalid_input() {
-        let (_dir, _ws, opened) = workspace();
-        let long = "n".repeat(300);
-        assert_eq!(
-            opened.write(&long, b"x").unwrap_err().kind(),
-            ErrorKind::InvalidRequest
-        );
-        assert_eq!(
-            opened.read(&long).unwrap_err().kind(),
-            ErrorKind::InvalidRequest
-        );
-    }
-}
+mod tests;

@@ -184,6 +184,12 @@ impl RunningCli {
     }
 }
 
+impl From<Child> for RunningCli {
+    fn from(child: Child) -> RunningCli {
+        RunningCli(Some(child))
+    }
+}
+
 impl std::ops::Deref for RunningCli {
     type Target = Child;
     fn deref(&self) -> &Child {
