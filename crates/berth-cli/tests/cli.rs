@@ -1069,39 +1069,9 @@ fn cp_into_a_sandbox_killed_midway_leaves_nothing_behind() {
     let home = Home::new();
     let id = home.create("tester");
     home.sh(&id, "mkdir in && echo old > in/kept");
-    // Sparse here, 4 GiB written there: seconds of writing to be killed in.
-    let local = home.path().join("big.local");
-    std::fs::File::create(&local)
-        .unwrap()
-        .set_len(4 << 30)
-        .unwrap();
+    let local = big_sparse_file(&home);
     for name in ["kept", "new"] {
-        let child = home
-            .command(
-                "tester",
-                &["cp", local.to_str().unwrap(), &format!("{id}:in/{name}")],
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut child = RunningCli::from(child);
-        // Killed once it has written 64 MiB (its own bytes written, as the kernel counts them).
-        wait_for("the copy to be under way", || {
-            let io =
-                std::fs::read_to_string(format!("/proc/{}/io", child.id())).unwrap_or_default();
-            io.lines()
-                .find_map(|l| l.strip_prefix("wchar: "))
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .is_some_and(|n| n > 64 << 20)
-        });
-        signal(&child, nix::sys::signal::Signal::SIGKILL);
-        let status = child.wait().unwrap();
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(9),
-            "{name}: the copy ended before it was killed"
-        );
+        cp_killed_midway(&home, "tester", &local, &format!("{id}:in/{name}"));
         let out = home.sh(&id, "ls -A in; cat in/kept");
         assert_eq!(
             text(&out.stdout),

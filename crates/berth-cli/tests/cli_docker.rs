@@ -233,6 +233,39 @@ fn docker_user_path_through_the_cli() {
     assert!(!container_exists(&id) && !container_exists(&fork));
 }
 
+/// `cp` into a docker sandbox killed midway (SIGKILL: nothing of Berth's runs after it) leaves
+/// the destination as it was, and the part of the upload the engine had unpacked beside it is
+/// gone before the sandbox's next exec sees it. Before, a `.berth-upload-*` file of tens of MiB
+/// stayed there for the agent (and a mission's `git add`) to find.
+#[test]
+fn docker_cp_killed_midway_leaves_nothing_the_next_exec_sees() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("kim-{}", std::process::id());
+    let (code, doc) = home.json_as(&me, &["create", "-p", "docker", "--image", &test_image()]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let sh = |line: &str| home.run_as(&me, &["exec", &id, "-c", line]);
+    assert!(sh("mkdir in && echo old > in/kept").status.success());
+    let local = big_sparse_file(&home);
+    for name in ["kept", "new"] {
+        cp_killed_midway(&home, &me, &local, &format!("{id}:in/{name}"));
+        let out = sh("ls -A in; cat in/kept");
+        assert_eq!(
+            text(&out.stdout),
+            "kept\nold\n",
+            "{name}: {}",
+            text(&out.stderr)
+        );
+    }
+    // What the records were kept in goes with the sandbox.
+    let (code, doc) = home.json_as(&me, &["destroy", &id]);
+    assert_eq!(code, 0, "{doc}");
+    assert!(!home.path().join("state/docker").join(&id).exists());
+}
+
 #[test]
 fn docker_names_that_would_change_an_engine_url_are_refused() {
     if !docker_ready() {

@@ -349,6 +349,7 @@ impl Provider for DockerProvider {
     }
 
     async fn exec(&self, id: &NativeId, req: &ExecRequest) -> Result<ExecOutput> {
+        self.clear_abandoned_uploads(id).await;
         let cap = req.max_output_bytes;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let (mut stdout_total, mut stderr_total) = (0u64, 0u64);
@@ -468,6 +469,7 @@ impl StreamingExec for DockerProvider {
         req: &ExecRequest,
         sink: &mut dyn OutputSink,
     ) -> Result<ExecSummary> {
+        self.clear_abandoned_uploads(id).await;
         let (mut stdout_total, mut stderr_total) = (0u64, 0u64);
         let (status, duration) = self
             .run(id, req, |stream, bytes| {

@@ -1,6 +1,9 @@
 //! Writing a file of any size into the container: its archive is sent to the Engine as it is
 //! read, under a temporary name beside the destination, and renamed over the destination only
 //! once the engine has taken all of it — so a failed write leaves the destination as it was.
+//!
+//! The temporary is recorded before the upload starts (see [`UploadRecord`]): one left by a
+//! `berth` killed midway is removed before the sandbox's next exec or write.
 
 use super::*;
 use bytes::Bytes;
@@ -21,6 +24,100 @@ fn upload_name() -> String {
     }
     let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
     format!(".berth-upload-{hex}")
+}
+
+/// Where uploads in progress are recorded, in the sandbox's run directory on this machine.
+const UPLOADS_DIR: &str = "uploads";
+/// A record not yet complete (its writer had not locked and named it): left alone this long.
+const UNFINISHED_RECORD_GRACE: Duration = Duration::from_secs(60);
+
+/// An upload in progress, recorded before its first byte is sent: a file in the sandbox's run
+/// directory naming the temporary's path in the container, locked by the writing process for as
+/// long as it writes. A record that can be locked is one whose writer is gone (the kernel drops
+/// a killed process's locks), so its temporary is left over and is removed.
+struct UploadRecord {
+    path: PathBuf,
+    _locked: std::fs::File,
+}
+
+impl UploadRecord {
+    /// Records `temp` (the upload's path in the container) under `dir`.
+    fn create(dir: &Path, name: &str, temp: &Path) -> std::io::Result<UploadRecord> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let path = dir.join(name.trim_start_matches('.'));
+        let unfinished = path.with_extension("new");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&unfinished)?;
+        file.lock()?;
+        file.write_all(temp.as_os_str().as_encoded_bytes())?;
+        // Named only once locked and whole: a reader never sees it unlocked while its writer lives.
+        std::fs::rename(&unfinished, &path)?;
+        Ok(UploadRecord {
+            path,
+            _locked: file,
+        })
+    }
+
+    /// The upload is over (placed, or its temporary removed): the record goes.
+    fn finish(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The temporaries of uploads whose writers are gone, recorded under `dir`, with their records;
+/// the records stay locked (by the returned files) until dropped.
+fn abandoned_uploads(dir: &Path) -> Vec<(PathBuf, PathBuf, std::fs::File)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut abandoned = Vec::new();
+    for entry in entries.flatten() {
+        let record = entry.path();
+        let Ok(file) = std::fs::File::open(&record) else {
+            continue;
+        };
+        if file.try_lock().is_err() {
+            continue;
+        }
+        if record.extension().is_some_and(|e| e == "new") {
+            // Its writer may be between creating and locking it: only an old one goes.
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > UNFINISHED_RECORD_GRACE);
+            if old {
+                let _ = std::fs::remove_file(&record);
+            }
+            continue;
+        }
+        // Berth wrote it: a path in the container, well under a page.
+        let mut temp = Vec::new();
+        if (&file).take(4096).read_to_end(&mut temp).is_err() {
+            continue;
+        }
+        let temp = PathBuf::from(String::from_utf8_lossy(&temp).into_owned());
+        let is_upload = temp.is_absolute()
+            && temp
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(".berth-upload-"));
+        if !is_upload {
+            let _ = std::fs::remove_file(&record);
+            continue;
+        }
+        abandoned.push((temp, record, file));
+    }
+    abandoned
 }
 
 /// The tar header of one regular file named `name` of `len` bytes.
@@ -105,17 +202,51 @@ impl DockerProvider {
     /// Runs one of the image's file tools (`mkdir`, `mv`) through the supervisor; a failure is
     /// the request's, said as `failed` with the tool's own words.
     async fn run_tool(&self, id: &NativeId, argv: &[&str], failed: String) -> Result<()> {
-        let ran = self
-            .exec(id, &ExecRequest::argv(argv.iter().copied()))
-            .await?;
-        if ran.status.success() {
+        let (status, stderr) = self.exec_tool(id, argv).await?;
+        if status.success() {
             return Ok(());
         }
-        let said = String::from_utf8_lossy(ran.stderr.as_deref().unwrap_or_default());
+        let said = String::from_utf8_lossy(&stderr);
         Err(err(
             ErrorKind::InvalidRequest,
             format!("{failed}: {}", said.trim()),
         ))
+    }
+
+    /// One of Berth's own commands in the container, with its status and (some of) its
+    /// stderr: not a user's exec, so it does not first clear abandoned uploads.
+    async fn exec_tool(&self, id: &NativeId, argv: &[&str]) -> Result<(ExitStatus, Vec<u8>)> {
+        let mut stderr = Vec::new();
+        let (status, _) = self
+            .run(
+                id,
+                &ExecRequest::argv(argv.iter().copied()),
+                |stream, bytes| {
+                    if stream == berth_contract::Stream::Stderr && stderr.len() < 64 << 10 {
+                        stderr.extend_from_slice(bytes);
+                    }
+                },
+            )
+            .await?;
+        Ok((status, stderr))
+    }
+
+    /// The sandbox's record of uploads in progress.
+    fn uploads_dir(&self, id: &NativeId) -> Result<PathBuf> {
+        Ok(self.run_dir(&id.0)?.join(UPLOADS_DIR))
+    }
+
+    /// Removes the temporaries of uploads whose `berth` was killed before it could (see
+    /// [`UploadRecord`]). Nothing recorded costs one failed directory open.
+    pub(crate) async fn clear_abandoned_uploads(&self, id: &NativeId) {
+        let Ok(dir) = self.uploads_dir(id) else {
+            return;
+        };
+        for (temp, record, _locked) in abandoned_uploads(&dir) {
+            if self.remove_upload(id, &temp, true).await {
+                let _ = std::fs::remove_file(record);
+            }
+        }
     }
 
     /// Creates `parent` and its missing parents through the supervisor, so an archive never
@@ -141,9 +272,12 @@ impl DockerProvider {
                 format!("`{path}` names no file"),
             ));
         };
+        self.clear_abandoned_uploads(id).await;
         self.make_parent(id, parent).await?;
         let name = upload_name();
         let temp = parent.join(&name);
+        let record = UploadRecord::create(&self.uploads_dir(id)?, &name, &temp)
+            .map_err(|e| io_err("record the upload", e))?;
         let (pieces, body) = engine::ChannelBody::new(archive_len(source.len));
         let producer = {
             let (name, path) = (name.clone(), path.to_owned());
@@ -195,10 +329,14 @@ impl DockerProvider {
             Ok(()) => self.rename_over(id, &temp, &full).await,
             Err(e) => Err(e),
         };
-        if placed.is_err() {
+        let over = match placed {
+            Ok(()) => true,
             // Whatever part of the upload the engine unpacked goes; the destination was never
             // touched.
-            self.remove_upload(id, &temp, cut_short).await;
+            Err(_) => self.remove_upload(id, &temp, cut_short).await,
+        };
+        if over {
+            record.finish();
         }
         placed
     }
@@ -208,10 +346,12 @@ impl DockerProvider {
     /// engine unpacks under the container's lock, and answers a stat of a path under the same
     /// lock, so a stat first waits for the unpacking; it is made again after the `rm`, in case
     /// the unpacking took the lock only after the first.
-    async fn remove_upload(&self, id: &NativeId, temp: &Path, cut_short: bool) {
-        let remove = ExecRequest::argv(["rm", "-f", "--", &temp.to_string_lossy()]);
+    /// Whether it is gone (else its record stays, for a later try).
+    async fn remove_upload(&self, id: &NativeId, temp: &Path, cut_short: bool) -> bool {
+        let temp_arg = temp.to_string_lossy();
+        let remove = ["rm", "-f", "--", &temp_arg];
         let Ok(name) = path_name(&id.0) else {
-            return;
+            return false;
         };
         let stat = format!(
             "/containers/{name}/archive?path={}",
@@ -226,10 +366,12 @@ impl DockerProvider {
         if cut_short {
             let _ = present().await;
         }
-        let _ = self.exec(id, &remove).await;
+        let removed = |ran: Result<(ExitStatus, Vec<u8>)>| ran.is_ok_and(|(s, _)| s.success());
+        let mut gone = removed(self.exec_tool(id, &remove).await);
         if cut_short && present().await {
-            let _ = self.exec(id, &remove).await;
+            gone = removed(self.exec_tool(id, &remove).await);
         }
+        gone
     }
 
     /// Renames the whole upload `temp` over `full` (never into it: `-T` refuses a directory).

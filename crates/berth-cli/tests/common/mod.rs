@@ -184,12 +184,6 @@ impl RunningCli {
     }
 }
 
-impl From<Child> for RunningCli {
-    fn from(child: Child) -> RunningCli {
-        RunningCli(Some(child))
-    }
-}
-
 impl std::ops::Deref for RunningCli {
     type Target = Child;
     fn deref(&self) -> &Child {
@@ -239,6 +233,42 @@ pub fn start_run_of(home: &Home, script: &str, stdout: Stdio) -> (RunningCli, St
     });
     let (id, pid) = found.unwrap();
     (child, id, pid)
+}
+
+/// A 4 GiB sparse file in the home: seconds of copying into a sandbox to be killed in.
+pub fn big_sparse_file(home: &Home) -> PathBuf {
+    let local = home.path().join("big.local");
+    std::fs::File::create(&local)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    local
+}
+
+/// `berth cp LOCAL DESTINATION` as `owner`, SIGKILLed once it has written 64 MiB (to a file or
+/// a socket, as the kernel counts its writes): nothing of Berth's runs after that.
+pub fn cp_killed_midway(home: &Home, owner: &str, local: &Path, destination: &str) {
+    let child = home
+        .command(owner, &["cp", local.to_str().unwrap(), destination])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = RunningCli(Some(child));
+    wait_for("the copy to be under way", || {
+        let io = std::fs::read_to_string(format!("/proc/{}/io", child.id())).unwrap_or_default();
+        io.lines()
+            .find_map(|l| l.strip_prefix("wchar: "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 64 << 20)
+    });
+    signal(&child, nix::sys::signal::Signal::SIGKILL);
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "cp to {destination} ended before it was killed"
+    );
 }
 
 pub fn process_alive(pid: i32) -> bool {
