@@ -157,13 +157,12 @@ pub fn serve(client: &UnixStream, out: &Arc<Mutex<UnixStream>>, session: &Sessio
     drop(terminal);
     let mut child = match child {
         Ok(child) => child,
+        // Berth's own helper failed to start, not the user's command (the helper reports that
+        // one on the terminal, 127 or 126): never `not_found`, which would say the command was
+        // missing.
         Err(err) => {
             return Exit::SpawnFailed {
-                kind: if err.kind() == io::ErrorKind::NotFound {
-                    "not_found".into()
-                } else {
-                    "other".into()
-                },
+                kind: "other".into(),
                 message: format!("cannot start the terminal helper: {err}"),
             }
         }
@@ -456,5 +455,34 @@ mod tests {
             },
         );
         assert!(matches!(exit, Exit::BadRequest { .. }), "{exit:?}");
+    }
+
+    /// Berth's own helper missing is Berth's failure (`other`), not the user's command missing
+    /// (`not_found`, which the CLI turns into exit 127 "command not found").
+    #[test]
+    fn a_missing_terminal_helper_is_not_a_missing_command() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let out = Arc::new(Mutex::new(b.try_clone().unwrap()));
+        let env = BTreeMap::new();
+        let argv = ["true".to_owned()];
+        let exit = serve(
+            &a,
+            &out,
+            &Session {
+                helper: Path::new("/nonexistent/berth-helper"),
+                argv: &argv,
+                cwd: "/",
+                env: &env,
+                cols: 80,
+                rows: 24,
+            },
+        );
+        match exit {
+            Exit::SpawnFailed { kind, message } => {
+                assert_eq!(kind, "other", "{message}");
+                assert!(message.contains("terminal helper"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
