@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
 use crate::PROVIDER_ID;
 
@@ -78,6 +79,23 @@ impl hyper::body::Body for ChannelBody {
     fn size_hint(&self) -> hyper::body::SizeHint {
         // Sent with its length, so a body cut short is a broken request, never a shorter one.
         hyper::body::SizeHint::with_exact(self.len)
+    }
+}
+
+/// What the engine says about a path in a container (a Go `os.FileMode` in `mode`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct PathStat {
+    /// Type bits (high) and permission bits.
+    pub mode: u32,
+}
+
+impl PathStat {
+    /// Go's type bits: directory, symlink, named pipe, socket, device, char device, irregular.
+    const TYPE_BITS: u32 = 1 << 31 | 1 << 27 | 1 << 25 | 1 << 24 | 1 << 26 | 1 << 21 | 1 << 19;
+
+    /// The permission bits of a regular file; `None` for anything else.
+    pub fn regular_permissions(&self) -> Option<u32> {
+        (self.mode & Self::TYPE_BITS == 0).then_some(self.mode & 0o777)
     }
 }
 
@@ -201,6 +219,42 @@ impl Engine {
         let uri = format!("{}{}", self.negotiated().await?.prefix, path);
         let response = self.start(method, &uri, None).await?;
         Ok((response.status(), response.into_body()))
+    }
+
+    /// The engine's stat of `path` in container `name` (the archive API's
+    /// `X-Docker-Container-Path-Stat` header): `None` when nothing is there.
+    pub async fn stat_path(&self, name: &str, path: &str) -> Result<Option<PathStat>> {
+        let uri = format!(
+            "{}/containers/{name}/archive?path={}",
+            self.negotiated().await?.prefix,
+            crate::query_escape(path)
+        );
+        let response = self.start(Method::HEAD, &uri, None).await?;
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let header = response
+            .headers()
+            .get("x-docker-container-path-stat")
+            .map(|v| v.as_bytes().to_vec());
+        let answer = read_answer(&uri, response).await?;
+        let _ = ok("archive stat", answer)?;
+        let bad = |why: String| {
+            ProviderError::new(
+                ErrorKind::Unknown,
+                PROVIDER_ID,
+                format!("the engine's stat of `{path}`: {why}"),
+            )
+        };
+        let header = header.ok_or_else(|| bad("no stat header".into()))?;
+        use base64::Engine as _;
+        let json = base64::engine::general_purpose::STANDARD
+            .decode(&header)
+            .map_err(|e| bad(e.to_string()))?;
+        serde_json::from_slice(&json)
+            .map(Some)
+            .map_err(|e| bad(e.to_string()))
     }
 
     async fn send(
@@ -423,6 +477,19 @@ fn transport(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Go's `os.FileMode` as the engine sends it: permissions of a regular file only.
+    #[test]
+    fn only_a_regular_file_has_permissions_to_keep() {
+        let stat = |mode: u32| PathStat { mode }.regular_permissions();
+        assert_eq!(stat(0o750), Some(0o750));
+        // Setuid (Go's bit 23) is never carried over.
+        assert_eq!(stat(1 << 23 | 0o755), Some(0o755));
+        assert_eq!(stat(1 << 27 | 0o777), None, "a symlink");
+        assert_eq!(stat(1 << 31 | 0o755), None, "a directory");
+        assert_eq!(stat(1 << 25 | 0o644), None, "a named pipe");
+        assert_eq!(stat(1 << 26 | 1 << 21 | 0o666), None, "a char device");
+    }
 
     #[test]
     fn statuses_are_classified() {

@@ -120,12 +120,12 @@ fn abandoned_uploads(dir: &Path) -> Vec<(PathBuf, PathBuf, std::fs::File)> {
     abandoned
 }
 
-/// The tar header of one regular file named `name` of `len` bytes.
-fn file_header(name: &str, len: u64) -> std::io::Result<tar::Header> {
+/// The tar header of one regular file named `name` of `len` bytes with permissions `mode`.
+fn file_header(name: &str, len: u64, mode: u32) -> std::io::Result<tar::Header> {
     let mut header = tar::Header::new_gnu();
     header.set_path(name)?;
     header.set_size(len);
-    header.set_mode(0o644);
+    header.set_mode(mode);
     header.set_mtime(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -154,6 +154,7 @@ enum Stopped {
 fn produce(
     name: &str,
     path: &str,
+    mode: u32,
     source: berth_contract::FileSource,
     pieces: &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
 ) -> std::result::Result<(), Stopped> {
@@ -163,8 +164,8 @@ fn produce(
             .blocking_send(Ok(Bytes::from(piece)))
             .map_err(|_| Stopped::Request)
     };
-    let header =
-        file_header(name, len).map_err(|e| Stopped::Source(io_err("build the archive", e)))?;
+    let header = file_header(name, len, mode)
+        .map_err(|e| Stopped::Source(io_err("build the archive", e)))?;
     send(header.as_bytes().to_vec())?;
     let mut copied = 0u64;
     while copied < len {
@@ -274,6 +275,14 @@ impl DockerProvider {
         };
         self.clear_abandoned_uploads(id).await;
         self.make_parent(id, parent).await?;
+        // A replaced file keeps its permissions, as on host and bwrap; a new one (also one
+        // replacing a symlink, which the rename replaces, not follows) gets 0644.
+        let mode = self
+            .engine
+            .stat_path(&path_name(&id.0)?, &full.to_string_lossy())
+            .await?
+            .and_then(|stat| stat.regular_permissions())
+            .unwrap_or(0o644);
         let name = upload_name();
         let temp = parent.join(&name);
         let record = UploadRecord::create(&self.uploads_dir(id)?, &name, &temp)
@@ -282,7 +291,7 @@ impl DockerProvider {
         let producer = {
             let (name, path) = (name.clone(), path.to_owned());
             tokio::task::spawn_blocking(move || {
-                let produced = produce(&name, &path, source, &pieces);
+                let produced = produce(&name, &path, mode, source, &pieces);
                 if let Err(Stopped::Source(_)) = &produced {
                     // Ends the request: the engine sees an archive cut short.
                     let _ = pieces.blocking_send(Err(std::io::Error::other("source failed")));
@@ -397,7 +406,7 @@ mod tests {
                 reader: Box::new(std::io::Cursor::new(bytes)),
                 len,
             };
-            produce(&name, "f", source, &pieces)
+            produce(&name, "f", 0o644, source, &pieces)
         });
         let mut body = Vec::new();
         while let Some(piece) = received.blocking_recv() {

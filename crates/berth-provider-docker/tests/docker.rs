@@ -185,6 +185,26 @@ async fn files_through_the_archive_api_are_binary_safe_and_confined() {
         files.read(&id, "deep").await.unwrap_err().kind(),
         ErrorKind::InvalidRequest
     );
+    // A replaced file keeps its permissions (an executable script stays executable, as on host
+    // and bwrap; every write made 0644 before); a new file, and one written over a symlink (the
+    // link is replaced, its target untouched), is 0644.
+    f.sh(&id, "printf old > run.sh && chmod 750 run.sh").await;
+    files
+        .write(&id, "run.sh", b"#!/bin/sh\necho ran\n")
+        .await
+        .unwrap();
+    files.write(&id, "fresh.txt", b"new").await.unwrap();
+    files.write(&id, "link", b"replaced").await.unwrap();
+    let seen = f
+        .sh(
+            &id,
+            "stat -c '%n %a %F' run.sh fresh.txt link; ./run.sh; wc -c < deep/dir/blob.bin",
+        )
+        .await;
+    assert_eq!(
+        text(&seen.stdout),
+        "run.sh 750 regular file\nfresh.txt 644 regular file\nlink 644 regular file\nran\n300000\n"
+    );
     f.docker.destroy(&id).await.unwrap();
 }
 
