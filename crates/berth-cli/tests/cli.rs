@@ -1071,7 +1071,11 @@ fn cp_into_a_sandbox_killed_midway_leaves_nothing_behind() {
     home.sh(&id, "mkdir in && echo old > in/kept");
     let local = big_sparse_file(&home);
     for name in ["kept", "new"] {
-        cp_killed_midway(&home, "tester", &local, &format!("{id}:in/{name}"));
+        killed_midway(
+            &home,
+            "tester",
+            &["cp", local.to_str().unwrap(), &format!("{id}:in/{name}")],
+        );
         let out = home.sh(&id, "ls -A in; cat in/kept");
         assert_eq!(
             text(&out.stdout),
@@ -1079,6 +1083,29 @@ fn cp_into_a_sandbox_killed_midway_leaves_nothing_behind() {
             "{name}: {}",
             text(&out.stderr)
         );
+    }
+}
+
+/// A snapshot or a fork killed midway (SIGKILL while it archives 4 GiB) leaves no partial
+/// archive in Berth's state: before, each left a `.tmp*` file of its size (69 and 73 MiB seen)
+/// in the snapshot store or the scratch directory, which nothing ever removed. Their ledger rows
+/// stay as intents for `gc`.
+#[test]
+fn a_snapshot_or_fork_killed_midway_leaves_no_partial_archive() {
+    let home = Home::new();
+    let id = home.create("tester");
+    assert!(home.sh(&id, "truncate -s 4G big").status.success());
+    let state = home.path().join("state/host");
+    for op in ["snapshot", "fork"] {
+        killed_midway(&home, "tester", &[op, &id]);
+        let mut left: Vec<_> = ["snapshots", "scratch"]
+            .iter()
+            .flat_map(|dir| std::fs::read_dir(state.join(dir)).unwrap())
+            .map(|e| e.unwrap().path())
+            .filter(|p| !p.ends_with("keys"))
+            .collect();
+        left.sort();
+        assert!(left.is_empty(), "{op} left {left:?}");
     }
 }
 

@@ -251,7 +251,11 @@ fn docker_cp_killed_midway_leaves_nothing_the_next_exec_sees() {
     assert!(sh("mkdir in && echo old > in/kept").status.success());
     let local = big_sparse_file(&home);
     for name in ["kept", "new"] {
-        cp_killed_midway(&home, &me, &local, &format!("{id}:in/{name}"));
+        killed_midway(
+            &home,
+            &me,
+            &["cp", local.to_str().unwrap(), &format!("{id}:in/{name}")],
+        );
         let out = sh("ls -A in; cat in/kept");
         assert_eq!(
             text(&out.stdout),

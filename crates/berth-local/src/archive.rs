@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::classify::io_error;
 use crate::confine::Workspace;
+use crate::newfile::{open_state_dir, NewFile};
 use crate::PROVIDER_ID;
 
 const PREFIX: &str = "sha256:";
@@ -199,16 +200,31 @@ fn append_tree<W: Write>(builder: &mut tar::Builder<W>, dir: &OwnedFd, rel: &Pat
     Ok(())
 }
 
-/// Archives `workspace` into the content-addressed `store`.
+/// Archives `workspace` into the content-addressed `store`. The archive has no name until it
+/// is whole (see [`NewFile`]): a snapshot killed midway leaves nothing in the store.
 pub(crate) fn snapshot(workspace: &Path, store: &Path) -> Result<SnapshotRef> {
     let workspace = Workspace::open(workspace)?;
-    let temp =
-        tempfile::NamedTempFile::new_in(store).map_err(|e| io_error("create snapshot file", e))?;
-    let (digest, size) = write_archive(&workspace, temp.as_file())?;
-    let path = store.join(format!("{digest}.tar"));
-    if !path.exists() {
-        temp.persist(&path)
-            .map_err(|e| io_error("store snapshot", e.error))?;
+    let dir = open_state_dir(store).map_err(|e| io_error("open the snapshot store", e))?;
+    let new = NewFile::create(&dir).map_err(|e| io_error("create snapshot file", e.into()))?;
+    let written = new
+        .fd
+        .try_clone()
+        .map_err(|e| io_error("create snapshot file", e))
+        .and_then(|fd| write_archive(&workspace, &File::from(fd)));
+    let (digest, size) = match written {
+        Ok(done) => done,
+        Err(e) => {
+            new.discard(&dir);
+            return Err(e);
+        }
+    };
+    let name = format!("{digest}.tar");
+    if store.join(&name).exists() {
+        // The same content is stored already.
+        new.discard(&dir);
+    } else {
+        new.place(&dir, Path::new(&name), false)
+            .map_err(|e| io_error("store snapshot", e.into()))?;
     }
     Ok(SnapshotRef {
         handle: format!("{PREFIX}{digest}"),
@@ -261,23 +277,33 @@ pub(crate) fn name_snapshot(store: &Path, key: &str, handle: &str) -> Result<()>
     let keys = store.join("keys");
     std::fs::create_dir_all(&keys).map_err(|e| io_error("create snapshot key index", e))?;
     let earlier = read_key(&keys.join(key));
-    let temp =
-        tempfile::NamedTempFile::new_in(&keys).map_err(|e| io_error("write snapshot key", e))?;
-    std::fs::write(temp.path(), handle).map_err(|e| io_error("write snapshot key", e))?;
-    temp.persist(keys.join(key))
-        .map_err(|e| io_error("write snapshot key", e.error))?;
+    let failed = |e: io::Error| io_error("write snapshot key", e);
+    let dir = open_state_dir(&keys).map_err(failed)?;
+    let new = NewFile::create(&dir).map_err(|e| failed(e.into()))?;
+    let written = new
+        .fd
+        .try_clone()
+        .and_then(|fd| File::from(fd).write_all(handle.as_bytes()));
+    if let Err(e) = written {
+        new.discard(&dir);
+        return Err(failed(e));
+    }
+    new.place(&dir, Path::new(key), keys.join(key).exists())
+        .map_err(|e| failed(e.into()))?;
     match earlier.filter(|e| e != handle) {
         Some(earlier) => delete_unless_named(store, &keys, &earlier),
         None => Ok(()),
     }
 }
 
-/// Archives `workspace` into a temporary file under `scratch` (removed when dropped).
-pub(crate) fn to_temp_file(workspace: &Path, scratch: &Path) -> Result<tempfile::NamedTempFile> {
+/// Archives `workspace` into an unnamed file under `scratch` (gone with its handle, also when
+/// the process is killed), rewound for reading.
+pub(crate) fn to_temp_file(workspace: &Path, scratch: &Path) -> Result<File> {
     let workspace = Workspace::open(workspace)?;
-    let temp = tempfile::NamedTempFile::new_in(scratch)
-        .map_err(|e| io_error("create scratch archive", e))?;
-    write_archive(&workspace, temp.as_file())?;
+    let failed = |e| io_error("create scratch archive", e);
+    let mut temp = tempfile::tempfile_in(scratch).map_err(failed)?;
+    write_archive(&workspace, &temp)?;
+    io::Seek::rewind(&mut temp).map_err(failed)?;
     Ok(temp)
 }
 
@@ -342,9 +368,8 @@ pub(crate) fn verified_path(store: &Path, handle: &str) -> Result<PathBuf> {
 
 /// Unpacks an archive into `dest`. The tar reader refuses entries that would land outside
 /// `dest` (`..`, absolute paths, writes through symlinks).
-pub(crate) fn unpack(archive: &Path, dest: &Path, owner: Option<(u32, u32)>) -> Result<()> {
-    let file = File::open(archive).map_err(|e| io_error("open archive", e))?;
-    let mut archive = tar::Archive::new(io::BufReader::new(file));
+pub(crate) fn unpack(archive: File, dest: &Path, owner: Option<(u32, u32)>) -> Result<()> {
+    let mut archive = tar::Archive::new(io::BufReader::new(archive));
     archive.set_preserve_permissions(true);
     archive.set_preserve_mtime(true);
     archive.set_overwrite(true);

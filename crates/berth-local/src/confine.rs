@@ -17,9 +17,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use berth_contract::{ErrorKind, FileEntry, FileKind, ProviderError, Result};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 
 use crate::classify::io_error;
+use crate::newfile::NewFile;
 use crate::PROVIDER_ID;
 
 /// The most the file API reads into memory from one sandbox file.
@@ -116,7 +117,11 @@ pub(crate) fn give(fd: impl AsFd, owner: Option<(u32, u32)>) -> rustix::io::Resu
     }
 }
 
-fn open_beneath(dir: impl AsFd, name: &Path, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+pub(crate) fn open_beneath(
+    dir: impl AsFd,
+    name: &Path,
+    flags: OFlags,
+) -> rustix::io::Result<OwnedFd> {
     // The kernel answers EAGAIN when a rename raced the resolution; trying again is safe
     // because every attempt is confined the same way.
     // openat2 refuses a mode unless the open may create.
@@ -315,7 +320,7 @@ impl Workspace {
                 Err(rustix::io::Errno::NOENT) => (Mode::from_raw_mode(0o644), false),
                 Err(e) => return Err(resolve_error(path, "inspect", e)),
             };
-        let new = NewFile::create(&parent, path)?;
+        let new = NewFile::create(&parent).map_err(|e| resolve_error(path, "create", e))?;
         let failed = |e: io::Error| io_error(&format!("write `{path}`"), e);
         let written = (|| -> Result<()> {
             give(&new.fd, self.owner).map_err(|e| failed(e.into()))?;
@@ -325,7 +330,9 @@ impl Workspace {
             file.flush().map_err(failed)
         })();
         match written {
-            Ok(()) => new.place(&parent, &name, existed, path),
+            Ok(()) => new
+                .place(&parent, &name, existed)
+                .map_err(|e| resolve_error(path, "replace", e)),
             Err(e) => {
                 new.discard(&parent);
                 Err(e)
@@ -378,102 +385,10 @@ impl Workspace {
 }
 
 /// A fresh name in the same directory, short whatever the final name's length.
-fn temp_name() -> PathBuf {
+pub(crate) fn temp_name() -> PathBuf {
     let mut random = [0u8; 8];
     let _ = getrandom::fill(&mut random);
     PathBuf::from(format!(".berth-write-{}", hex::encode(random)))
-}
-
-/// A file being written beneath a directory handle: unnamed (`O_TMPFILE`) where the filesystem
-/// allows, so a process killed while writing leaves nothing behind; else under a `.berth-write-*`
-/// name (which such a kill leaves).
-struct NewFile {
-    fd: OwnedFd,
-    /// The name it has while being written, when it could not be unnamed.
-    temp: Option<PathBuf>,
-}
-
-impl NewFile {
-    fn create(parent: &OwnedFd, shown: &str) -> Result<NewFile> {
-        if linkable_by_proc() {
-            // "." of the directory handle is that directory: nothing is resolved.
-            match rustix::fs::openat(
-                parent,
-                ".",
-                OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            ) {
-                Ok(fd) => return Ok(NewFile { fd, temp: None }),
-                // The filesystem has no unnamed files: a named one instead.
-                Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR) => {}
-                Err(e) => return Err(resolve_error(shown, "create", e)),
-            }
-        }
-        let temp = temp_name();
-        let fd = open_beneath(
-            parent,
-            &temp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
-        )
-        .map_err(|e| resolve_error(shown, "create", e))?;
-        Ok(NewFile {
-            fd,
-            temp: Some(temp),
-        })
-    }
-
-    /// Puts the whole file under `name`. A new name is linked at once (atomic: it fails, and
-    /// nothing changes, if the name appeared meanwhile — then it is replaced like an old one).
-    /// An old name is replaced by a rename from a temporary name: a kill between that link and
-    /// the rename is the one moment a `.berth-write-*` name can be left.
-    fn place(self, parent: &OwnedFd, name: &Path, existed: bool, shown: &str) -> Result<()> {
-        let temp = match &self.temp {
-            Some(temp) => temp.clone(),
-            None => {
-                use std::os::fd::AsRawFd;
-                let by_proc = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
-                let link = |to: &Path| {
-                    rustix::fs::linkat(
-                        rustix::fs::CWD,
-                        &by_proc,
-                        parent,
-                        to,
-                        AtFlags::SYMLINK_FOLLOW,
-                    )
-                };
-                if !existed {
-                    match link(name) {
-                        Ok(()) => return Ok(()),
-                        Err(rustix::io::Errno::EXIST) => {}
-                        Err(e) => return Err(resolve_error(shown, "create", e)),
-                    }
-                }
-                let temp = temp_name();
-                link(&temp).map_err(|e| resolve_error(shown, "create", e))?;
-                temp
-            }
-        };
-        let renamed = rustix::fs::renameat_with(parent, &temp, parent, name, RenameFlags::empty())
-            .map_err(|e| resolve_error(shown, "replace", e));
-        if renamed.is_err() {
-            let _ = rustix::fs::unlinkat(parent, &temp, AtFlags::empty());
-        }
-        renamed
-    }
-
-    /// Drops a file that will not be placed (an unnamed one goes with its handle).
-    fn discard(self, parent: &OwnedFd) {
-        if let Some(temp) = &self.temp {
-            let _ = rustix::fs::unlinkat(parent, temp, AtFlags::empty());
-        }
-    }
-}
-
-/// Whether an unnamed file can be given a name: through `/proc/self/fd` (a link by the handle
-/// itself, `AT_EMPTY_PATH`, needs a capability Berth may not have).
-fn linkable_by_proc() -> bool {
-    static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
 }
 
 pub(crate) fn require_regular(path: &str, kind: FileType) -> Result<()> {

@@ -13,6 +13,7 @@ mod archive;
 mod classify;
 mod confine;
 mod layout;
+mod newfile;
 mod process;
 mod provider;
 

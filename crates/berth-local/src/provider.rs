@@ -305,7 +305,11 @@ impl<L: Launcher> LocalProvider<L> {
     }
 
     /// Creates the sandbox directory, optionally filled from an archive.
-    async fn create_from(&self, req: &CreateRequest, archive: Option<PathBuf>) -> Result<Created> {
+    async fn create_from(
+        &self,
+        req: &CreateRequest,
+        archive: Option<std::fs::File>,
+    ) -> Result<Created> {
         let name = layout::checked_name(&req.name.0)?;
         self.launcher.check_network(req.network)?;
         // Limits this provider cannot enforce are refused, never silently dropped.
@@ -330,7 +334,7 @@ impl<L: Launcher> LocalProvider<L> {
                 network,
                 owner,
                 |workspace| match archive {
-                    Some(archive) => archive::unpack(&archive, workspace, owner),
+                    Some(archive) => archive::unpack(archive, workspace, owner),
                     None => Ok(()),
                 },
             )
@@ -459,8 +463,12 @@ impl<L: Launcher> LocalProvider<L> {
     async fn restore_inner(&self, snapshot: &SnapshotRef, req: &CreateRequest) -> Result<Created> {
         let store = self.layout.snapshots();
         let handle = snapshot.handle.clone();
-        let path = blocking(move || archive::verified_path(&store, &handle)).await?;
-        self.create_from(req, Some(path)).await
+        let file = blocking(move || {
+            let path = archive::verified_path(&store, &handle)?;
+            std::fs::File::open(path).map_err(|e| io_error("open archive", e))
+        })
+        .await?;
+        self.create_from(req, Some(file)).await
     }
 
     async fn delete_snapshot_inner(&self, snapshot: &SnapshotRef) -> Result<()> {
@@ -477,7 +485,7 @@ impl<L: Launcher> LocalProvider<L> {
         let scratch = self.layout.scratch();
         // A private archive, not a stored snapshot: fork leaves no snapshot behind.
         let temp = blocking(move || archive::to_temp_file(&workspace, &scratch)).await?;
-        self.create_from(req, Some(temp.path().to_owned())).await
+        self.create_from(req, Some(temp)).await
     }
 
     async fn list_sandboxes(&self, filter: &LabelFilter) -> Result<Vec<Listed>> {

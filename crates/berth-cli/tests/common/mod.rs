@@ -245,11 +245,11 @@ pub fn big_sparse_file(home: &Home) -> PathBuf {
     local
 }
 
-/// `berth cp LOCAL DESTINATION` as `owner`, SIGKILLed once it has written 64 MiB (to a file or
-/// a socket, as the kernel counts its writes): nothing of Berth's runs after that.
-pub fn cp_killed_midway(home: &Home, owner: &str, local: &Path, destination: &str) {
+/// `berth ARGS…` as `owner`, SIGKILLed once it has written 64 MiB (to a file or a socket, as
+/// the kernel counts its writes): nothing of Berth's runs after that.
+pub fn killed_midway(home: &Home, owner: &str, args: &[&str]) {
     let child = home
-        .command(owner, &["cp", local.to_str().unwrap(), destination])
+        .command(owner, args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -267,7 +267,7 @@ pub fn cp_killed_midway(home: &Home, owner: &str, local: &Path, destination: &st
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9),
-        "cp to {destination} ended before it was killed"
+        "{args:?} ended before it was killed"
     );
 }
 
