@@ -1086,6 +1086,63 @@ fn cp_into_a_sandbox_killed_midway_leaves_nothing_behind() {
     }
 }
 
+/// `cp` out of a sandbox never leaves the local destination part old, part new — not while it
+/// runs, so not when it is killed at any moment either. Before, the copy was spooled, then
+/// written into the destination: for the second or so that took on 1 GiB, the destination was
+/// cut short (its old contents gone), and a kill then left it so. Now the whole spool takes the
+/// destination's place by a rename. Watched here at every millisecond of the copy.
+#[test]
+fn cp_out_of_a_sandbox_never_shows_a_partial_destination() {
+    const BIG: u64 = 1 << 30;
+    let home = Home::new();
+    let id = home.create("tester");
+    let made = home.sh(&id, &format!("truncate -s {BIG} big"));
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let dest = home.path().join("dest");
+    std::fs::write(&dest, b"old").unwrap();
+    let mut child = home
+        .command(
+            "tester",
+            &["cp", &format!("{id}:big"), dest.to_str().unwrap()],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(meta) = std::fs::metadata(&dest) {
+            seen.insert(meta.len());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "cp did not end"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    seen.insert(std::fs::metadata(&dest).unwrap().len());
+    let partial: Vec<_> = seen
+        .iter()
+        .filter(|len| **len != 3 && **len != BIG)
+        .collect();
+    assert!(
+        partial.is_empty(),
+        "the destination was seen {} times cut short (first {:?} bytes), not only with its old \
+         3 or all {BIG}",
+        partial.len(),
+        partial.first()
+    );
+    let left: Vec<_> = std::fs::read_dir(home.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("dest") && n != "dest")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A snapshot or a fork killed midway (SIGKILL while it archives 4 GiB) leaves no partial
 /// archive in Berth's state: before, each left a `.tmp*` file of its size (69 and 73 MiB seen)
 /// in the snapshot store or the scratch directory, which nothing ever removed. Their ledger rows

@@ -103,6 +103,87 @@ pub fn write_regular_from(path: &Path, mut reader: impl Read) -> Result<u64, Rea
     Ok(std::io::copy(&mut reader, &mut file)?)
 }
 
+/// Puts all of `spool` in place of the regular file at `path` (or creates it), so that `path`
+/// is at every moment either what it was or the whole copy — also when the process is killed
+/// midway. `spool` is an unnamed file (`tempfile::tempfile_in`) in the directory of the file
+/// `path` names (see [`replacement_dir`]); it is linked there under a temporary name and renamed
+/// over the file. A symlink at `path` is followed, as `cp` does: its target is replaced. The
+/// file keeps its permissions (and, as root, its owner); a new one gets 0666 less the umask.
+/// Where the spool cannot be linked (another filesystem, no `/proc`), its bytes are copied into
+/// the file instead, as [`write_regular_from`] does. Returns the bytes in place.
+pub fn replace_regular_with(path: &Path, spool: File) -> Result<u64, ReadError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let (mode, owner) = match std::fs::metadata(&target) {
+        Ok(meta) if !meta.is_file() => return Err(ReadError::NotRegular),
+        Ok(meta) => (meta.mode() & 0o7777, Some((meta.uid(), meta.gid()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0o666 & !umask(), None),
+        Err(e) => return Err(e.into()),
+    };
+    let dir = replacement_dir(&target);
+    let Some(name) = target.file_name() else {
+        return Err(ReadError::NotRegular);
+    };
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    temp_name.push(format!(".berth-cp-{}-{nanos}", std::process::id()));
+    let temp = dir.join(temp_name);
+    let by_proc = format!("/proc/self/fd/{}", spool.as_raw_fd());
+    let linked = rustix::fs::linkat(
+        rustix::fs::CWD,
+        by_proc.as_str(),
+        rustix::fs::CWD,
+        &temp,
+        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+    );
+    if linked.is_err() {
+        return write_regular_from(path, spool);
+    }
+    let placed = (|| -> std::io::Result<u64> {
+        rustix::fs::fchmod(&spool, rustix::fs::Mode::from_raw_mode(mode))?;
+        if let Some((uid, gid)) = owner.filter(|_| rustix::process::geteuid().is_root()) {
+            rustix::fs::fchown(
+                &spool,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            )?;
+        }
+        let len = spool.metadata()?.len();
+        std::fs::rename(&temp, &target)?;
+        Ok(len)
+    })();
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    Ok(placed?)
+}
+
+/// Where the spool for [`replace_regular_with`] goes: the directory of the file `path` names
+/// (through a symlink), `.` for a bare name.
+pub fn replacement_dir(path: &Path) -> std::path::PathBuf {
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+        _ => std::path::PathBuf::from("."),
+    }
+}
+
+/// The process's umask, from `/proc/self/status` (reading it with umask(2) would change it for
+/// every thread meanwhile); 022 when it cannot be read.
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("Umask:"))?;
+            u32::from_str_radix(line.split_whitespace().nth(1)?, 8).ok()
+        })
+        .unwrap_or(0o022)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,5 +237,68 @@ mod tests {
                 refused.display()
             );
         }
+    }
+
+    /// A spool as `cp` makes one: unnamed, in `dir`, holding `bytes`, rewound.
+    fn spool(dir: &Path, bytes: &[u8]) -> File {
+        use std::io::{Seek, Write};
+        let mut spool = tempfile::tempfile_in(dir).unwrap();
+        spool.write_all(bytes).unwrap();
+        spool.rewind().unwrap();
+        spool
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The copy replaces the file by a rename, never by rewriting it: the old inode is never
+    /// written (so a process killed midway cannot leave it half old, half new), the file keeps
+    /// its permissions, a symlink's target is replaced (the link stays), and nothing is left
+    /// beside it.
+    #[test]
+    fn a_copy_takes_the_files_place_whole() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dest");
+        std::fs::write(&file, b"old contents").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let held = File::open(&file).unwrap();
+        let old_inode = held.metadata().unwrap().ino();
+        assert_eq!(
+            replace_regular_with(&file, spool(dir.path(), b"new")).unwrap(),
+            3
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_ne!(meta.ino(), old_inode, "written into the old file");
+        assert_eq!(meta.mode() & 0o777, 0o750);
+        assert_eq!(std::io::read_to_string(&held).unwrap(), "old contents");
+
+        std::os::unix::fs::symlink("dest", dir.path().join("link")).unwrap();
+        replace_regular_with(&dir.path().join("link"), spool(dir.path(), b"via link")).unwrap();
+        assert!(std::fs::symlink_metadata(dir.path().join("link"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&file).unwrap(), b"via link");
+
+        let fresh = dir.path().join("fresh");
+        replace_regular_with(&fresh, spool(dir.path(), b"x")).unwrap();
+        assert_eq!(std::fs::read(&fresh).unwrap(), b"x");
+        assert_eq!(names(dir.path()), ["dest", "fresh", "link"]);
+        // A directory is refused and untouched.
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(matches!(
+            replace_regular_with(&sub, spool(dir.path(), b"x")),
+            Err(ReadError::NotRegular)
+        ));
+        assert!(sub.is_dir());
     }
 }

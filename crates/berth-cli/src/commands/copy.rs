@@ -171,15 +171,13 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
                     return Err(cannot_write(berth_files::ReadError::NotRegular));
                 }
                 // Spooled first, beside the destination (anonymous: nothing is left behind if
-                // berth dies), so a copy that fails halfway leaves the destination as it was.
-                let spool = destination
-                    .parent()
-                    .filter(|dir| !dir.as_os_str().is_empty())
-                    .map_or_else(tempfile::tempfile, tempfile::tempfile_in)
+                // berth dies), then put in its place whole: a copy that fails or is killed
+                // halfway leaves the destination as it was.
+                let spool = tempfile::tempfile_in(berth_files::replacement_dir(destination))
                     .or_else(|_| tempfile::tempfile())
                     .map_err(|e| cannot_write(e.into()))?;
                 let (spool, copied) = spool_out_of(app, id, path, spool, cannot_write).await?;
-                berth_files::write_regular_from(destination, spool).map_err(cannot_write)?;
+                berth_files::replace_regular_with(destination, spool).map_err(cannot_write)?;
                 copied
             }
             (Endpoint::Local(local), Endpoint::Sandbox { id, path }) => {

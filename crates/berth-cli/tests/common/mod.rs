@@ -255,8 +255,9 @@ pub fn killed_midway(home: &Home, owner: &str, args: &[&str]) {
         .spawn()
         .unwrap();
     let mut child = RunningCli(Some(child));
-    wait_for("the copy to be under way", || {
-        let io = std::fs::read_to_string(format!("/proc/{}/io", child.id())).unwrap_or_default();
+    let io_file = format!("/proc/{}/io", child.id());
+    wait_for("the command to be under way", || {
+        let io = std::fs::read_to_string(&io_file).unwrap_or_default();
         io.lines()
             .find_map(|l| l.strip_prefix("wchar: "))
             .and_then(|n| n.trim().parse::<u64>().ok())
