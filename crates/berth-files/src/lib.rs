@@ -103,6 +103,31 @@ pub fn write_regular_from(path: &Path, mut reader: impl Read) -> Result<u64, Rea
     Ok(std::io::copy(&mut reader, &mut file)?)
 }
 
+/// Writes `bytes` to `path` through a temporary file beside it (created with `mode`), flushed
+/// to disk and renamed over `path`: a crash at any moment leaves the old file or the new one,
+/// never part of either, and nothing beside it but for a kill between the write and the
+/// rename.
+pub fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".berth-tmp-{}", std::process::id()));
+    let temporary = path.with_file_name(name);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&temporary, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
+}
+
 /// Puts all of `spool` in place of the regular file at `path` (or creates it), so that `path`
 /// is at every moment either what it was or the whole copy — also when the process is killed
 /// midway. `spool` is an unnamed file (`tempfile::tempfile_in`) in the directory of the file
@@ -300,5 +325,22 @@ mod tests {
             Err(ReadError::NotRegular)
         ));
         assert!(sub.is_dir());
+    }
+
+    /// A replacing write leaves the old file or the new one: never written into (a reader of
+    /// the old file keeps its bytes), created with the given mode, nothing left beside it.
+    #[test]
+    fn a_replacing_write_never_touches_the_old_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("record.json");
+        write_replacing(&file, b"first", 0o600).unwrap();
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let held = File::open(&file).unwrap();
+        write_replacing(&file, b"second", 0o600).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"second");
+        assert_eq!(std::io::read_to_string(&held).unwrap(), "first");
+        assert_eq!(names(dir.path()), ["record.json"]);
     }
 }

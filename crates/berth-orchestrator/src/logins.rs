@@ -270,23 +270,8 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
 /// Writes `bytes` to `path` (0600) through a temporary file in the same directory and a
 /// rename, so a crash leaves either the old file or the new one.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let temporary = sibling(path, &format!("berth-tmp-{}", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&temporary)
-        .and_then(|mut file| {
-            file.write_all(bytes)?;
-            file.sync_all()
-        })
-        .and_then(|()| std::fs::rename(&temporary, path));
-    written.map_err(|e| {
-        let _ = std::fs::remove_file(&temporary);
-        format!("cannot write {}: {e}", path.display())
-    })
+    berth_files::write_replacing(path, bytes, 0o600)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -266,9 +266,12 @@ pub async fn verify(
     })?;
     let path = dir.join(format!("{}.json", berth_manifest::file_stem(&manifest.id)));
     let text = serde_json::to_string_pretty(&record).expect("a record serializes");
-    std::fs::write(&path, text + "\n").map_err(|source| VerifyError::Write {
-        path: path.clone(),
-        source,
+    // Whole or not at all: a record cut short by a crash would throw away the one before.
+    berth_files::write_replacing(&path, (text + "\n").as_bytes(), 0o644).map_err(|source| {
+        VerifyError::Write {
+            path: path.clone(),
+            source,
+        }
     })?;
     let failing: Vec<&str> = record
         .clauses
