@@ -133,7 +133,8 @@ pub fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<
 /// midway. `spool` is an unnamed file (`tempfile::tempfile_in`) in the directory of the file
 /// `path` names (see [`replacement_dir`]); it is linked there under a temporary name and renamed
 /// over the file. A symlink at `path` is followed, as `cp` does: its target is replaced. The
-/// file keeps its permissions (and, as root, its owner); a new one gets 0666 less the umask.
+/// file keeps its permission bits (not setuid or setgid) and, as root, its owner; a new one
+/// gets 0666 less the umask.
 /// Where the spool cannot be linked (another filesystem, no `/proc`), its bytes are copied into
 /// the file instead, as [`write_regular_from`] does. Returns the bytes in place.
 pub fn replace_regular_with(path: &Path, spool: File) -> Result<u64, ReadError> {
@@ -142,7 +143,8 @@ pub fn replace_regular_with(path: &Path, spool: File) -> Result<u64, ReadError> 
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
     let (mode, owner) = match std::fs::metadata(&target) {
         Ok(meta) if !meta.is_file() => return Err(ReadError::NotRegular),
-        Ok(meta) => (meta.mode() & 0o7777, Some((meta.uid(), meta.gid()))),
+        // Permission bits only: bytes from a sandbox never inherit a setuid or setgid bit.
+        Ok(meta) => (meta.mode() & 0o777, Some((meta.uid(), meta.gid()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0o666 & !umask(), None),
         Err(e) => return Err(e.into()),
     };
@@ -304,6 +306,11 @@ mod tests {
         assert_ne!(meta.ino(), old_inode, "written into the old file");
         assert_eq!(meta.mode() & 0o777, 0o750);
         assert_eq!(std::io::read_to_string(&held).unwrap(), "old contents");
+        // A setuid file's new contents (from a sandbox) do not keep the bit.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        replace_regular_with(&file, spool(dir.path(), b"new")).unwrap();
+        let mode = std::fs::metadata(&file).unwrap().mode();
+        assert_eq!(mode & 0o7777, 0o755);
 
         std::os::unix::fs::symlink("dest", dir.path().join("link")).unwrap();
         replace_regular_with(&dir.path().join("link"), spool(dir.path(), b"via link")).unwrap();
