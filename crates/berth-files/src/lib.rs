@@ -10,6 +10,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -138,7 +139,6 @@ pub fn write_replacing(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<
 /// Where the spool cannot be linked (another filesystem, no `/proc`), its bytes are copied into
 /// the file instead, as [`write_regular_from`] does. Returns the bytes in place.
 pub fn replace_regular_with(path: &Path, spool: File) -> Result<u64, ReadError> {
-    use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
     let (mode, owner) = match std::fs::metadata(&target) {
@@ -148,29 +148,28 @@ pub fn replace_regular_with(path: &Path, spool: File) -> Result<u64, ReadError> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (0o666 & !umask(), None),
         Err(e) => return Err(e.into()),
     };
-    let dir = replacement_dir(&target);
     let Some(name) = target.file_name() else {
         return Err(ReadError::NotRegular);
     };
-    let mut temp_name = std::ffi::OsString::from(".");
-    temp_name.push(name);
+    let mut temp = std::ffi::OsString::from(".");
+    temp.push(name);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    temp_name.push(format!(".berth-cp-{}-{nanos}", std::process::id()));
-    let temp = dir.join(temp_name);
-    let by_proc = format!("/proc/self/fd/{}", spool.as_raw_fd());
-    let linked = rustix::fs::linkat(
-        rustix::fs::CWD,
-        by_proc.as_str(),
-        rustix::fs::CWD,
-        &temp,
-        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+    temp.push(format!(".berth-cp-{}-{nanos}", std::process::id()));
+    let temp = Path::new(&temp);
+    let dir = rustix::fs::open(
+        parent_dir(&target),
+        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
     );
-    if linked.is_err() {
+    let Ok(dir) = dir else {
+        return write_regular_from(path, spool);
+    };
+    if link_unnamed(&spool, &dir, temp).is_err() {
         return write_regular_from(path, spool);
     }
-    let placed = (|| -> std::io::Result<u64> {
+    let prepared = (|| -> std::io::Result<u64> {
         rustix::fs::fchmod(&spool, rustix::fs::Mode::from_raw_mode(mode))?;
         if let Some((uid, gid)) = owner.filter(|_| rustix::process::geteuid().is_root()) {
             rustix::fs::fchown(
@@ -179,20 +178,50 @@ pub fn replace_regular_with(path: &Path, spool: File) -> Result<u64, ReadError> 
                 Some(rustix::fs::Gid::from_raw(gid)),
             )?;
         }
-        let len = spool.metadata()?.len();
-        std::fs::rename(&temp, &target)?;
-        Ok(len)
+        Ok(spool.metadata()?.len())
     })();
-    if placed.is_err() {
-        let _ = std::fs::remove_file(&temp);
+    let len = match prepared {
+        Ok(len) => len,
+        Err(e) => {
+            let _ = rustix::fs::unlinkat(&dir, temp, rustix::fs::AtFlags::empty());
+            return Err(e.into());
+        }
+    };
+    rename_or_remove(&dir, temp, Path::new(name)).map_err(std::io::Error::from)?;
+    Ok(len)
+}
+
+/// Links the unnamed file `file` (made with `O_TMPFILE`, without `O_EXCL`) into the directory
+/// `dir` as `name`, through `/proc/self/fd` (a link by the handle itself, `AT_EMPTY_PATH`, needs
+/// a capability Berth may not have). Fails, changing nothing, when `name` exists.
+pub fn link_unnamed(file: impl AsFd, dir: impl AsFd, name: &Path) -> rustix::io::Result<()> {
+    let by_proc = format!("/proc/self/fd/{}", file.as_fd().as_raw_fd());
+    rustix::fs::linkat(
+        rustix::fs::CWD,
+        by_proc.as_str(),
+        dir,
+        name,
+        rustix::fs::AtFlags::SYMLINK_FOLLOW,
+    )
+}
+
+/// Renames `temp` over `name` in the directory `dir`; a rename that fails removes `temp`.
+pub fn rename_or_remove(dir: impl AsFd, temp: &Path, name: &Path) -> rustix::io::Result<()> {
+    let renamed = rustix::fs::renameat(&dir, temp, &dir, name);
+    if renamed.is_err() {
+        let _ = rustix::fs::unlinkat(&dir, temp, rustix::fs::AtFlags::empty());
     }
-    Ok(placed?)
+    renamed
 }
 
 /// Where the spool for [`replace_regular_with`] goes: the directory of the file `path` names
 /// (through a symlink), `.` for a bare name.
 pub fn replacement_dir(path: &Path) -> std::path::PathBuf {
-    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    parent_dir(&std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned()))
+}
+
+/// The directory `target` is in, `.` for a bare name.
+fn parent_dir(target: &Path) -> std::path::PathBuf {
     match target.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
         _ => std::path::PathBuf::from("."),

@@ -2,10 +2,10 @@
 //! its bytes are written, linked under its name only once whole. A process killed while writing
 //! leaves nothing behind (the kernel frees an unnamed file with its last handle).
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::{Errno, Result};
 
 use crate::confine::{open_beneath, temp_name};
@@ -52,37 +52,22 @@ impl NewFile {
     /// old one). An old name is replaced by a rename from a temporary name: a kill between that
     /// link and the rename is the one moment a `.berth-write-*` name can be left.
     pub(crate) fn place(self, parent: impl AsFd, name: &Path, existed: bool) -> Result<()> {
-        let temp = match &self.temp {
-            Some(temp) => temp.clone(),
+        let temp = match self.temp {
+            Some(temp) => temp,
             None => {
-                let by_proc = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
-                let link = |to: &Path| {
-                    rustix::fs::linkat(
-                        rustix::fs::CWD,
-                        &by_proc,
-                        &parent,
-                        to,
-                        AtFlags::SYMLINK_FOLLOW,
-                    )
-                };
                 if !existed {
-                    match link(name) {
+                    match berth_files::link_unnamed(&self.fd, &parent, name) {
                         Ok(()) => return Ok(()),
                         Err(Errno::EXIST) => {}
                         Err(e) => return Err(e),
                     }
                 }
                 let temp = temp_name();
-                link(&temp)?;
+                berth_files::link_unnamed(&self.fd, &parent, &temp)?;
                 temp
             }
         };
-        let renamed =
-            rustix::fs::renameat_with(&parent, &temp, &parent, name, RenameFlags::empty());
-        if renamed.is_err() {
-            let _ = rustix::fs::unlinkat(&parent, &temp, AtFlags::empty());
-        }
-        renamed
+        berth_files::rename_or_remove(&parent, &temp, name)
     }
 
     /// Drops a file that will not be placed (an unnamed one goes with its handle).
@@ -93,8 +78,8 @@ impl NewFile {
     }
 }
 
-/// Whether an unnamed file can be given a name: through `/proc/self/fd` (a link by the handle
-/// itself, `AT_EMPTY_PATH`, needs a capability Berth may not have).
+/// Whether an unnamed file can be given a name (through `/proc/self/fd`, see
+/// [`berth_files::link_unnamed`]).
 fn linkable_by_proc() -> bool {
     static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())

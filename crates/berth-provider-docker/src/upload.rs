@@ -355,6 +355,7 @@ impl DockerProvider {
     /// engine unpacks under the container's lock, and answers a stat of a path under the same
     /// lock, so a stat first waits for the unpacking; it is made again after the `rm`, in case
     /// the unpacking took the lock only after the first.
+    ///
     /// Whether it is gone (else its record stays, for a later try).
     async fn remove_upload(&self, id: &NativeId, temp: &Path, cut_short: bool) -> bool {
         let temp_arg = temp.to_string_lossy();

@@ -3,6 +3,17 @@
 use super::*;
 use std::os::unix::fs::symlink;
 
+fn make_fifo(path: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        path,
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+}
+
 fn workspace() -> (tempfile::TempDir, PathBuf, Workspace) {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
@@ -101,14 +112,7 @@ fn symlinks_are_never_followed_inside_or_out() {
 #[test]
 fn fifos_are_refused_without_blocking() {
     let (_dir, ws, opened) = workspace();
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        ws.join("fifo").as_path(),
-        FileType::Fifo,
-        Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
+    make_fifo(&ws.join("fifo"));
     let err = opened.read("fifo").unwrap_err();
     assert!(err.to_string().contains("a FIFO"), "{err}");
     let err = opened.write("fifo", b"x").unwrap_err();
@@ -251,14 +255,7 @@ fn a_copy_streams_any_size_under_the_read_rules() {
     };
     let err = refused("link");
     assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        ws.join("fifo").as_path(),
-        FileType::Fifo,
-        Mode::from_raw_mode(0o644),
-        0,
-    )
-    .unwrap();
+    make_fifo(&ws.join("fifo"));
     let err = refused("fifo");
     assert!(err.to_string().contains("a FIFO"), "{err}");
     let err = refused("../x");
