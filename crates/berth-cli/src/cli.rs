@@ -120,8 +120,9 @@ pub enum Command {
     },
     /// Delete what nothing holds any more: sandboxes past their TTL, snapshots past their
     /// retention, sandboxes and snapshots a crash left half-made (intent rows whose call has
-    /// shown no sign of life for 2 minutes), never what a running mission will adopt or an
-    /// unexpired row of a run still live in another berth process.
+    /// shown no sign of life for 2 minutes) and what killed calls left that no row names,
+    /// never what a running mission will adopt or an unexpired row of a run still live in
+    /// another berth process.
     Gc,
     /// Fork a sandbox into a new one.
     Fork {

@@ -270,6 +270,68 @@ fn docker_cp_killed_midway_leaves_nothing_the_next_exec_sees() {
     assert!(!home.path().join("state/docker").join(&id).exists());
 }
 
+/// `berth gc` removes what a killed snapshot or fork left in the engine that no row names (its
+/// commit finished untagged after its row was gone: before, only a later docker destroy or
+/// snapshot removed it) and says so, entry by entry; with the engine unreachable, gc still
+/// succeeds and says that what is left there is unknown.
+#[test]
+fn gc_removes_what_killed_commits_left_and_says_so() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("gwen-{}", std::process::id());
+    let label = serde_json::json!({ "berth.image_for": format!("fork:bx-gone-{me}") });
+    // Another test's docker destroy clears abandoned commits too and may take ours first: gc
+    // must name it in one of a few tries.
+    let mut named = false;
+    for attempt in 0..5 {
+        let image = berth_testkit::load_untagged_image(
+            home.path(),
+            &format!("2026-01-01T00:02:0{attempt}Z"),
+            label.clone(),
+        );
+        let (code, doc) = home.json_as(&me, &["gc"]);
+        assert_eq!(code, 0, "{doc}");
+        assert_eq!(doc["complete"], true, "{doc}");
+        assert!(
+            !berth_testkit::image_exists(&image),
+            "gc left {image}: {doc}"
+        );
+        let entries = doc["entries"].as_array().unwrap();
+        if let Some(entry) = entries
+            .iter()
+            .find(|e| e["what"].as_str().is_some_and(|w| w.contains(&image)))
+        {
+            assert_eq!(entry["action"], "residue_removed", "{doc}");
+            assert_eq!(entry["provider"], "docker", "{doc}");
+            assert_eq!(entry["berth_id"], "<residue>", "{doc}");
+            named = true;
+            break;
+        }
+    }
+    assert!(named, "gc never named the abandoned commit it removed");
+
+    let out = home
+        .command(&me, &["--json", "gc"])
+        .env(
+            "DOCKER_HOST",
+            format!("unix://{}/no-engine.sock", home.path().display()),
+        )
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{doc}");
+    let unknown = doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["provider"] == "docker")
+        .unwrap_or_else(|| panic!("nothing said of docker: {doc}"));
+    assert_eq!(unknown["action"], "residue_unknown", "{doc}");
+    assert_eq!(unknown["kind"], "unavailable", "{doc}");
+}
+
 #[test]
 fn docker_names_that_would_change_an_engine_url_are_refused() {
     if !docker_ready() {

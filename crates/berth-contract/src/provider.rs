@@ -105,6 +105,15 @@ pub trait Provider: Send + Sync + Debug {
     fn loopback_forward(&self) -> Option<&dyn LoopbackForward> {
         None
     }
+
+    /// Removes what killed calls of this provider left behind that no ledger row names and
+    /// nothing will ever name again (docker: an image a killed snapshot or fork's commit
+    /// finished after its key or fork was gone), and says what it removed, one line each.
+    /// `berth gc` calls it for every provider it lists. The default is for providers whose
+    /// calls leave nothing outside what their rows name.
+    async fn remove_residue(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// The capabilities an adapter implements, derived from its accessors.

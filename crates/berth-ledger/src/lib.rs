@@ -23,7 +23,7 @@ use std::time::Duration;
 
 mod sweep;
 
-pub use sweep::{SweepAction, SweepEntry, SweepReport, SweepScope};
+pub use sweep::{SweepAction, SweepEntry, SweepReport, SweepScope, RESIDUE};
 
 use berth_contract::labels::{LEDGER_TOKEN, OWNER};
 use berth_contract::{

@@ -25,6 +25,9 @@ fn kind_and_message(source: &berth_contract::ProviderError) -> (String, String) 
 /// A provider a sweep built for its rows, or what its rows get when it cannot be built.
 type Constructed = Result<std::sync::Arc<dyn Provider>, SweepAction>;
 
+/// The name a sweep entry gives what no row names ([`SweepAction::ResidueRemoved`]).
+pub const RESIDUE: &str = "<residue>";
+
 /// What a sweep did to one resource.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
@@ -63,6 +66,20 @@ pub enum SweepAction {
         /// Why it is provably ours.
         reason: String,
     },
+    /// Something a killed call left that no row named (an image a killed commit finished
+    /// untagged), removed ([`Provider::remove_residue`]).
+    ResidueRemoved {
+        /// What it was.
+        what: String,
+    },
+    /// Whether killed calls left anything on the provider is unknown: it could not be asked
+    /// (not running, not reachable) or could not remove it.
+    ResidueUnknown {
+        /// Error kind.
+        kind: String,
+        /// Error message.
+        message: String,
+    },
     /// The provider could not be listed (not reachable, not set up): whatever it holds under
     /// this owner's label without a row is unknown. The rows are swept all the same; this
     /// entry names no resource of ours, so it does not make the sweep incomplete.
@@ -95,6 +112,9 @@ pub struct SweepScope {
     pub expired_only: bool,
     /// Also list these providers by owner label to find resources the ledger lost.
     pub discover: Vec<String>,
+    /// Also remove what killed calls left on these providers that no row names
+    /// ([`Provider::remove_residue`]).
+    pub residue: Vec<String>,
 }
 
 /// The outcome of a sweep.
@@ -116,6 +136,8 @@ impl SweepReport {
                     | SweepAction::SkippedForeign { .. }
                     | SweepAction::Held { .. }
                     | SweepAction::Adopted { .. }
+                    | SweepAction::ResidueRemoved { .. }
+                    | SweepAction::ResidueUnknown { .. }
                     | SweepAction::NotListed { .. }
             )
         })
@@ -244,7 +266,42 @@ impl Ledger {
                 action,
             });
         }
+        // Last, what killed calls left that no row names.
+        for provider_id in &scope.residue {
+            report
+                .entries
+                .extend(self.remove_residue(providers, provider_id).await);
+        }
         Ok(report)
+    }
+
+    /// What [`Provider::remove_residue`] removed from `provider_id`, an entry each, or why
+    /// what is left there is unknown (a provider not running or not reachable: like one that
+    /// cannot be listed, it names no resource of ours).
+    async fn remove_residue(
+        &self,
+        providers: &dyn ProviderLookup,
+        provider_id: &str,
+    ) -> Vec<SweepEntry> {
+        let entry = |action| SweepEntry {
+            berth_id: RESIDUE.to_owned(),
+            provider: provider_id.to_owned(),
+            action,
+        };
+        let removed = match providers.provider(provider_id) {
+            Ok(provider) => provider.remove_residue().await,
+            Err(e) => Err(e),
+        };
+        match removed {
+            Ok(removed) => removed
+                .into_iter()
+                .map(|what| entry(SweepAction::ResidueRemoved { what }))
+                .collect(),
+            Err(source) => {
+                let (kind, message) = kind_and_message(&source);
+                vec![entry(SweepAction::ResidueUnknown { kind, message })]
+            }
+        }
     }
 
     /// A row kept for its run: held while the run is still live in some process (this one or

@@ -74,31 +74,56 @@ impl DockerProvider {
     /// [`ABANDONED_AFTER`] after they were made: the call that commits tags at once, so such an
     /// image is a commit the engine finished for a caller that was killed, possibly after its
     /// key or fork was deleted (nothing else would ever name it). Plain snapshots are never
-    /// touched: a user's restore names them by digest.
-    pub(crate) async fn remove_abandoned_commits(&self) -> Result<usize> {
+    /// touched: a user's restore names them by digest. Returns what was removed (an image a
+    /// container still uses stays, and is not counted); every image is tried, and the first
+    /// failure is returned only when nothing could be removed.
+    pub(crate) async fn remove_abandoned_commits(&self) -> Result<Vec<AbandonedCommit>> {
         let filters = serde_json::json!({ "label": [IMAGE_FOR_LABEL], "dangling": ["true"] });
         let images = self.images_matching(filters).await?;
         // The engine is local (its socket): its clock is this one.
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let abandoned: Vec<String> = images
-            .into_iter()
-            .filter(|image| {
-                let made_for = image
-                    .labels
-                    .as_ref()
-                    .and_then(|labels| labels.get(IMAGE_FOR_LABEL))
-                    .map_or("", String::as_str);
-                (made_for.starts_with("key:") || made_for.starts_with("fork:"))
-                    && image.created > 0
-                    && image.created + ABANDONED_AFTER.as_secs() as i64 <= now
-            })
-            .map(|image| image.id)
-            .collect();
-        self.remove_images(&abandoned, &[StatusCode::CONFLICT])
-            .await?;
-        Ok(abandoned.len())
+        let abandoned = images.into_iter().filter_map(|image| {
+            let made_for = image
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(IMAGE_FOR_LABEL))
+                .cloned()
+                .unwrap_or_default();
+            ((made_for.starts_with("key:") || made_for.starts_with("fork:"))
+                && image.created > 0
+                && image.created + ABANDONED_AFTER.as_secs() as i64 <= now)
+                .then_some(AbandonedCommit {
+                    image: image.id,
+                    made_for,
+                    age_secs: now - image.created,
+                })
+        });
+        let mut removed = Vec::new();
+        let mut first_failure = None;
+        for commit in abandoned {
+            let answer = self
+                .engine
+                .expect(
+                    Method::DELETE,
+                    &format!("/images/{}", path_name(&commit.image)?),
+                    None,
+                    &[StatusCode::NOT_FOUND, StatusCode::CONFLICT],
+                )
+                .await;
+            match answer {
+                Ok(response) if response.status.is_success() => removed.push(commit),
+                Ok(_) => {}
+                Err(e) => {
+                    first_failure.get_or_insert(e);
+                }
+            }
+        }
+        match first_failure {
+            Some(e) if removed.is_empty() => Err(e),
+            _ => Ok(removed),
+        }
     }
 
     /// Removes `images` by id, so the image goes and not just a tag; 404 (already gone) is
@@ -129,6 +154,27 @@ impl DockerProvider {
             }
         }
         first_failure.map_or(Ok(()), Err)
+    }
+}
+
+/// An image [`DockerProvider::remove_abandoned_commits`] removed.
+#[derive(Debug)]
+pub(crate) struct AbandonedCommit {
+    /// The image's id.
+    pub(crate) image: String,
+    /// What it was committed for (`key:<key>` or `fork:<name>`).
+    pub(crate) made_for: String,
+    /// How long before its removal the engine made it, in seconds.
+    pub(crate) age_secs: i64,
+}
+
+impl std::fmt::Display for AbandonedCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "image {} committed for `{}` {} s before, left untagged by a killed call",
+            self.image, self.made_for, self.age_secs
+        )
     }
 }
 

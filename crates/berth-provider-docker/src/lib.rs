@@ -459,6 +459,11 @@ impl Provider for DockerProvider {
     fn access(&self) -> Option<&dyn berth_contract::Access> {
         Some(self)
     }
+
+    async fn remove_residue(&self) -> Result<Vec<String>> {
+        let removed = self.remove_abandoned_commits().await?;
+        Ok(removed.iter().map(ToString::to_string).collect())
+    }
 }
 
 #[async_trait]

@@ -3,6 +3,7 @@
 
 use berth_contract::{DestroyOutcome, ErrorKind, ExecRequest, NativeId, Provider, ProviderExt};
 use berth_provider_docker::{DockerConfig, DockerProvider};
+use berth_testkit::{image_exists, load_untagged_image};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 mod docker_support;
@@ -443,68 +444,18 @@ async fn a_commit_whose_caller_was_killed_neither_takes_the_key_nor_outlives_it(
     f.docker.destroy(&id).await.unwrap();
 }
 
-/// Loads an untagged image made at `created` (RFC 3339) with `labels`, as `docker load` of a
-/// minimal image archive; returns its id.
-fn load_untagged_image(dir: &std::path::Path, created: &str, labels: serde_json::Value) -> String {
-    let build = |entries: &[(&str, &[u8])]| {
-        let mut tar = tar::Builder::new(Vec::new());
-        for (name, bytes) in entries {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(bytes.len() as u64);
-            header.set_mode(0o644);
-            header.set_entry_type(tar::EntryType::Regular);
-            tar.append_data(&mut header, name, *bytes).unwrap();
-        }
-        tar.into_inner().unwrap()
-    };
-    let layer = build(&[("berth-abandoned", created.as_bytes())]);
-    std::fs::write(dir.join("layer.tar"), &layer).unwrap();
-    let sum = std::process::Command::new("sha256sum")
-        .arg(dir.join("layer.tar"))
+/// The time now, as RFC 3339 in UTC.
+fn utc_now() -> String {
+    let now = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
         .output()
         .unwrap();
-    let diff_id = format!(
-        "sha256:{}",
-        text(&sum.stdout).split_whitespace().next().unwrap()
-    );
-    let config = serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "created": created,
-        "config": { "Labels": labels },
-        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
-    })
-    .to_string();
-    let manifest = serde_json::json!([
-        { "Config": "config.json", "RepoTags": null, "Layers": ["layer.tar"] }
-    ])
-    .to_string();
-    let archive = build(&[
-        ("config.json", config.as_bytes()),
-        ("layer.tar", &layer),
-        ("manifest.json", manifest.as_bytes()),
-    ]);
-    std::fs::write(dir.join("image.tar"), archive).unwrap();
-    let loaded = std::process::Command::new("docker")
-        .args(["load", "-q", "-i"])
-        .arg(dir.join("image.tar"))
-        .output()
-        .unwrap();
-    assert!(loaded.status.success(), "{}", text(&loaded.stderr));
-    text(&loaded.stdout)
-        .trim()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .to_owned()
+    text(&now.stdout).trim().to_owned()
 }
 
-fn image_exists(image: &str) -> bool {
-    std::process::Command::new("docker")
-        .args(["image", "inspect", image])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
+/// Held by the tests that load old untagged images and then look for them: each one's
+/// housekeeping would remove the other's.
+static HOUSEKEEPING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// What a killed commit left untagged for a key or a fork (the engine finished it after the
 /// key was deleted) is removed by the next keyed snapshot, key deletion or fork removal once it
@@ -515,16 +466,13 @@ async fn abandoned_commits_are_removed_by_later_housekeeping() {
     let Some(f) = fixture("housekeeping").await else {
         return;
     };
+    let _alone = HOUSEKEEPING.lock().await;
     let dir = tempfile::Builder::new()
         .prefix("berth-test-abandoned-")
         .tempdir()
         .unwrap();
     let run = std::process::id();
-    let now = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .unwrap();
-    let now = text(&now.stdout).trim().to_owned();
+    let now = utc_now();
     let label = |made_for: String| serde_json::json!({ "berth.image_for": made_for });
     let old_key = load_untagged_image(
         dir.path(),
@@ -558,6 +506,71 @@ async fn abandoned_commits_are_removed_by_later_housekeeping() {
         left,
         [false, false, true, true],
         "left: old key image, old fork image, old plain snapshot, fresh key image"
+    );
+}
+
+/// `remove_residue` (what `berth gc` asks every provider) removes an abandoned commit and says
+/// which, and nothing else: a fresh untagged image and an old plain snapshot stay.
+#[tokio::test]
+async fn residue_removal_names_the_abandoned_commits_it_removed() {
+    let Some(f) = fixture("residue").await else {
+        return;
+    };
+    let _alone = HOUSEKEEPING.lock().await;
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-residue-")
+        .tempdir()
+        .unwrap();
+    let run = std::process::id();
+    let label = |made_for: String| serde_json::json!({ "berth.image_for": made_for });
+    let old_snapshot = load_untagged_image(
+        dir.path(),
+        "2026-01-01T00:00:03Z",
+        label(format!("snapshot-{run}")),
+    );
+    let fresh_fork = load_untagged_image(
+        dir.path(),
+        &utc_now(),
+        label(format!("fork:bx-fresh-residue-{run}")),
+    );
+    // Any other test's docker destroy also clears abandoned commits, so one may take ours
+    // first: the report must name it in one of a few tries, and never name what stays.
+    let mut named = false;
+    for attempt in 0..5 {
+        let old_key = load_untagged_image(
+            dir.path(),
+            &format!("2026-01-01T00:01:0{attempt}Z"),
+            label(format!("key:ck-residue-{run}")),
+        );
+        let report = f.docker.remove_residue().await.unwrap();
+        assert!(
+            !image_exists(&old_key),
+            "{old_key} stayed; report {report:?}"
+        );
+        for line in &report {
+            assert!(
+                !line.contains(&old_snapshot) && !line.contains(&fresh_fork),
+                "{line}"
+            );
+        }
+        if let Some(line) = report.iter().find(|line| line.contains(&old_key)) {
+            assert!(
+                line.contains(&format!("`key:ck-residue-{run}`")),
+                "the report does not say what the image was made for: {line}"
+            );
+            named = true;
+            break;
+        }
+    }
+    let kept = [image_exists(&old_snapshot), image_exists(&fresh_fork)];
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", &old_snapshot, &fresh_fork])
+        .output();
+    assert!(named, "no report named the abandoned commit it removed");
+    assert_eq!(
+        kept,
+        [true, true],
+        "kept: old plain snapshot, fresh fork image"
     );
 }
 

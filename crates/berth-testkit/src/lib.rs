@@ -179,3 +179,74 @@ pub fn at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 
     got.recv_timeout(Duration::from_secs(5))
         .unwrap_or_else(|_| panic!("{what} blocked"))
 }
+
+/// Loads an untagged image made at `created` (RFC 3339) with `labels`, as `docker load` of a
+/// minimal image archive; returns its id.
+pub fn load_untagged_image(dir: &Path, created: &str, labels: serde_json::Value) -> String {
+    let build = |entries: &[(&str, &[u8])]| {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, bytes) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut header, name, *bytes).unwrap();
+        }
+        tar.into_inner().unwrap()
+    };
+    let layer = build(&[("berth-abandoned", created.as_bytes())]);
+    std::fs::write(dir.join("layer.tar"), &layer).unwrap();
+    let sum = std::process::Command::new("sha256sum")
+        .arg(dir.join("layer.tar"))
+        .output()
+        .unwrap();
+    let diff_id = format!(
+        "sha256:{}",
+        String::from_utf8_lossy(&sum.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+    );
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": { "Labels": labels },
+        "rootfs": { "type": "layers", "diff_ids": [diff_id] },
+    })
+    .to_string();
+    let manifest = serde_json::json!([
+        { "Config": "config.json", "RepoTags": null, "Layers": ["layer.tar"] }
+    ])
+    .to_string();
+    let archive = build(&[
+        ("config.json", config.as_bytes()),
+        ("layer.tar", &layer),
+        ("manifest.json", manifest.as_bytes()),
+    ]);
+    std::fs::write(dir.join("image.tar"), archive).unwrap();
+    let loaded = std::process::Command::new("docker")
+        .args(["load", "-q", "-i"])
+        .arg(dir.join("image.tar"))
+        .output()
+        .unwrap();
+    assert!(
+        loaded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+    String::from_utf8_lossy(&loaded.stdout)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// Whether the docker engine has `image`.
+pub fn image_exists(image: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["image", "inspect", image])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}

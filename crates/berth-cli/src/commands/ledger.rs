@@ -119,24 +119,23 @@ pub async fn list(app: &App, all: bool) -> Result<i32> {
     Ok(code::OK)
 }
 
-/// `berth ledger sweep`.
+/// `berth ledger sweep` (and `berth gc`: expired rows only, no listing). Both also remove
+/// what killed calls left that no row names, on every provider built in and set up here.
 pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool) -> Result<i32> {
-    let discover = if discover {
-        app.registry
-            .manifests()?
-            .into_iter()
-            .map(|m| m.id.clone())
-            .filter(|id| {
-                app.registry.has_adapter(id)
-                    && app
-                        .registry
-                        .missing_credentials(id, &app.provider_config.env)
-                        .is_empty()
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let here: Vec<String> = app
+        .registry
+        .manifests()?
+        .into_iter()
+        .map(|m| m.id.clone())
+        .filter(|id| {
+            app.registry.has_adapter(id)
+                && app
+                    .registry
+                    .missing_credentials(id, &app.provider_config.env)
+                    .is_empty()
+        })
+        .collect();
+    let discover = if discover { here.clone() } else { Vec::new() };
     let report = app
         .ledger
         .sweep(
@@ -145,6 +144,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
                 run_id: run,
                 expired_only: expired,
                 discover,
+                residue: here,
             },
         )
         .await?;
@@ -181,6 +181,10 @@ pub(crate) fn sweep_line(entry: &SweepEntry) -> String {
         SweepAction::SkippedForeign { reason } => format!("skipped, not ours: {reason}"),
         SweepAction::Held { reason } => format!("kept: {reason}"),
         SweepAction::Adopted { reason } => format!("adopted: {reason}"),
+        SweepAction::ResidueRemoved { what } => format!("removed: {what}"),
+        SweepAction::ResidueUnknown { kind, message } => {
+            format!("not asked ({kind}): {message}; whether killed calls left anything is unknown")
+        }
         SweepAction::NotListed { kind, message } => format!(
             "not listed ({kind}): {message}; what it holds under your label without a row is \
              unknown"
