@@ -436,8 +436,23 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     assert_eq!(text(&out.stderr), "two\n");
     let (_, doc) = home.json(&["logs", &id, &first]);
     assert_eq!(doc["status"]["exit_code"], 0, "{doc}");
+    // Its supervisor counts what it would drop past what it keeps (1 GiB of each stream).
+    assert_eq!(doc["stdout_dropped_bytes"], 0, "{doc}");
     let (code, _) = home.json(&["kill", &id, &sleeper]);
     assert_eq!(code, 0);
+    // A process that ended is killed with what it left in its group (before: "killed", and
+    // the background sleep lived on).
+    let (code, doc) = home.json(&["exec", &id, "--detach", "-c", "sleep 301 & echo started"]);
+    assert_eq!(code, 0, "{doc}");
+    let background = doc["handle"].as_str().unwrap().to_owned();
+    let sleeping = || {
+        let out = home.sh(&id, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '");
+        text(&out.stdout).contains("sleep 301")
+    };
+    wait_for("the background sleep", &sleeping);
+    let (code, _) = home.json(&["kill", &id, &background]);
+    assert_eq!(code, 0);
+    wait_for("the background sleep to be killed", || !sleeping());
     let (_, doc) = home.json(&["ps", &id]);
     let state = doc["processes"]
         .as_array()
@@ -493,6 +508,9 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     let out = home.run(&["logs", &id, &first]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "one\nthree\n");
+    // What was dropped was counted by the supervisor, which is not running: unknown.
+    let (_, doc) = home.json(&["logs", &id, &first]);
+    assert_eq!(doc["stdout_dropped_bytes"], Value::Null, "{doc}");
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");
 }

@@ -212,6 +212,11 @@ pub struct OutputChunk {
     pub stdout_size: u64,
     /// How many bytes stderr held when it was read.
     pub stderr_size: u64,
+    /// How many bytes the process wrote to stdout beyond what the sandbox keeps of it (they
+    /// are gone); `None`: unknown (the provider cannot say, e.g. for a stopped sandbox).
+    pub stdout_dropped: Option<u64>,
+    /// The same for stderr.
+    pub stderr_dropped: Option<u64>,
 }
 
 /// The most a provider returns of one stream in one [`DetachedExec::output`] call, whatever is

@@ -25,6 +25,7 @@ impl DetachedExec for DockerProvider {
             cwd,
             env,
             log_dir: PROCESS_LOGS.into(),
+            keep: None,
         };
         match self.call(id, &request).await? {
             Exit::Started { process } => Ok(ProcessHandle(process)),
@@ -140,9 +141,13 @@ impl DetachedExec for DockerProvider {
             Ok(Ok(supervise::Outcome::Exit(Exit::Output {
                 stdout_size,
                 stderr_size,
+                stdout_dropped,
+                stderr_dropped,
             }))) => Ok(OutputChunk {
                 stdout_size,
                 stderr_size,
+                stdout_dropped,
+                stderr_dropped,
                 ..chunk
             }),
             Ok(Ok(supervise::Outcome::Exit(Exit::UnknownProcess { process }))) => {
@@ -216,6 +221,9 @@ impl DockerProvider {
             stderr: piece(&stderr, from.stderr),
             stdout_size: stdout.len() as u64,
             stderr_size: stderr.len() as u64,
+            // What the supervisor dropped it counted in memory: it is not running.
+            stdout_dropped: None,
+            stderr_dropped: None,
         })
     }
 }

@@ -100,6 +100,9 @@ pub enum Request {
         env: BTreeMap<String, String>,
         /// Where output files go.
         log_dir: String,
+        /// The most of each stream to keep (absent: [`MAX_KEPT_OUTPUT`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep: Option<u64>,
     },
     /// The state of a detached process.
     Status {
@@ -224,14 +227,28 @@ pub enum Exit {
         /// The handle asked about.
         process: String,
     },
-    /// The end of an `Output` reply: how many bytes each stream held when it was read.
+    /// The end of an `Output` reply: how many bytes each stream held when it was read, and how
+    /// many the process wrote to it beyond [`MAX_KEPT_OUTPUT`] (dropped; absent when this
+    /// supervisor did not start the process, so it cannot say).
     Output {
         /// Stdout's size.
         stdout_size: u64,
         /// Stderr's size.
         stderr_size: u64,
+        /// Stdout's bytes dropped.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stdout_dropped: Option<u64>,
+        /// Stderr's bytes dropped.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stderr_dropped: Option<u64>,
     },
 }
+
+/// The most of each stream of a detached process the supervisor keeps (in its output file):
+/// what the process writes beyond it is read and dropped, and counted ([`Exit::Output`]), so
+/// a process that never stops writing cannot fill the sandbox's disk — for a container, the
+/// host's.
+pub const MAX_KEPT_OUTPUT: u64 = 1 << 30;
 
 /// Whether `handle` is a detached process handle as the supervisor makes them (`p1`, `p2`, …):
 /// a short plain name, so no handle ever reaches a path as anything else.

@@ -342,6 +342,7 @@ fn detached_processes_outlive_their_connection_and_can_be_killed() {
         cwd: s.dir.path().to_string_lossy().into_owned(),
         env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
         log_dir: logs.to_string_lossy().into_owned(),
+        keep: None,
     };
     let Exit::Started { process: sleeper } = detached(&s, spawn("echo up; sleep 60 & sleep 60"))
     else {
@@ -414,6 +415,7 @@ fn detached_output_is_read_in_bounded_pieces_and_never_through_what_the_sandbox_
         cwd: s.dir.path().to_string_lossy().into_owned(),
         env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
         log_dir: logs.to_string_lossy().into_owned(),
+        keep: None,
     };
     let Exit::Started { process } = detached(&s, spawn) else {
         panic!("not started")
@@ -435,6 +437,8 @@ fn detached_output_is_read_in_bounded_pieces_and_never_through_what_the_sandbox_
     let sizes = Exit::Output {
         stdout_size: 3_000_000,
         stderr_size: 5,
+        stdout_dropped: Some(0),
+        stderr_dropped: Some(0),
     };
     // Every piece is what the file holds there, and no more than asked.
     let mut whole = Vec::new();
@@ -505,6 +509,94 @@ fn detached_output_is_read_in_bounded_pieces_and_never_through_what_the_sandbox_
             process: "p999".into()
         }
     );
+}
+
+/// A detached process that writes without end fills no disk: the supervisor keeps the first
+/// `keep` bytes of each stream (`MAX_KEPT_OUTPUT` unless asked) and reads and counts the rest,
+/// never making the process wait. Before, its output file grew as fast as it wrote (a detached
+/// `yes` filled the 22 GB left on the host's disk in about ten seconds). Finished still means its output is all there, and a descendant holding its pipes
+/// open does not keep it from finishing.
+#[test]
+fn a_detached_process_writing_without_end_keeps_a_bounded_file() {
+    let s = server();
+    let logs = s.dir.path().join("procs");
+    // Kept: 8 MiB here (a docker sandbox keeps `MAX_KEPT_OUTPUT`, 1 GiB).
+    let keep: u64 = 8 << 20;
+    let over = 3 << 20;
+    let script = format!(
+        "echo $$ > leader; head -c {} /dev/zero; echo err >&2; (sleep 30; echo late) & echo last-before-exit",
+        keep + over
+    );
+    let spawn = Request::Spawn {
+        v: PROTOCOL_VERSION,
+        argv: vec!["/bin/sh".into(), "-c".into(), script],
+        cwd: s.dir.path().to_string_lossy().into_owned(),
+        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
+        log_dir: logs.to_string_lossy().into_owned(),
+        keep: Some(keep),
+    };
+    let Exit::Started { process } = detached(&s, spawn) else {
+        panic!("not started")
+    };
+    // The sleeping descendant still holds both pipes: the process is finished all the same.
+    assert!(wait_status(&s, &process, &Exit::Exited { code: 0 }));
+    let kept = std::fs::metadata(logs.join(format!("{process}.out")))
+        .unwrap()
+        .len();
+    assert_eq!(kept, keep);
+    let reply = read_reply(send(
+        &s.socket,
+        &Request::Output {
+            v: PROTOCOL_VERSION,
+            process: process.clone(),
+            log_dir: logs.to_string_lossy().into_owned(),
+            stdout_from: kept,
+            stderr_from: 0,
+            max: 100,
+        },
+    ));
+    assert_eq!(
+        reply.exit,
+        Exit::Output {
+            stdout_size: kept,
+            stderr_size: 4,
+            stdout_dropped: Some(over + "last-before-exit\n".len() as u64),
+            stderr_dropped: Some(0),
+        }
+    );
+    assert_eq!(reply.stderr, b"err\n");
+    // Killing it after it ended kills what it left in its group (before: "killed", and the
+    // background subshell lived on).
+    let leader: i32 = std::fs::read_to_string(s.dir.path().join("leader"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(in_group(leader), "the background subshell is already gone");
+    let kill = || Request::Kill {
+        v: PROTOCOL_VERSION,
+        process: process.clone(),
+        signal: 9,
+    };
+    assert_eq!(detached(&s, kill()), Exit::Exited { code: 0 });
+    let until = Instant::now() + Duration::from_secs(10);
+    while in_group(leader) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!in_group(leader), "kill left its group's processes running");
+    assert_eq!(detached(&s, kill()), Exit::Exited { code: 0 }, "idempotent");
+}
+
+/// Whether a live process is in process group `pgid`, from `/proc/*/stat` (zombies are not).
+fn in_group(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or(Vec::new(), |(_, f)| f.split_whitespace().collect());
+            fields.first() != Some(&"Z") && fields.get(2) == Some(&pgid.to_string().as_str())
+        })
+    })
 }
 
 /// A request the supervisor reads only after its client gave up (the supervisor was frozen, as

@@ -264,7 +264,7 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
     if app.json {
         // The status first: output read after it is complete when it says finished.
         let status = detached.status(&native, &handle).await;
-        let (output, sizes) = read_output(
+        let (output, last) = read_output(
             detached,
             &native,
             &handle,
@@ -275,10 +275,13 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
             "sandbox": id,
             "handle": handle.0,
             "status": process_status_json(&status),
-            "stdout_bytes": sizes.0,
-            "stderr_bytes": sizes.1,
-            "stdout_truncated": (output.0.len() as u64) < sizes.0,
-            "stderr_truncated": (output.1.len() as u64) < sizes.1,
+            "stdout_bytes": last.stdout_size,
+            "stderr_bytes": last.stderr_size,
+            "stdout_truncated": (output.0.len() as u64) < last.stdout_size,
+            "stderr_truncated": (output.1.len() as u64) < last.stderr_size,
+            // Written past what the sandbox keeps, and gone (null: unknown).
+            "stdout_dropped_bytes": last.stdout_dropped,
+            "stderr_dropped_bytes": last.stderr_dropped,
         });
         put_output(&mut doc, "stdout", Some(&output.0));
         put_output(&mut doc, "stderr", Some(&output.1));
@@ -288,6 +291,7 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
     // Piece by piece from where the last read ended: memory stays bounded however long the
     // output, and following reads only what is new.
     let mut at = berth_contract::OutputOffsets::default();
+    let mut dropped;
     loop {
         let status = detached.status(&native, &handle).await;
         // Without --follow, the output there is now: never chasing a process that goes on
@@ -301,6 +305,7 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
             if !follow {
                 until.get_or_insert((piece.stdout_size, piece.stderr_size));
             }
+            dropped = (piece.stdout_dropped, piece.stderr_dropped);
             // A log that shrank (rewritten inside the sandbox) is shown again from its start;
             // rewritten again under the reads, it waits for the next look.
             if piece.stdout_size < at.stdout || piece.stderr_size < at.stderr {
@@ -334,6 +339,7 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
         let running = matches!(status, Ok(berth_contract::ProcessStatus::Running));
         // Following for a reader that went away (`| head`) has no one to follow for.
         if !follow || !running || crate::output::stdout_gone() {
+            say_dropped(&handle.0, dropped);
             if follow {
                 if let Err(e) = &status {
                     errln!("berth: {e}");
@@ -345,14 +351,27 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
     }
 }
 
-/// A detached process's output from its start, at most `limit` bytes of each stream, with each
-/// stream's whole size.
+/// Says on stderr what a detached process wrote past what its sandbox keeps (`logs` prints
+/// the output itself on stdout and stderr).
+fn say_dropped(handle: &str, (stdout, stderr): (Option<u64>, Option<u64>)) {
+    for (stream, dropped) in [("stdout", stdout), ("stderr", stderr)] {
+        if let Some(bytes) = dropped.filter(|b| *b > 0) {
+            errln!(
+                "berth: {handle} wrote {bytes} more bytes to {stream} than its sandbox keeps; \
+                 they were dropped"
+            );
+        }
+    }
+}
+
+/// A detached process's output from its start, at most `limit` bytes of each stream, with the
+/// last piece read (each stream's whole size, and what was dropped).
 async fn read_output(
     detached: &dyn berth_contract::DetachedExec,
     native: &berth_contract::NativeId,
     handle: &berth_contract::ProcessHandle,
     limit: usize,
-) -> Result<((Vec<u8>, Vec<u8>), (u64, u64))> {
+) -> Result<((Vec<u8>, Vec<u8>), berth_contract::OutputChunk)> {
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     // Bounded even against a sandbox that keeps rewriting its output under the reads.
     let rounds = 2 * limit.div_ceil(berth_contract::MAX_OUTPUT_CHUNK) + 2;
@@ -379,7 +398,7 @@ async fn read_output(
             || (stdout.len(), stderr.len()) == before
             || round == rounds
         {
-            return Ok(((stdout, stderr), (piece.stdout_size, piece.stderr_size)));
+            return Ok(((stdout, stderr), piece));
         }
     }
     unreachable!("the rounds end with a return")
