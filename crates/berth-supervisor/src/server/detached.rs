@@ -127,10 +127,12 @@ pub(super) fn spawn(
     std::thread::spawn(move || {
         // Not reaped yet: while it is a zombie its pid, and so its group's id, cannot be given
         // to another process, so `kill` can still signal what it left in its group.
-        let ended = exit_of(waitid(
-            Id::Pid(pgid),
-            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
-        ));
+        let ended = exit_of(loop {
+            match waitid(Id::Pid(pgid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                waited => break waited,
+            }
+        });
         // Finished means its output is in the files: what it wrote before it ended is relayed
         // first (not what a descendant still holding the pipes writes after).
         for relay in &relays {
