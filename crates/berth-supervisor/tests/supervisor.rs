@@ -535,6 +535,12 @@ fn a_detached_process_writing_without_end_keeps_a_bounded_file() {
         log_dir: logs.to_string_lossy().into_owned(),
         keep: Some(keep),
     };
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{}/fd", s.child.id()))
+            .unwrap()
+            .count()
+    };
+    let before = descriptors();
     let Exit::Started { process } = detached(&s, spawn) else {
         panic!("not started")
     };
@@ -585,6 +591,11 @@ fn a_detached_process_writing_without_end_keeps_a_bounded_file() {
     }
     assert!(!in_group(leader), "kill left its group's processes running");
     assert_eq!(detached(&s, kill()), Exit::Exited { code: 0 }, "idempotent");
+    // Its pipes and files are closed once nothing writes to them any more.
+    while descriptors() > before && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(descriptors(), before, "the supervisor kept its descriptors");
 }
 
 /// Whether a live process is in process group `pgid`, from `/proc/*/stat` (zombies are not).

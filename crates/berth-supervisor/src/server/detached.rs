@@ -205,13 +205,16 @@ fn group_has_others(pgid: Pid) -> bool {
 /// the rest is read and dropped (counted), so a process that never stops writing neither fills
 /// the disk nor blocks.
 struct Relay {
-    /// The pipe's read end (non-blocking: read only once `poll` says so, under the lock).
-    pipe: OwnedFd,
     state: Mutex<Relayed>,
 }
 
 struct Relayed {
-    file: File,
+    /// A duplicate of the pipe's read end, to ask how much is waiting in it. The relay's
+    /// thread reads its own (non-blocking: only once `poll` says so, under the lock); both,
+    /// and the file, are closed once every writer has closed the pipe, so an ended process
+    /// holds no descriptor of the supervisor's.
+    probe: Option<OwnedFd>,
+    file: Option<File>,
     /// The most to keep.
     keep: u64,
     /// Bytes read from the pipe so far (kept or dropped).
@@ -226,9 +229,9 @@ impl Relay {
     fn start(pipe: OwnedFd, file: File, keep: u64) -> io::Result<Arc<Relay>> {
         rustix::io::ioctl_fionbio(&pipe, true)?;
         let relay = Arc::new(Relay {
-            pipe,
             state: Mutex::new(Relayed {
-                file,
+                probe: Some(pipe.try_clone()?),
+                file: Some(file),
                 keep,
                 taken: 0,
                 kept: 0,
@@ -239,7 +242,7 @@ impl Relay {
         let running = relay.clone();
         std::thread::Builder::new()
             .name("relay".into())
-            .spawn(move || running.run())?;
+            .spawn(move || running.run(pipe))?;
         Ok(relay)
     }
 
@@ -250,23 +253,26 @@ impl Relay {
     /// Copies until every writer has closed the pipe. Bytes are only ever in this thread's
     /// hands while it holds the lock, so under the lock an empty pipe means all read is
     /// written.
-    fn run(&self) {
+    fn run(&self, pipe: OwnedFd) {
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            let mut ready = [PollFd::new(&self.pipe, PollFlags::IN)];
+            let mut ready = [PollFd::new(&pipe, PollFlags::IN)];
             match rustix::event::poll(&mut ready, None) {
                 Ok(_) | Err(Errno::INTR) => {}
                 Err(_) => break,
             }
             let mut state = self.lock();
-            match rustix::io::read(&self.pipe, &mut buf) {
+            match rustix::io::read(&pipe, &mut buf) {
                 Ok(0) => break,
                 Ok(n) => state.take(&buf[..n]),
                 Err(Errno::AGAIN | Errno::INTR) => {}
                 Err(_) => break,
             }
         }
-        self.lock().closed = true;
+        let mut state = self.lock();
+        state.closed = true;
+        state.probe = None;
+        state.file = None;
     }
 
     /// Waits until every byte in the pipe now has been relayed (or the pipe closed): called
@@ -275,7 +281,10 @@ impl Relay {
     fn wait_relayed_so_far(&self) {
         let target = {
             let state = self.lock();
-            let waiting = rustix::io::ioctl_fionread(&self.pipe).unwrap_or(0);
+            let waiting = state
+                .probe
+                .as_ref()
+                .map_or(0, |pipe| rustix::io::ioctl_fionread(pipe).unwrap_or(0));
             state.taken + waiting
         };
         loop {
@@ -302,8 +311,8 @@ impl Relayed {
         let room = self.keep.saturating_sub(self.kept);
         let mut keep = &bytes[..bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
         let mut written = 0;
-        while !keep.is_empty() {
-            match self.file.write(keep) {
+        while let (false, Some(file)) = (keep.is_empty(), self.file.as_mut()) {
+            match file.write(keep) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     written += n;
