@@ -32,7 +32,7 @@ struct Process {
     /// It ended and nothing is left in its process group (its leader was then reaped).
     group_gone: bool,
     /// Its stdout and stderr.
-    relays: [Arc<Relay>; 2],
+    relay: Arc<Relay>,
 }
 
 fn table() -> &'static Mutex<HashMap<String, Process>> {
@@ -83,33 +83,22 @@ pub(super) fn spawn(
         Ok(child) => child,
         Err(err) => return spawn_failure(program, cwd, &err),
     };
-    let relays = match (
-        child
-            .stdout
-            .take()
-            .map(|pipe| Relay::start(pipe.into(), stdout, keep)),
-        child
-            .stderr
-            .take()
-            .map(|pipe| Relay::start(pipe.into(), stderr, keep)),
-    ) {
-        (Some(Ok(out)), Some(Ok(err))) => [out, err],
-        (out, err) => {
-            // Without its relays the process would block on a full pipe: it is not left
+    let pipes = child
+        .stdout
+        .take()
+        .zip(child.stderr.take())
+        .ok_or_else(|| io::Error::other("no pipes"))
+        .and_then(|(out, err)| Relay::start([out.into(), err.into()], [stdout, stderr], keep));
+    let relay = match pipes {
+        Ok(relay) => relay,
+        Err(e) => {
+            // Without its relay the process would block on a full pipe: it is not left
             // running unseen.
             let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
             let _ = child.wait();
-            let why = [out, err]
-                .into_iter()
-                .find_map(|r| match r {
-                    Some(Err(e)) => Some(e.to_string()),
-                    None => Some("no pipe".into()),
-                    Some(Ok(_)) => None,
-                })
-                .unwrap_or_default();
             return Exit::SpawnFailed {
                 kind: "other".into(),
-                message: format!("cannot relay the output of `{program}`: {why}"),
+                message: format!("cannot relay the output of `{program}`: {e}"),
             };
         }
     };
@@ -120,7 +109,7 @@ pub(super) fn spawn(
             pgid,
             ended: None,
             group_gone: false,
-            relays: relays.clone(),
+            relay: relay.clone(),
         },
     );
     let waiter_handle = handle.clone();
@@ -135,9 +124,7 @@ pub(super) fn spawn(
         });
         // Finished means its output is in the files: what it wrote before it ended is relayed
         // first (not what a descendant still holding the pipes writes after).
-        for relay in &relays {
-            relay.wait_relayed_so_far();
-        }
+        relay.wait_relayed_so_far();
         set(&waiter_handle, |process| process.ended = Some(ended));
         // Reaped once nothing else is left in its group; the group is marked gone first, so a
         // `kill` never signals a group id that could be someone else's.
@@ -200,14 +187,15 @@ fn group_has_others(pgid: Pid) -> bool {
     })
 }
 
-/// One output stream of a detached process: a pipe whose bytes a thread of its own copies into
-/// the stream's file, the first `keep` of them ([`MAX_KEPT_OUTPUT`] unless the request says);
+/// A detached process's stdout and stderr: pipes whose bytes one thread copies into the
+/// streams' files, the first `keep` of each ([`MAX_KEPT_OUTPUT`] unless the request says);
 /// the rest is read and dropped (counted), so a process that never stops writing neither fills
 /// the disk nor blocks.
 struct Relay {
-    state: Mutex<Relayed>,
+    streams: Mutex<[Relayed; 2]>,
 }
 
+/// One stream of a [`Relay`].
 struct Relayed {
     /// A duplicate of the pipe's read end, to ask how much is waiting in it. The relay's
     /// thread reads its own (non-blocking: only once `poll` says so, under the lock); both,
@@ -221,85 +209,113 @@ struct Relayed {
     taken: u64,
     kept: u64,
     dropped: u64,
-    /// The pipe reached its end (every writer closed it) or failed.
-    closed: bool,
 }
 
 impl Relay {
-    fn start(pipe: OwnedFd, file: File, keep: u64) -> io::Result<Arc<Relay>> {
-        rustix::io::ioctl_fionbio(&pipe, true)?;
-        let relay = Arc::new(Relay {
-            state: Mutex::new(Relayed {
+    fn start(pipes: [OwnedFd; 2], files: [File; 2], keep: u64) -> io::Result<Arc<Relay>> {
+        let [out_file, err_file] = files;
+        let stream = |pipe: &OwnedFd, file| -> io::Result<Relayed> {
+            rustix::io::ioctl_fionbio(pipe, true)?;
+            Ok(Relayed {
                 probe: Some(pipe.try_clone()?),
                 file: Some(file),
                 keep,
                 taken: 0,
                 kept: 0,
                 dropped: 0,
-                closed: false,
-            }),
+            })
+        };
+        let relay = Arc::new(Relay {
+            streams: Mutex::new([stream(&pipes[0], out_file)?, stream(&pipes[1], err_file)?]),
         });
         let running = relay.clone();
         std::thread::Builder::new()
             .name("relay".into())
-            .spawn(move || running.run(pipe))?;
+            .spawn(move || running.run(pipes))?;
         Ok(relay)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Relayed> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, [Relayed; 2]> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Copies until every writer has closed the pipe. Bytes are only ever in this thread's
+    /// Copies until every writer has closed both pipes. Bytes are only ever in this thread's
     /// hands while it holds the lock, so under the lock an empty pipe means all read is
     /// written.
-    fn run(&self, pipe: OwnedFd) {
+    fn run(&self, pipes: [OwnedFd; 2]) {
+        let mut open = pipes.map(Some);
         let mut buf = vec![0u8; 64 << 10];
-        loop {
-            let mut ready = [PollFd::new(&pipe, PollFlags::IN)];
-            match rustix::event::poll(&mut ready, None) {
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(_) => break,
-            }
-            let mut state = self.lock();
-            match rustix::io::read(&pipe, &mut buf) {
-                Ok(0) => break,
-                Ok(n) => state.take(&buf[..n]),
-                Err(Errno::AGAIN | Errno::INTR) => {}
-                Err(_) => break,
+        while open.iter().any(Option::is_some) {
+            let waiting: Vec<usize> = {
+                let (which, mut fds): (Vec<usize>, Vec<PollFd<'_>>) = open
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(n, pipe)| Some((n, PollFd::new(pipe.as_ref()?, PollFlags::IN))))
+                    .unzip();
+                match rustix::event::poll(&mut fds, None) {
+                    Ok(_) | Err(Errno::INTR) => {}
+                    Err(_) => break,
+                }
+                which
+                    .into_iter()
+                    .zip(&fds)
+                    .filter(|(_, fd)| !fd.revents().is_empty())
+                    .map(|(n, _)| n)
+                    .collect()
+            };
+            for n in waiting {
+                let Some(pipe) = open[n].as_ref() else {
+                    continue;
+                };
+                let mut streams = self.lock();
+                match rustix::io::read(pipe, &mut buf) {
+                    Ok(0) => {}
+                    Ok(read) => {
+                        streams[n].take(&buf[..read]);
+                        continue;
+                    }
+                    Err(Errno::AGAIN | Errno::INTR) => continue,
+                    Err(_) => {}
+                }
+                // The end (or a failed pipe): this stream is closed.
+                streams[n].probe = None;
+                streams[n].file = None;
+                drop(streams);
+                open[n] = None;
             }
         }
-        let mut state = self.lock();
-        state.closed = true;
-        state.probe = None;
-        state.file = None;
+        for stream in self.lock().iter_mut() {
+            stream.probe = None;
+            stream.file = None;
+        }
     }
 
-    /// Waits until every byte in the pipe now has been relayed (or the pipe closed): called
+    /// Waits until every byte in the pipes now has been relayed (or a pipe closed): called
     /// once the process has ended, so what it wrote is all there already, however much a
     /// descendant writes after.
     fn wait_relayed_so_far(&self) {
-        let target = {
-            let state = self.lock();
-            let waiting = state
+        let targets = self.lock().each_ref().map(|stream| {
+            let waiting = stream
                 .probe
                 .as_ref()
                 .map_or(0, |pipe| rustix::io::ioctl_fionread(pipe).unwrap_or(0));
-            state.taken + waiting
-        };
+            stream.taken + waiting
+        });
         loop {
-            {
-                let state = self.lock();
-                if state.closed || state.taken >= target {
-                    return;
-                }
+            let caught_up = self
+                .lock()
+                .iter()
+                .zip(targets)
+                .all(|(stream, target)| stream.probe.is_none() || stream.taken >= target);
+            if caught_up {
+                return;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 
-    fn dropped(&self) -> u64 {
-        self.lock().dropped
+    fn dropped(&self) -> [u64; 2] {
+        self.lock().each_ref().map(|stream| stream.dropped)
     }
 }
 
@@ -378,8 +394,9 @@ pub(super) fn output(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get(handle)
-        .map(|process| process.relays.clone());
-    let dropped = |n: usize| dropped.as_ref().map(|relays| relays[n].dropped());
+        .map(|process| process.relay.clone())
+        .map(|relay| relay.dropped());
+    let dropped = |n: usize| dropped.map(|dropped| dropped[n]);
     Exit::Output {
         stdout_size: sizes[0],
         stderr_size: sizes[1],
