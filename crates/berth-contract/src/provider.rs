@@ -108,9 +108,10 @@ pub trait Provider: Send + Sync + Debug {
 
     /// Removes what killed calls of this provider left behind that no ledger row names and
     /// nothing will ever name again (docker: an image a killed snapshot or fork's commit
-    /// finished after its key or fork was gone), and says what it removed, one line each.
-    /// `berth gc` calls it for every provider it lists. The default is for providers whose
-    /// calls leave nothing outside what their rows name.
+    /// finished after its key or fork was gone), and says what it removed, one line each; an
+    /// error when anything could not be removed (naming what was). `berth gc` and `berth
+    /// ledger sweep` call it for every provider built in and set up. The default is for
+    /// providers whose calls leave nothing outside what their rows name.
     async fn remove_residue(&self) -> Result<Vec<String>> {
         Ok(Vec::new())
     }

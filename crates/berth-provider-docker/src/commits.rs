@@ -75,8 +75,8 @@ impl DockerProvider {
     /// image is a commit the engine finished for a caller that was killed, possibly after its
     /// key or fork was deleted (nothing else would ever name it). Plain snapshots are never
     /// touched: a user's restore names them by digest. Returns what was removed (an image a
-    /// container still uses stays, and is not counted); every image is tried, and the first
-    /// failure is returned only when nothing could be removed.
+    /// container still uses stays, and is not counted); every image is tried, and a failure
+    /// is returned naming what was removed before it.
     pub(crate) async fn remove_abandoned_commits(&self) -> Result<Vec<AbandonedCommit>> {
         let filters = serde_json::json!({ "label": [IMAGE_FOR_LABEL], "dangling": ["true"] });
         let images = self.images_matching(filters).await?;
@@ -121,8 +121,19 @@ impl DockerProvider {
             }
         }
         match first_failure {
+            None => Ok(removed),
             Some(e) if removed.is_empty() => Err(e),
-            _ => Ok(removed),
+            Some(e) => Err(err(
+                e.kind(),
+                format!(
+                    "{e} (removed before it: {})",
+                    removed
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            )),
         }
     }
 
