@@ -353,15 +353,25 @@ pub async fn logs(app: &App, id: &str, handle: &str, follow: bool) -> Result<i32
 
 /// Says on stderr what a detached process wrote past what its sandbox keeps (`logs` prints
 /// the output itself on stdout and stderr).
-fn say_dropped(handle: &str, (stdout, stderr): (Option<u64>, Option<u64>)) {
-    for (stream, dropped) in [("stdout", stdout), ("stderr", stderr)] {
-        if let Some(bytes) = dropped.filter(|b| *b > 0) {
-            errln!(
-                "berth: {handle} wrote {bytes} more bytes to {stream} than its sandbox keeps; \
-                 they were dropped"
-            );
-        }
+fn say_dropped(handle: &str, dropped: (Option<u64>, Option<u64>)) {
+    for line in dropped_notes(handle, dropped) {
+        errln!("{line}");
     }
+}
+
+/// The lines [`say_dropped`] prints: one per stream that lost bytes (none for unknown or 0).
+fn dropped_notes(handle: &str, (stdout, stderr): (Option<u64>, Option<u64>)) -> Vec<String> {
+    [("stdout", stdout), ("stderr", stderr)]
+        .into_iter()
+        .filter_map(|(stream, dropped)| {
+            dropped.filter(|b| *b > 0).map(|bytes| {
+                format!(
+                    "berth: {handle} wrote {bytes} more bytes to {stream} than its sandbox keeps; \
+                     they were dropped"
+                )
+            })
+        })
+        .collect()
 }
 
 /// A detached process's output from its start, at most `limit` bytes of each stream, with the
@@ -418,4 +428,20 @@ pub async fn kill(app: &App, id: &str, handle: &str) -> Result<i32> {
         errln!("killed {}", handle.0);
     }
     Ok(code::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dropped_notes;
+
+    /// Only bytes known to be dropped are said, per stream; unknown (`None`) and none are not.
+    #[test]
+    fn only_known_dropped_bytes_are_said() {
+        assert!(dropped_notes("p1", (None, Some(0))).is_empty());
+        assert_eq!(
+            dropped_notes("p1", (Some(5), None)),
+            ["berth: p1 wrote 5 more bytes to stdout than its sandbox keeps; they were dropped"]
+        );
+        assert_eq!(dropped_notes("p2", (Some(1), Some(2))).len(), 2);
+    }
 }
