@@ -228,8 +228,9 @@ pub enum Exit {
         process: String,
     },
     /// The end of an `Output` reply: how many bytes each stream held when it was read, and how
-    /// many the process wrote to it beyond [`MAX_KEPT_OUTPUT`] (dropped; absent when this
-    /// supervisor did not start the process, so it cannot say).
+    /// many the process wrote to it beyond what is kept (`Spawn`'s `keep`, by default
+    /// [`MAX_KEPT_OUTPUT`]), dropped; absent when this supervisor did not start the process, so
+    /// it cannot say.
     Output {
         /// Stdout's size.
         stdout_size: u64,
