@@ -84,43 +84,33 @@ impl DockerProvider {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        let abandoned = images.into_iter().filter_map(|image| {
-            let made_for = image
-                .labels
-                .as_ref()
-                .and_then(|labels| labels.get(IMAGE_FOR_LABEL))
-                .cloned()
-                .unwrap_or_default();
-            ((made_for.starts_with("key:") || made_for.starts_with("fork:"))
-                && image.created > 0
-                && image.created + ABANDONED_AFTER.as_secs() as i64 <= now)
-                .then_some(AbandonedCommit {
-                    image: image.id,
-                    made_for,
-                    age_secs: now - image.created,
-                })
-        });
-        let mut removed = Vec::new();
-        let mut first_failure = None;
-        for commit in abandoned {
-            let answer = self
-                .engine
-                .expect(
-                    Method::DELETE,
-                    &format!("/images/{}", path_name(&commit.image)?),
-                    None,
-                    &[StatusCode::NOT_FOUND, StatusCode::CONFLICT],
-                )
-                .await;
-            match answer {
-                Ok(response) if response.status.is_success() => removed.push(commit),
-                Ok(_) => {}
-                Err(e) => {
-                    first_failure.get_or_insert(e);
-                }
-            }
-        }
-        match first_failure {
+        let abandoned: Vec<AbandonedCommit> = images
+            .into_iter()
+            .filter_map(|image| {
+                let made_for = image
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(IMAGE_FOR_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
+                ((made_for.starts_with("key:") || made_for.starts_with("fork:"))
+                    && image.created > 0
+                    && image.created + ABANDONED_AFTER.as_secs() as i64 <= now)
+                    .then_some(AbandonedCommit {
+                        image: image.id,
+                        made_for,
+                        age_secs: now - image.created,
+                    })
+            })
+            .collect();
+        let ids: Vec<String> = abandoned.iter().map(|c| c.image.clone()).collect();
+        let (gone, failure) = self.delete_images(&ids, &[StatusCode::CONFLICT]).await?;
+        let removed: Vec<AbandonedCommit> = abandoned
+            .into_iter()
+            .zip(gone)
+            .filter_map(|(commit, gone)| gone.then_some(commit))
+            .collect();
+        match failure {
             None => Ok(removed),
             Some(e) if removed.is_empty() => Err(e),
             Some(e) => Err(err(
@@ -145,13 +135,25 @@ impl DockerProvider {
         images: &[String],
         also_ok: &[StatusCode],
     ) -> Result<()> {
+        let (_, failure) = self.delete_images(images, also_ok).await?;
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Asks the engine to delete each of `images` by id: for each, whether it was deleted now
+    /// (not already gone, not kept with a status in `also_ok`), and the first failure.
+    async fn delete_images(
+        &self,
+        images: &[String],
+        also_ok: &[StatusCode],
+    ) -> Result<(Vec<bool>, Option<ProviderError>)> {
         let also_ok: Vec<StatusCode> = [StatusCode::NOT_FOUND]
             .into_iter()
             .chain(also_ok.iter().copied())
             .collect();
+        let mut deleted = Vec::with_capacity(images.len());
         let mut first_failure = None;
         for image in images {
-            let removed = self
+            let answer = self
                 .engine
                 .expect(
                     Method::DELETE,
@@ -160,11 +162,12 @@ impl DockerProvider {
                     &also_ok,
                 )
                 .await;
-            if let Err(e) = removed {
+            deleted.push(answer.as_ref().is_ok_and(|r| r.status.is_success()));
+            if let Err(e) = answer {
                 first_failure.get_or_insert(e);
             }
         }
-        first_failure.map_or(Ok(()), Err)
+        Ok((deleted, first_failure))
     }
 }
 

@@ -251,6 +251,43 @@ pub enum Exit {
 /// host's.
 pub const MAX_KEPT_OUTPUT: u64 = 1 << 30;
 
+/// What a process can be a member of, by the id of the process that leads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Joined {
+    /// A process group.
+    Group,
+    /// A session.
+    Session,
+}
+
+/// The processes other than `id` itself (zombies included) whose process group or session is
+/// `id`, from `/proc/*/stat`.
+pub(crate) fn members(of: Joined, id: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    // After the parenthesised name (which may hold anything, `)` included): state, ppid, pgrp,
+    // session.
+    let field = match of {
+        Joined::Group => 2,
+        Joined::Session => 3,
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != id)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(field)?.parse::<i32>().ok()
+                })
+                == Some(id)
+        })
+        .collect()
+}
+
 /// Whether `handle` is a detached process handle as the supervisor makes them (`p1`, `p2`, …):
 /// a short plain name, so no handle ever reaches a path as anything else.
 pub fn process_handle_ok(handle: &str) -> bool {

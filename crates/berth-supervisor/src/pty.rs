@@ -179,7 +179,7 @@ pub fn serve(client: &UnixStream, out: &Arc<Mutex<UnixStream>>, session: &Sessio
                 let _ = killpg(group, signal);
                 // Job-control shells put each job in a group of its own; the session holds
                 // them all (a process that starts a session of its own leaves it).
-                for member in session_members(group.as_raw()) {
+                for member in crate::members(crate::Joined::Session, group.as_raw()) {
                     let _ = nix::sys::signal::kill(Pid::from_raw(member), signal);
                 }
             }
@@ -234,28 +234,6 @@ pub fn serve(client: &UnixStream, out: &Arc<Mutex<UnixStream>>, session: &Sessio
             reason: format!("cannot wait for the terminal's command: {err}"),
         },
     }
-}
-
-/// The processes of session `sid` (field 6 of `/proc/PID/stat`), other than its leader.
-fn session_members(sid: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != sid)
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    // After the parenthesised name: state, ppid, pgrp, session.
-                    let rest = &stat[stat.rfind(')')? + 2..];
-                    rest.split_whitespace().nth(3)?.parse::<i32>().ok()
-                })
-                == Some(sid)
-        })
-        .collect()
 }
 
 /// Terminal output → [`TAG_STDOUT`] frames, until the terminal closes, or `finished` is set

@@ -128,7 +128,7 @@ pub(super) fn spawn(
         set(&waiter_handle, |process| process.ended = Some(ended));
         // Reaped once nothing else is left in its group; the group is marked gone first, so a
         // `kill` never signals a group id that could be someone else's.
-        while group_has_others(pgid) {
+        while !crate::members(crate::Joined::Group, pgid.as_raw()).is_empty() {
             std::thread::sleep(std::time::Duration::from_millis(200));
         }
         set(&waiter_handle, |process| process.group_gone = true);
@@ -160,31 +160,6 @@ fn exit_of(waited: nix::Result<WaitStatus>) -> Exit {
             message: format!("wait returned {other:?}"),
         },
     }
-}
-
-/// Whether a process other than the group's (ended) leader is still in process group `pgid`,
-/// from `/proc/*/stat`.
-fn group_has_others(pgid: Pid) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            return false;
-        };
-        // The command name may hold anything, `)` included: the fields follow its last `)`.
-        pid != pgid.as_raw()
-            && std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
-                stat.rsplit_once(')')
-                    .and_then(|(_, fields)| fields.split_whitespace().nth(2))
-                    .and_then(|pgrp| pgrp.parse::<i32>().ok())
-                    == Some(pgid.as_raw())
-            })
-    })
 }
 
 /// A detached process's stdout and stderr: pipes whose bytes one thread copies into the
