@@ -281,7 +281,7 @@ fn gc_removes_what_killed_commits_left_and_says_so() {
     }
     let home = Home::new();
     let me = format!("gwen-{}", std::process::id());
-    let label = serde_json::json!({ "berth.image_for": format!("fork:bx-gone-{me}") });
+    let made_for = format!("fork:bx-gone-{me}");
     // Another test's docker destroy clears abandoned commits too and may take ours first: gc
     // must name it in one of a few tries.
     let mut named = false;
@@ -289,7 +289,7 @@ fn gc_removes_what_killed_commits_left_and_says_so() {
         let image = berth_testkit::load_untagged_image(
             home.path(),
             &format!("2026-01-01T00:02:0{attempt}Z"),
-            label.clone(),
+            &made_for,
         );
         let (code, doc) = home.json_as(&me, &["gc"]);
         assert_eq!(code, 0, "{doc}");

@@ -473,20 +473,18 @@ async fn abandoned_commits_are_removed_by_later_housekeeping() {
         .unwrap();
     let run = std::process::id();
     let now = utc_now();
-    let label = |made_for: String| serde_json::json!({ "berth.image_for": made_for });
     let old_key = load_untagged_image(
         dir.path(),
         "2026-01-01T00:00:00Z",
-        label(format!("key:ck-gone-{run}")),
+        &format!("key:ck-gone-{run}"),
     );
     let old_fork = load_untagged_image(
         dir.path(),
         "2026-01-01T00:00:01Z",
-        label(format!("fork:bx-gone-{run}")),
+        &format!("fork:bx-gone-{run}"),
     );
-    let old_snapshot =
-        load_untagged_image(dir.path(), "2026-01-01T00:00:02Z", label("snapshot".into()));
-    let fresh_key = load_untagged_image(dir.path(), &now, label(format!("key:ck-fresh-{run}")));
+    let old_snapshot = load_untagged_image(dir.path(), "2026-01-01T00:00:02Z", "snapshot");
+    let fresh_key = load_untagged_image(dir.path(), &now, &format!("key:ck-fresh-{run}"));
     for image in [&old_key, &old_fork, &old_snapshot, &fresh_key] {
         assert!(image_exists(image), "{image} was not loaded");
     }
@@ -522,16 +520,15 @@ async fn residue_removal_names_the_abandoned_commits_it_removed() {
         .tempdir()
         .unwrap();
     let run = std::process::id();
-    let label = |made_for: String| serde_json::json!({ "berth.image_for": made_for });
     let old_snapshot = load_untagged_image(
         dir.path(),
         "2026-01-01T00:00:03Z",
-        label(format!("snapshot-{run}")),
+        &format!("snapshot-{run}"),
     );
     let fresh_fork = load_untagged_image(
         dir.path(),
         &utc_now(),
-        label(format!("fork:bx-fresh-residue-{run}")),
+        &format!("fork:bx-fresh-residue-{run}"),
     );
     // Any other test's docker destroy also clears abandoned commits, so one may take ours
     // first: the report must name it in one of a few tries, and never name what stays.
@@ -540,7 +537,7 @@ async fn residue_removal_names_the_abandoned_commits_it_removed() {
         let old_key = load_untagged_image(
             dir.path(),
             &format!("2026-01-01T00:01:0{attempt}Z"),
-            label(format!("key:ck-residue-{run}")),
+            &format!("key:ck-residue-{run}"),
         );
         let report = f.docker.remove_residue().await.unwrap();
         assert!(

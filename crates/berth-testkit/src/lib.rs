@@ -180,9 +180,9 @@ pub fn at_once<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 
         .unwrap_or_else(|_| panic!("{what} blocked"))
 }
 
-/// Loads an untagged image made at `created` (RFC 3339) with `labels`, as `docker load` of a
-/// minimal image archive; returns its id.
-pub fn load_untagged_image(dir: &Path, created: &str, labels: serde_json::Value) -> String {
+/// Loads an untagged image made at `created` (RFC 3339), labelled as Berth labels a commit
+/// (`berth.image_for` = `made_for`), as `docker load` of a minimal image archive; returns its id.
+pub fn load_untagged_image(dir: &Path, created: &str, made_for: &str) -> String {
     let build = |entries: &[(&str, &[u8])]| {
         let mut tar = tar::Builder::new(Vec::new());
         for (name, bytes) in entries {
@@ -211,7 +211,7 @@ pub fn load_untagged_image(dir: &Path, created: &str, labels: serde_json::Value)
         "architecture": "amd64",
         "os": "linux",
         "created": created,
-        "config": { "Labels": labels },
+        "config": { "Labels": { "berth.image_for": made_for } },
         "rootfs": { "type": "layers", "diff_ids": [diff_id] },
     })
     .to_string();
