@@ -200,6 +200,28 @@ fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
         stderr.contains("line 1") && stderr.contains("missing field `repository`"),
         "{stderr}"
     );
+
+    // A NUL byte where a command is made: refused with its field and line, nothing registered
+    // (before, the mission was stored and every attempt failed to run).
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/fix-the-test/mission.toml");
+    let text = std::fs::read_to_string(example).unwrap();
+    let nul = dir.join("nul.toml");
+    std::fs::write(
+        &nul,
+        text.replacen("sh .agent/agent.sh", "sh .agent/agent.sh\\u0000", 1),
+    )
+    .unwrap();
+    let out = run(home.path(), &["mission", "run", nul.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(5));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nul.toml:20: `harness.command` contains a NUL byte"),
+        "{stderr}"
+    );
+    let list = run(home.path(), &["--json", "mission", "list"]);
+    let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(list["missions"], serde_json::json!([]), "{list}");
 }
 
 /// An unavailable provider falls back to the next; a provider that refuses the request (a

@@ -82,6 +82,9 @@ const MAX_NAME: usize = 64;
 const MAX_COMMAND: usize = 64 * 1024;
 const MAX_INSTRUCTIONS: usize = 256 * 1024;
 const MAX_TASKS: usize = 1000;
+/// Attempts per task: each costs at least a sandbox and a validator sandbox, and every one is a
+/// durable event; a bound keeps a failing task from running (and logging) without end.
+const MAX_ATTEMPTS: u32 = 1000;
 const MAX_EVIDENCE: usize = 256;
 const MAX_PATH: usize = 4096;
 
@@ -264,6 +267,17 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
             ));
         }
     }
+    if let Some((section, index, key, field)) = nul_field(&file) {
+        return Err(invalid(
+            section,
+            index,
+            key,
+            field,
+            "contains a NUL byte, which no command line, environment value, path or URL can \
+             carry (every attempt would fail to run)"
+                .into(),
+        ));
+    }
     if !slug(&file.name) {
         return Err(invalid(
             "",
@@ -370,11 +384,11 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
                 format!("`{}` is used by an earlier task", task.id),
             ));
         }
-        if task.max_attempts == 0 {
+        if task.max_attempts == 0 || task.max_attempts > MAX_ATTEMPTS {
             return Err(at(
                 "max_attempts",
                 "max_attempts",
-                "must be at least 1".into(),
+                format!("must be from 1 to {MAX_ATTEMPTS}"),
             ));
         }
         if parse_duration(&task.agent_timeout).is_none() {
@@ -415,6 +429,47 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
         }
     }
     Ok(file)
+}
+
+/// The first free-text field holding a NUL byte (section, task index, key, field path). Such a
+/// value reaches a process as an argument, an environment value or a path, none of which can
+/// carry one, so the file is refused before anything is durable rather than failing every
+/// attempt. Fields with their own character rules (names, ids, providers, image, durations,
+/// evidence, harness names) are checked by those.
+fn nul_field(file: &MissionFile) -> Option<(&'static str, Option<usize>, &'static str, String)> {
+    let has_nul = |value: Option<&String>| value.is_some_and(|v| v.contains('\0'));
+    let repository = &file.repository;
+    let gateway = file.harness.gateway.as_ref();
+    let top = [
+        ("repository", "path", repository.path.as_ref()),
+        ("repository", "url", repository.url.as_ref()),
+        ("repository", "base", Some(&repository.base)),
+        ("harness", "command", file.harness.command.as_ref()),
+        ("harness", "script", gateway.and_then(|g| g.script.as_ref())),
+        ("harness", "proxy", gateway.and_then(|g| g.proxy.as_ref())),
+    ];
+    if let Some((section, key, _)) = top.into_iter().find(|(_, _, value)| has_nul(*value)) {
+        let field = match key {
+            "script" | "proxy" => format!("harness.gateway.{key}"),
+            _ => format!("{section}.{key}"),
+        };
+        return Some((section, None, key, field));
+    }
+    file.tasks.iter().enumerate().find_map(|(i, task)| {
+        let fields = [
+            ("instructions", "instructions", Some(&task.instructions)),
+            (
+                "command",
+                "validator.command",
+                Some(&task.validator.command),
+            ),
+            ("setup", "validator.setup", task.validator.setup.as_ref()),
+        ];
+        fields
+            .into_iter()
+            .find(|(_, _, value)| has_nul(*value))
+            .map(|(key, field, _)| ("tasks", Some(i), key, format!("tasks[{i}].{field}")))
+    })
 }
 
 /// What is wrong with a validator's evidence path, if anything. It names a file beneath the

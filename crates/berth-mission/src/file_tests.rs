@@ -54,7 +54,7 @@ fn errors_name_the_file_and_line() {
     let cases = [
         (
             GOOD.replacen("max_attempts = 1", "max_attempts = 0", 1),
-            "m.toml:29: `tasks[1].max_attempts` must be at least 1",
+            "m.toml:29: `tasks[1].max_attempts` must be from 1 to 1000",
         ),
         (
             GOOD.replacen("agent_timeout = \"2m\"", "agent_timeout = \"soon\"", 1),
@@ -202,6 +202,91 @@ fn hostile_values_are_field_errors_not_panics() {
         .unwrap_err()
         .to_string()
         .contains("at most"));
+}
+
+/// A NUL byte (TOML carries it as `\u0000`) can reach no process, so a file holding one where
+/// a command, an environment value, a path or a URL is made is refused before anything is
+/// durable; before, the mission registered and every attempt failed to run.
+#[test]
+fn a_nul_byte_in_any_free_text_field_is_refused_with_its_field() {
+    let setup = GOOD.replacen(
+        "timeout = \"1m\"",
+        "timeout = \"1m\"\nsetup = \"pip install .\"",
+        1,
+    );
+    let cases = [
+        (
+            GOOD.replacen("sh agent.sh", "sh agent.sh\\u0000x", 1),
+            "harness.command",
+        ),
+        (
+            GOOD.replacen("base = \"main", "base = \"ma\\u0000in", 1),
+            "repository.base",
+        ),
+        (
+            GOOD.replacen("path = \"repo", "path = \"re\\u0000po", 1),
+            "repository.path",
+        ),
+        (
+            GOOD.replacen("path = \"repo\"", "url = \"https://h/r\\u0000.git\"", 1),
+            "repository.url",
+        ),
+        (
+            GOOD.replacen("Document it.", "Document\\u0000 it.", 1),
+            "tasks[1].instructions",
+        ),
+        (
+            GOOD.replacen("test -s NOTES.md", "test -s NOTES.md\\u0000", 1),
+            "tasks[1].validator.command",
+        ),
+        (
+            setup.replacen("pip install .", "pip install\\u0000 .", 1),
+            "tasks[0].validator.setup",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = parse("m.toml", &text).unwrap_err();
+        let MissionFileError::Invalid {
+            field: got,
+            problem,
+            line,
+            ..
+        } = &err
+        else {
+            panic!("{field}: not a field error: {err}");
+        };
+        assert_eq!(got, field, "{err}");
+        assert!(problem.contains("NUL byte"), "{err}");
+        assert!(
+            *line > 1,
+            "{field}: the line should point at the key: {err}"
+        );
+    }
+    // The same file without the NUL parses: the refusal is the NUL's, nothing else's.
+    parse("m.toml", &setup).unwrap();
+}
+
+#[test]
+fn attempts_are_bounded() {
+    for (attempts, ok) in [
+        ("1", true),
+        ("1000", true),
+        ("1001", false),
+        ("4000000000", false),
+    ] {
+        let text = GOOD.replacen("max_attempts = 3", &format!("max_attempts = {attempts}"), 1);
+        match parse("m.toml", &text) {
+            Ok(_) => assert!(ok, "{attempts} was accepted"),
+            Err(err) => {
+                assert!(!ok, "{attempts}: {err}");
+                assert!(
+                    err.to_string()
+                        .contains("`tasks[0].max_attempts` must be from 1 to 1000"),
+                    "{err}"
+                );
+            }
+        }
+    }
 }
 
 proptest::proptest! {

@@ -158,7 +158,8 @@ pub struct Task {
     pub id: String,
     /// What the agent is asked to do (given to it as `BERTH_INSTRUCTIONS`).
     pub instructions: String,
-    /// Attempts allowed before the task is exhausted.
+    /// Attempts allowed before the task is exhausted (1 to 1000).
+    #[schemars(range(min = 1, max = 1000))]
     pub max_attempts: u32,
     /// Deadline for the agent, e.g. `2m`.
     pub agent_timeout: String,
