@@ -20,13 +20,13 @@ pub mod enter;
 pub mod reaper;
 
 /// The helper modes a Berth binary runs instead of its own `main` when its first argument
-/// asks for one (`__reap`, `__reap_in`, `__reap_enter`, `__enter`, `__pty`); `None` for a
+/// asks for one (`__reap`, `__reap_waiting`, `__reap_enter`, `__enter`, `__pty`); `None` for a
 /// normal invocation. `berth` and `berth-supervisor` both call this first, so either can serve
 /// as the helper.
 pub fn helper_mode(args: &[std::ffi::OsString]) -> Option<i32> {
     match args.get(1)?.to_str()? {
         reaper::REAP_ARG => Some(reaper::run(&args[2..])),
-        reaper::REAP_IN_ARG => Some(reaper::run_in(&args[2..])),
+        reaper::REAP_WAITING_ARG => Some(reaper::run_waiting()),
         reaper::REAP_ENTER_ARG => Some(reaper::run_entering(&args[2..])),
         enter::ENTER_ARG => Some(enter::run(&args[2..])),
         pty::PTY_ARG => Some(pty::run_child(&args[2..])),

@@ -119,37 +119,99 @@ pub fn run(argv: &[OsString]) -> i32 {
     reap(control, command, true)
 }
 
-/// The argument that selects reaper mode in a working directory the reaper enters itself
-/// (`__reap_in DIR PROGRAM ARGS…`; see [`run_in`]).
-pub const REAP_IN_ARG: &str = "__reap_in";
+/// The argument that selects a reaper started before its command is known (see
+/// [`run_waiting`]).
+pub const REAP_WAITING_ARG: &str = "__reap_waiting";
 
-/// The reaper of `argv[1..]`, run in the directory `argv[0]`. The supervisor starts its reapers
-/// this way rather than with a working directory of its own choosing: a static binary cannot
-/// ask the C library for a spawn that changes directory, so the standard library would copy
-/// the whole supervisor (`fork`) for every exec instead of spawning (`vfork`) the reaper.
-pub fn run_in(argv: &[OsString]) -> i32 {
+/// The most a waiting reaper reads as its job.
+const MAX_JOB_BYTES: u64 = 16 << 20;
+
+/// What a waiting reaper runs: the command, the directory it runs in, its whole environment.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Job {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Entered by the reaper before the command starts.
+    pub cwd: String,
+    /// The command's environment (nothing else is inherited).
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+impl Job {
+    /// The job as the control channel carries it: its length (8 bytes, big-endian), then JSON.
+    pub fn to_frame(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("a job serializes");
+        let mut frame = (json.len() as u64).to_be_bytes().to_vec();
+        frame.extend_from_slice(&json);
+        frame
+    }
+}
+
+/// Reads one job frame; `None` at end of file before one (the supervisor went away or
+/// discarded this reaper). Exactly the frame is read: what follows on the channel (`term`,
+/// `kill`) is left for the reaper's command reader.
+fn read_job(mut control: &UnixStream) -> Result<Option<Job>, String> {
+    use std::io::Read;
+    let mut length = [0u8; 8];
+    if let Err(err) = control.read_exact(&mut length) {
+        return match err.kind() {
+            io::ErrorKind::UnexpectedEof => Ok(None),
+            _ => Err(format!("cannot read the job: {err}")),
+        };
+    }
+    let length = u64::from_be_bytes(length);
+    if length > MAX_JOB_BYTES {
+        return Err(format!("a job of {length} bytes; at most {MAX_JOB_BYTES}"));
+    }
+    let mut json = Vec::new();
+    control
+        .take(length)
+        .read_to_end(&mut json)
+        .map_err(|err| format!("cannot read the job: {err}"))?;
+    if json.len() as u64 != length {
+        return Ok(None);
+    }
+    serde_json::from_slice(&json)
+        .map(Some)
+        .map_err(|err| format!("malformed job: {err}"))
+}
+
+/// A reaper started ahead of its command (`__reap_waiting`), so that an exec does not wait for
+/// the reaper's own start (on a machine whose C library start-up is slow, most of what an exec
+/// costs): it reads one [`Job`] from its control channel, enters the job's directory itself
+/// (the supervisor spawns it without one, so the spawn is a `vfork`, not a copy of the
+/// supervisor), and reaps the command with the job's environment and nothing else. End of
+/// file before a job: it exits, having started nothing.
+pub fn run_waiting() -> i32 {
     let Some(control) = control_channel() else {
         return 2;
     };
-    let [dir, program, args @ ..] = argv else {
-        say(&control, "failed other usage: __reap_in DIR PROGRAM [ARG…]");
+    let job = match read_job(&control) {
+        Ok(Some(job)) => job,
+        Ok(None) => return 0,
+        Err(message) => {
+            say(
+                &control,
+                &format!("failed other {}", message.replace('\n', " ")),
+            );
+            return 2;
+        }
+    };
+    let Some((program, args)) = job.argv.split_first() else {
+        say(&control, "failed other empty argv");
         return 2;
     };
-    if let Err(err) = std::env::set_current_dir(dir) {
+    if let Err(err) = std::env::set_current_dir(&job.cwd) {
         // Said as a start of the command would say it, the command never having started.
         say_start_failed(
             &control,
             start_failure_kind(&err),
-            &format!(
-                "cannot start `{}` in `{}`: {err}",
-                program.to_string_lossy(),
-                dir.to_string_lossy()
-            ),
+            &format!("cannot start `{program}` in `{}`: {err}", job.cwd),
         );
         return 0;
     }
     let mut command = Command::new(program);
-    command.args(args);
+    command.args(args).env_clear().envs(&job.env);
     reap(control, command, true)
 }
 

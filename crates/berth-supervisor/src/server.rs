@@ -26,6 +26,7 @@ pub fn serve(socket: &Path) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
     }
+    self::exec::prepare_next();
     for connection in listener.incoming() {
         match connection {
             Ok(stream) => {
@@ -202,6 +203,8 @@ fn handle(stream: UnixStream) -> io::Result<()> {
             let exit = exec(&stream, &out, &argv, &cwd, &env, timeout_ms, grace_ms);
             let sent = send_exit(&out, &exit);
             let _ = stream.shutdown(Shutdown::Both);
+            // After the answer: the next exec's reaper starts while its client reads this one.
+            self::exec::prepare_next();
             sent
         }
     }

@@ -760,3 +760,160 @@ fn a_reaper_ends_when_its_command_leaves_a_clone_child() {
         "the clone child {clone} outlived its reaper: {left:?}"
     );
 }
+
+/// The supervisor's children running in reaper mode `mode` (the second word of their command
+/// line), from `/proc`.
+fn reapers_of(supervisor: u32, mode: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{supervisor}/task")) else {
+        return found;
+    };
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children
+            .split_whitespace()
+            .filter_map(|c| c.parse::<i32>().ok())
+        {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            if cmdline.split(|b| *b == 0).nth(1) == Some(mode.as_bytes()) && !gone_now(child) {
+                found.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Whether `pid` is gone or a zombie, now.
+fn gone_now(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
+
+/// The one reaper waiting for the next exec, other than `not` (at most 5 s).
+fn waiting_reaper(s: &Server, not: Option<i32>) -> i32 {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting = reapers_of(s.child.id(), berth_supervisor::reaper::REAP_WAITING_ARG);
+        match waiting.as_slice() {
+            [one] if Some(*one) != not => return *one,
+            many if many.len() > 1 => panic!("more than one reaper waiting: {many:?}"),
+            _ if Instant::now() > until => panic!("no reaper waiting (other than {not:?})"),
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// An exec does not wait for its reaper to start: one is started when the supervisor starts
+/// and again after each exec has answered, and the exec's command runs under it (its parent).
+/// One that is gone when an exec comes (anything in a sandbox can kill it) is replaced, and the
+/// exec runs all the same, in its directory and with exactly its environment; no more than one
+/// ever waits.
+#[test]
+fn an_exec_runs_under_a_reaper_started_before_it() {
+    let s = server();
+    let first = waiting_reaper(&s, None);
+    let reply = read_reply(send(&s.socket, &exec(s.dir.path(), "echo $PPID", None)));
+    assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    assert_eq!(
+        String::from_utf8_lossy(&reply.stdout).trim(),
+        first.to_string()
+    );
+
+    let next = waiting_reaper(&s, Some(first));
+    assert!(gone(first), "the used reaper ended with its command");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(next),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert!(gone(next));
+    let line = "echo $PPID; pwd; env | grep -v '^PWD=\\|^SHLVL=\\|^_=' | sort";
+    let reply = read_reply(send(&s.socket, &exec(s.dir.path(), line, None)));
+    assert_eq!(
+        reply.exit,
+        Exit::Exited { code: 0 },
+        "{reply_err}",
+        reply_err = String::from_utf8_lossy(&reply.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&reply.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_ne!(lines[0], next.to_string(), "ran under the killed reaper");
+    assert_eq!(lines[1], s.dir.path().to_str().unwrap());
+    assert_eq!(&lines[2..], ["GIVEN=yes", "PATH=/usr/bin:/bin"]);
+    for _ in 0..5 {
+        let reply = read_reply(send(&s.socket, &exec(s.dir.path(), "true", None)));
+        assert_eq!(reply.exit, Exit::Exited { code: 0 });
+    }
+    waiting_reaper(&s, None);
+}
+
+/// What a reaper in `__reap_waiting` mode says after being sent `sent`, and how it ends. The
+/// channel is closed after `sent` when `then_close` (which, once a command runs, means the
+/// caller is gone: the command is killed).
+fn reap_waiting(sent: &[u8], then_close: bool) -> (String, std::process::ExitStatus) {
+    use std::io::Read;
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth-supervisor"))
+        .arg(berth_supervisor::reaper::REAP_WAITING_ARG)
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+            theirs,
+        )))
+        .spawn()
+        .unwrap();
+    ours.write_all(sent).unwrap();
+    if then_close {
+        ours.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let status = child.wait().unwrap();
+    let mut said = String::new();
+    ours.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (&ours).take(4096).read_to_string(&mut said).unwrap();
+    (said, status)
+}
+
+/// A waiting reaper runs only a whole, well-formed job: the channel closing before one (the
+/// supervisor went away) ends it quietly, and a malformed or oversized one is its own failure
+/// (`other`, never the command missing); in neither case does anything start.
+#[test]
+fn a_waiting_reaper_runs_only_a_whole_job() {
+    let job = berth_supervisor::reaper::Job {
+        argv: vec!["/bin/sh".into(), "-c".into(), "echo ran > ran".into()],
+        cwd: tempfile::tempdir()
+            .unwrap()
+            .keep()
+            .to_string_lossy()
+            .into_owned(),
+        env: BTreeMap::new(),
+    };
+    let frame = job.to_frame();
+    let ran = Path::new(&job.cwd).join("ran");
+
+    let (said, status) = reap_waiting(b"", true);
+    assert_eq!((said.as_str(), status.code()), ("", Some(0)));
+    let (said, status) = reap_waiting(&frame[..frame.len() - 1], true);
+    assert_eq!((said.as_str(), status.code()), ("", Some(0)), "a cut job");
+    let mut malformed = 5u64.to_be_bytes().to_vec();
+    malformed.extend_from_slice(b"{argv");
+    let (said, status) = reap_waiting(&malformed, true);
+    assert!(said.starts_with("failed other malformed job"), "{said}");
+    assert_eq!(status.code(), Some(2));
+    let (said, status) = reap_waiting(&u64::MAX.to_be_bytes(), true);
+    assert!(said.starts_with("failed other a job of"), "{said}");
+    assert_eq!(status.code(), Some(2));
+    assert!(!ran.exists(), "something ran");
+
+    let (said, status) = reap_waiting(&frame, false);
+    assert_eq!(
+        (said.as_str(), status.code()),
+        ("started\nexited 0\n", Some(0))
+    );
+    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
+    let _ = std::fs::remove_dir_all(&job.cwd);
+}

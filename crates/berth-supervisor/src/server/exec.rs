@@ -2,10 +2,10 @@
 //! reaper.
 
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -25,35 +25,21 @@ pub(super) fn exec(
     timeout_ms: Option<u64>,
     grace_ms: u64,
 ) -> Exit {
-    let Some((program, args)) = argv.split_first() else {
+    let Some(program) = argv.first() else {
         return Exit::BadRequest {
             message: "empty argv".into(),
         };
     };
     // The command runs under this binary's reaper mode: it is a child subreaper, so what the
-    // command starts cannot leave the exec by `setsid` or double-forking (see `reaper`).
-    let (control, reaper_end) = match UnixStream::pair() {
-        Ok(pair) => pair,
-        Err(err) => return spawn_failure(program, cwd, &err),
+    // command starts cannot leave the exec by `setsid` or double-forking (see `reaper`). The
+    // reaper was started ahead of this exec when it could be (see `prepare_next`).
+    let job = crate::reaper::Job {
+        argv: argv.to_vec(),
+        cwd: cwd.to_owned(),
+        env: env.clone(),
     };
-    let spawned = std::env::current_exe().and_then(|exe| {
-        // The reaper enters `cwd` itself (see `reaper::run_in`): spawned without a directory
-        // of its own, the reaper is a `vfork` of this process, not a copy of it.
-        Command::new(exe)
-            .arg(crate::reaper::REAP_IN_ARG)
-            .arg(cwd)
-            .arg(program)
-            .args(args)
-            .env_clear()
-            .envs(env)
-            .stdin(Stdio::from(std::os::fd::OwnedFd::from(reaper_end)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-    });
-    let mut child = match spawned {
-        Ok(child) => child,
+    let Waiting { mut child, control } = match reaper_for(&job.to_frame()) {
+        Ok(waiting) => waiting,
         Err(err) => return spawn_failure(program, cwd, &err),
     };
     let mut reports = match control.try_clone() {
@@ -149,6 +135,63 @@ pub(super) fn exec(
             ),
         },
     }
+}
+
+/// A reaper started before the exec it will run (`reaper::run_waiting`): its process, with
+/// its output pipes, and its control channel.
+struct Waiting {
+    child: Child,
+    control: UnixStream,
+}
+
+/// The reaper waiting for the next exec, if one is.
+static WAITING: Mutex<Option<Waiting>> = Mutex::new(None);
+
+impl Waiting {
+    fn start() -> io::Result<Waiting> {
+        let (control, reaper_end) = UnixStream::pair()?;
+        // Spawned without a directory or environment of its own: the job brings both, and the
+        // spawn stays a `vfork` of this process.
+        let child = Command::new(std::env::current_exe()?)
+            .arg(crate::reaper::REAP_WAITING_ARG)
+            .env_clear()
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(reaper_end)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        Ok(Waiting { child, control })
+    }
+
+    fn send(&self, frame: &[u8]) -> io::Result<()> {
+        (&self.control).write_all(frame)
+    }
+}
+
+/// Starts a reaper for the next exec unless one is waiting already: called when the supervisor
+/// starts and after each exec has answered, so the next exec finds its reaper running.
+pub(super) fn prepare_next() {
+    let mut slot = WAITING.lock().unwrap_or_else(|p| p.into_inner());
+    if slot.is_none() {
+        *slot = Waiting::start().ok();
+    }
+}
+
+/// A reaper that has been given `frame`: the waiting one when it takes it, else one started
+/// now (the waiting one is taken by a concurrent exec, or is gone: anything in the sandbox may
+/// kill it).
+fn reaper_for(frame: &[u8]) -> io::Result<Waiting> {
+    let waiting = WAITING.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(mut waiting) = waiting {
+        if waiting.send(frame).is_ok() {
+            return Ok(waiting);
+        }
+        let _ = waiting.child.kill();
+        let _ = waiting.child.wait();
+    }
+    let fresh = Waiting::start()?;
+    fresh.send(frame)?;
+    Ok(fresh)
 }
 
 /// The command's output as frames to the client, until both pipes end — or, once the reaper has
