@@ -576,3 +576,44 @@ fn logs_of_any_length_are_read_in_pieces(home: &Home, id: &str) {
         (&Value::from("done\n"), &Value::from(false))
     );
 }
+
+/// A sandbox at its process limit says so, and detached processes cost it half as much as
+/// before. Each detached process is one process and one supervisor thread (before: two
+/// threads), so a limit of 64 holds over twenty-five; the one that no longer fits is refused
+/// with the sandbox's processes and threads against its limit (before: "Resource temporarily
+/// unavailable (os error 11)" and nothing else).
+#[test]
+fn a_sandbox_at_its_process_limit_says_so() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let (code, doc) = home.json(&[
+        "create",
+        "-p",
+        "docker",
+        "--image",
+        &test_image(),
+        "--pids",
+        "64",
+    ]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let mut started = 0;
+    let refusal = loop {
+        let (code, doc) = home.json(&["exec", &id, "--detach", "--", "sleep", "300"]);
+        if code != 0 {
+            break doc;
+        }
+        started += 1;
+        assert!(started < 64, "never refused under a limit of 64");
+    };
+    let message = refusal["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("of its limit 64)"), "{refusal}");
+    assert!(
+        started >= 26,
+        "only {started} detached processes under a limit of 64"
+    );
+    let (code, doc) = home.json(&["destroy", &id]);
+    assert_eq!(code, 0, "{doc}");
+}

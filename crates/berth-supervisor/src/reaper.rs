@@ -266,7 +266,11 @@ fn reap(control: UnixStream, mut command: Command, is_the_command: bool) -> i32 
             say_start_failed(
                 &control,
                 kind,
-                &format!("cannot start `{}`: {err}", program.to_string_lossy()),
+                &format!(
+                    "cannot start `{}`: {err}{}",
+                    program.to_string_lossy(),
+                    at_process_limit(&err)
+                ),
             );
             return 0;
         }
@@ -342,6 +346,28 @@ pub(crate) fn start_failure_kind(err: &io::Error) -> &'static str {
         io::ErrorKind::PermissionDenied => "permission_denied",
         _ => "other",
     }
+}
+
+/// When `err` is the kernel refusing another process or thread (`EAGAIN`), how many the
+/// sandbox has against its limit (its pids cgroup, v1 or v2), when that can be read: the usual
+/// reason. Otherwise nothing.
+pub(crate) fn at_process_limit(err: &io::Error) -> String {
+    if err.raw_os_error() != Some(Errno::EAGAIN as i32) {
+        return String::new();
+    }
+    for dir in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
+        let read = |name: &str| {
+            let mut text = String::new();
+            std::fs::File::open(format!("{dir}/{name}"))
+                .and_then(|file| io::Read::read_to_string(&mut io::Read::take(file, 64), &mut text))
+                .ok()
+                .map(|_| text.trim().to_owned())
+        };
+        if let (Some(current), Some(max)) = (read("pids.current"), read("pids.max")) {
+            return format!(" (the sandbox's processes and threads: {current} of its limit {max})");
+        }
+    }
+    String::new()
 }
 
 /// Tells the caller the command could not start, on one line.

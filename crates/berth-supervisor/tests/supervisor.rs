@@ -917,3 +917,62 @@ fn a_waiting_reaper_runs_only_a_whole_job() {
     assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
     let _ = std::fs::remove_dir_all(&job.cwd);
 }
+
+/// The supervisor's threads, from `/proc`.
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| tasks.count())
+        .unwrap_or(0)
+}
+
+/// Each detached process costs the supervisor one thread (relaying its output, recording its
+/// end and reaping it), not one per duty: in a sandbox every thread counts against the same
+/// process limit as the sandbox's own processes (before: two threads per process, so a
+/// container's 1024 held 340 detached processes). The thread ends with the process.
+#[test]
+fn a_detached_process_costs_one_supervisor_thread() {
+    let s = server();
+    let logs = s.dir.path().join("procs");
+    let spawn = |line: &str| Request::Spawn {
+        v: PROTOCOL_VERSION,
+        argv: vec!["/bin/sh".into(), "-c".into(), line.into()],
+        cwd: s.dir.path().to_string_lossy().into_owned(),
+        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
+        log_dir: logs.to_string_lossy().into_owned(),
+        keep: None,
+    };
+    // Settled: connection threads of earlier requests have ended.
+    let settled = || {
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut last = threads_of(s.child.id());
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = threads_of(s.child.id());
+            if now == last || Instant::now() > until {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let before = settled();
+    let mut started = Vec::new();
+    for _ in 0..8 {
+        let Exit::Started { process } = detached(&s, spawn("exec sleep 30")) else {
+            panic!("not started")
+        };
+        started.push(process);
+    }
+    assert_eq!(settled(), before + 8, "threads for 8 detached processes");
+    for process in &started {
+        let kill = Request::Kill {
+            v: PROTOCOL_VERSION,
+            process: process.clone(),
+            signal: 9,
+        };
+        assert_eq!(detached(&s, kill), Exit::Exited { code: 0 });
+        assert!(wait_status(&s, process, &Exit::Signalled { signal: 9 }));
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while settled() != before && Instant::now() < until {}
+    assert_eq!(settled(), before, "the watchers ended with their processes");
+}

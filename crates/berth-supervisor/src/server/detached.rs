@@ -1,11 +1,12 @@
-//! Detached processes: started in their own process group, their output relayed into bounded
-//! files, waited for by a thread that records how they ended and reaps them once nothing is
-//! left in their group. Handles live as long as this supervisor process.
+//! Detached processes: started in their own process group, each watched by one thread that
+//! relays its output into bounded files, records how it ended and reaps it once nothing is left
+//! in its group (one thread, not one per duty: each counts against the sandbox's process
+//! limit). Handles live as long as this supervisor process.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -83,57 +84,50 @@ pub(super) fn spawn(
         Ok(child) => child,
         Err(err) => return spawn_failure(program, cwd, &err),
     };
-    let pipes = child
-        .stdout
-        .take()
-        .zip(child.stderr.take())
+    let pipes = child.stdout.take().zip(child.stderr.take());
+    let started = pipes
         .ok_or_else(|| io::Error::other("no pipes"))
-        .and_then(|(out, err)| Relay::start([out.into(), err.into()], [stdout, stderr], keep));
-    let relay = match pipes {
-        Ok(relay) => relay,
-        Err(e) => {
-            // Without its relay the process would block on a full pipe: it is not left
-            // running unseen.
-            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-            let _ = child.wait();
-            return Exit::SpawnFailed {
-                kind: "other".into(),
-                message: format!("cannot relay the output of `{program}`: {e}"),
-            };
-        }
-    };
-    let pgid = Pid::from_raw(child.id() as i32);
-    table().lock().unwrap_or_else(|p| p.into_inner()).insert(
-        handle.clone(),
-        Process {
-            pgid,
-            ended: None,
-            group_gone: false,
-            relay: relay.clone(),
-        },
-    );
-    let waiter_handle = handle.clone();
-    std::thread::spawn(move || {
-        // Not reaped yet: while it is a zombie its pid, and so its group's id, cannot be given
-        // to another process, so `kill` can still signal what it left in its group.
-        let ended = exit_of(loop {
-            match waitid(Id::Pid(pgid), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                waited => break waited,
+        .and_then(|(out, err)| {
+            let pipes: [OwnedFd; 2] = [out.into(), err.into()];
+            for pipe in &pipes {
+                rustix::io::ioctl_fionbio(pipe, true)?;
             }
-        });
-        // Finished means its output is in the files: what it wrote before it ended is relayed
-        // first (not what a descendant still holding the pipes writes after).
-        relay.wait_relayed_so_far();
-        set(&waiter_handle, |process| process.ended = Some(ended));
-        // Reaped once nothing else is left in its group; the group is marked gone first, so a
-        // `kill` never signals a group id that could be someone else's.
-        while !crate::members(crate::Joined::Group, pgid.as_raw()).is_empty() {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-        set(&waiter_handle, |process| process.group_gone = true);
-        let _ = child.wait();
+            Ok(pipes)
+        })
+        .map(|pipes| (pipes, Arc::new(Relay::new([stdout, stderr], keep))));
+    let pgid = Pid::from_raw(child.id() as i32);
+    let watched = started.and_then(|(pipes, relay)| {
+        table().lock().unwrap_or_else(|p| p.into_inner()).insert(
+            handle.clone(),
+            Process {
+                pgid,
+                ended: None,
+                group_gone: false,
+                relay: relay.clone(),
+            },
+        );
+        let watched = handle.clone();
+        std::thread::Builder::new()
+            .name("watch".into())
+            .spawn(move || watch(&relay, pipes, child, &watched, pgid))
     });
+    if let Err(e) = watched {
+        // Unwatched, the process would block on a full pipe and never be reaped: it is not
+        // left running unseen.
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pgid, None);
+        table()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&handle);
+        return Exit::SpawnFailed {
+            kind: "other".into(),
+            message: format!(
+                "cannot watch `{program}`: {e}{}",
+                crate::reaper::at_process_limit(&e)
+            ),
+        };
+    }
     Exit::Started { process: handle }
 }
 
@@ -162,131 +156,56 @@ fn exit_of(waited: nix::Result<WaitStatus>) -> Exit {
     }
 }
 
-/// A detached process's stdout and stderr: pipes whose bytes one thread copies into the
-/// streams' files, the first `keep` of each ([`MAX_KEPT_OUTPUT`] unless the request says);
-/// the rest is read and dropped (counted), so a process that never stops writing neither fills
-/// the disk nor blocks.
+/// A detached process's stdout and stderr as they reach its files: the first `keep` of each
+/// ([`MAX_KEPT_OUTPUT`] unless the request says) is written, the rest read and dropped
+/// (counted), so a process that never stops writing neither fills the disk nor blocks.
 struct Relay {
     streams: Mutex<[Relayed; 2]>,
 }
 
 /// One stream of a [`Relay`].
 struct Relayed {
-    /// A duplicate of the pipe's read end, to ask how much is waiting in it. The relay's
-    /// thread reads its own (non-blocking: only once `poll` says so, under the lock); both,
-    /// and the file, are closed once every writer has closed the pipe, so an ended process
-    /// holds no descriptor of the supervisor's.
-    probe: Option<OwnedFd>,
+    /// Closed once every writer has closed the pipe, so an ended process holds no descriptor
+    /// of the supervisor's.
     file: Option<File>,
     /// The most to keep.
     keep: u64,
-    /// Bytes read from the pipe so far (kept or dropped).
-    taken: u64,
     kept: u64,
     dropped: u64,
 }
 
 impl Relay {
-    fn start(pipes: [OwnedFd; 2], files: [File; 2], keep: u64) -> io::Result<Arc<Relay>> {
-        let [out_file, err_file] = files;
-        let stream = |pipe: &OwnedFd, file| -> io::Result<Relayed> {
-            rustix::io::ioctl_fionbio(pipe, true)?;
-            Ok(Relayed {
-                probe: Some(pipe.try_clone()?),
-                file: Some(file),
-                keep,
-                taken: 0,
-                kept: 0,
-                dropped: 0,
-            })
-        };
-        let relay = Arc::new(Relay {
-            streams: Mutex::new([stream(&pipes[0], out_file)?, stream(&pipes[1], err_file)?]),
+    fn new(files: [File; 2], keep: u64) -> Relay {
+        let streams = files.map(|file| Relayed {
+            file: Some(file),
+            keep,
+            kept: 0,
+            dropped: 0,
         });
-        let running = relay.clone();
-        std::thread::Builder::new()
-            .name("relay".into())
-            .spawn(move || running.run(pipes))?;
-        Ok(relay)
+        Relay {
+            streams: Mutex::new(streams),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, [Relayed; 2]> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Copies until every writer has closed both pipes. Bytes are only ever in this thread's
-    /// hands while it holds the lock, so under the lock an empty pipe means all read is
-    /// written.
-    fn run(&self, pipes: [OwnedFd; 2]) {
-        let mut open = pipes.map(Some);
-        let mut buf = vec![0u8; 64 << 10];
-        while open.iter().any(Option::is_some) {
-            let waiting: Vec<usize> = {
-                let (which, mut fds): (Vec<usize>, Vec<PollFd<'_>>) = open
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(n, pipe)| Some((n, PollFd::new(pipe.as_ref()?, PollFlags::IN))))
-                    .unzip();
-                match rustix::event::poll(&mut fds, None) {
-                    Ok(_) | Err(Errno::INTR) => {}
-                    Err(_) => break,
-                }
-                which
-                    .into_iter()
-                    .zip(&fds)
-                    .filter(|(_, fd)| !fd.revents().is_empty())
-                    .map(|(n, _)| n)
-                    .collect()
-            };
-            for n in waiting {
-                let Some(pipe) = open[n].as_ref() else {
-                    continue;
-                };
-                let mut streams = self.lock();
-                match rustix::io::read(pipe, &mut buf) {
-                    Ok(0) => {}
-                    Ok(read) => {
-                        streams[n].take(&buf[..read]);
-                        continue;
-                    }
-                    Err(Errno::AGAIN | Errno::INTR) => continue,
-                    Err(_) => {}
-                }
-                // The end (or a failed pipe): this stream is closed.
-                streams[n].probe = None;
-                streams[n].file = None;
-                drop(streams);
-                open[n] = None;
+    /// Reads what `pipe` has (at most `most` bytes) into stream `n`: how many bytes, or `None`
+    /// at its end (or a failed pipe), when the stream's file is closed.
+    fn relay_from(&self, n: usize, pipe: &OwnedFd, buf: &mut [u8], most: usize) -> Option<usize> {
+        let most = most.min(buf.len());
+        match rustix::io::read(pipe, &mut buf[..most]) {
+            Ok(0) => {}
+            Ok(read) => {
+                self.lock()[n].take(&buf[..read]);
+                return Some(read);
             }
+            Err(Errno::AGAIN | Errno::INTR) => return Some(0),
+            Err(_) => {}
         }
-        for stream in self.lock().iter_mut() {
-            stream.probe = None;
-            stream.file = None;
-        }
-    }
-
-    /// Waits until every byte in the pipes now has been relayed (or a pipe closed): called
-    /// once the process has ended, so what it wrote is all there already, however much a
-    /// descendant writes after.
-    fn wait_relayed_so_far(&self) {
-        let targets = self.lock().each_ref().map(|stream| {
-            let waiting = stream
-                .probe
-                .as_ref()
-                .map_or(0, |pipe| rustix::io::ioctl_fionread(pipe).unwrap_or(0));
-            stream.taken + waiting
-        });
-        loop {
-            let caught_up = self
-                .lock()
-                .iter()
-                .zip(targets)
-                .all(|(stream, target)| stream.probe.is_none() || stream.taken >= target);
-            if caught_up {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        self.lock()[n].file = None;
+        None
     }
 
     fn dropped(&self) -> [u64; 2] {
@@ -294,11 +213,102 @@ impl Relay {
     }
 }
 
+/// How often, once the process has ended, its group is looked at (and, without a pidfd, how
+/// often the process is).
+const TICK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Watches one detached process on one thread until its pipes are closed and its group is
+/// gone: relays its output; when it ends, relays what it wrote before (the bytes then waiting
+/// in the pipes, not what a descendant still holding them writes after) and only then records
+/// how it ended; reaps it once nothing else is in its group — until then its pid, and so its
+/// group's id, cannot be given to another process, so `kill` can still signal what it left —
+/// marking the group gone first.
+fn watch(relay: &Relay, pipes: [OwnedFd; 2], mut child: Child, handle: &str, pgid: Pid) {
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::PidfdFlags::empty(),
+    )
+    .ok();
+    let mut open = pipes.map(Some);
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut ended, mut group_gone) = (false, false);
+    while !group_gone || open.iter().any(Option::is_some) {
+        // Waits for output, for the process's end (its pidfd), and once it has ended, for the
+        // next look at its group.
+        let tick = match (ended, group_gone, &pidfd) {
+            (_, true, _) | (false, _, Some(_)) => None,
+            _ => Some(TICK),
+        };
+        let readable: Vec<usize> = {
+            let (mut which, mut fds) = (Vec::new(), Vec::new());
+            for (n, pipe) in open.iter().enumerate() {
+                if let Some(pipe) = pipe {
+                    which.push(n);
+                    fds.push(PollFd::new(pipe, PollFlags::IN));
+                }
+            }
+            if let (false, Some(pidfd)) = (ended, &pidfd) {
+                fds.push(PollFd::new(pidfd, PollFlags::IN));
+            }
+            let timeout = tick.map(|tick| rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: i64::from(tick.subsec_nanos()),
+            });
+            match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(_) => std::thread::sleep(TICK),
+            }
+            which
+                .into_iter()
+                .zip(&fds)
+                .filter(|(_, fd)| !fd.revents().is_empty())
+                .map(|(n, _)| n)
+                .collect()
+        };
+        for n in readable {
+            if let Some(pipe) = &open[n] {
+                if relay.relay_from(n, pipe, &mut buf, usize::MAX).is_none() {
+                    open[n] = None;
+                }
+            }
+        }
+        if !ended {
+            let now = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            let waited = match waitid(Id::Pid(pgid), now) {
+                Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => continue,
+                waited => waited,
+            };
+            // Finished means its output is in the files: the bytes in the pipes now are all it
+            // wrote (a descendant may write more; that is not waited for).
+            for (n, slot) in open.iter_mut().enumerate() {
+                let Some(pipe) = slot.as_ref() else { continue };
+                let mut left = rustix::io::ioctl_fionread(pipe).unwrap_or(0);
+                while left > 0 {
+                    let most = usize::try_from(left).unwrap_or(usize::MAX);
+                    match relay.relay_from(n, pipe, &mut buf, most) {
+                        Some(read) => left = left.saturating_sub(read as u64),
+                        None => {
+                            *slot = None;
+                            break;
+                        }
+                    }
+                }
+            }
+            set(handle, |process| process.ended = Some(exit_of(waited)));
+            ended = true;
+        }
+        if ended && !group_gone && crate::members(crate::Joined::Group, pgid.as_raw()).is_empty() {
+            set(handle, |process| process.group_gone = true);
+            let _ = child.wait();
+            group_gone = true;
+        }
+    }
+}
+
 impl Relayed {
     /// Writes what fits under `keep` to the file; the rest, and whatever the file refuses (a
     /// full disk), is counted as dropped.
     fn take(&mut self, bytes: &[u8]) {
-        self.taken += bytes.len() as u64;
         let room = self.keep.saturating_sub(self.kept);
         let mut keep = &bytes[..bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX))];
         let mut written = 0;

@@ -299,6 +299,9 @@ fn relay(
 pub(super) fn spawn_failure(program: &str, cwd: &str, err: &io::Error) -> Exit {
     Exit::SpawnFailed {
         kind: crate::reaper::start_failure_kind(err).into(),
-        message: format!("cannot start `{program}` in `{cwd}`: {err}"),
+        message: format!(
+            "cannot start `{program}` in `{cwd}`: {err}{}",
+            crate::reaper::at_process_limit(err)
+        ),
     }
 }
