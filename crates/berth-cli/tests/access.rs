@@ -394,17 +394,7 @@ fn port_forwards_a_web_server_on_docker_with_network_none() {
         return;
     }
     let home = Home::new();
-    let (code, doc) = home.json(&[
-        "create",
-        "-p",
-        "docker",
-        "--image",
-        &test_image(),
-        "--network",
-        "none",
-    ]);
-    assert_eq!(code, 0, "{doc}");
-    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let id = home.create_docker(&["--network", "none"]);
     serve_through_port(&home, &id, 8080);
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");

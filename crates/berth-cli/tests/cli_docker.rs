@@ -588,17 +588,7 @@ fn a_sandbox_at_its_process_limit_says_so() {
         return;
     }
     let home = Home::new();
-    let (code, doc) = home.json(&[
-        "create",
-        "-p",
-        "docker",
-        "--image",
-        &test_image(),
-        "--pids",
-        "64",
-    ]);
-    assert_eq!(code, 0, "{doc}");
-    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let id = home.create_docker(&["--pids", "64"]);
     let mut started = 0;
     let refusal = loop {
         let (code, doc) = home.json(&["exec", &id, "--detach", "--", "sleep", "300"]);

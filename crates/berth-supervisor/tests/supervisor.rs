@@ -655,16 +655,28 @@ fn a_request_read_after_its_client_left_never_runs() {
 
 /// What a reaper in `__reap_enter` mode says on its control channel, and how it ends.
 fn reap_entering(args: &[&str]) -> (String, std::process::ExitStatus) {
+    let mut all = vec![berth_supervisor::reaper::REAP_ENTER_ARG];
+    all.extend_from_slice(args);
+    reaper_says(&all, b"", false)
+}
+
+/// What a reaper run with `args` says on its control channel after being sent `sent`, and how
+/// it ends. The channel is closed after `sent` when `then_close` (which, once a command runs,
+/// means the caller is gone: the command is killed).
+fn reaper_says(args: &[&str], sent: &[u8], then_close: bool) -> (String, std::process::ExitStatus) {
     use std::io::Read;
-    let (ours, theirs) = UnixStream::pair().unwrap();
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_berth-supervisor"))
-        .arg(berth_supervisor::reaper::REAP_ENTER_ARG)
         .args(args)
         .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
             theirs,
         )))
         .spawn()
         .unwrap();
+    ours.write_all(sent).unwrap();
+    if then_close {
+        ours.shutdown(std::net::Shutdown::Write).unwrap();
+    }
     let status = child.wait().unwrap();
     let mut said = String::new();
     ours.set_read_timeout(Some(Duration::from_secs(10)))
@@ -853,29 +865,13 @@ fn an_exec_runs_under_a_reaper_started_before_it() {
     waiting_reaper(&s, None);
 }
 
-/// What a reaper in `__reap_waiting` mode says after being sent `sent`, and how it ends. The
-/// channel is closed after `sent` when `then_close` (which, once a command runs, means the
-/// caller is gone: the command is killed).
+/// What a reaper in `__reap_waiting` mode says after being sent `sent`, and how it ends.
 fn reap_waiting(sent: &[u8], then_close: bool) -> (String, std::process::ExitStatus) {
-    use std::io::Read;
-    let (mut ours, theirs) = UnixStream::pair().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_berth-supervisor"))
-        .arg(berth_supervisor::reaper::REAP_WAITING_ARG)
-        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(
-            theirs,
-        )))
-        .spawn()
-        .unwrap();
-    ours.write_all(sent).unwrap();
-    if then_close {
-        ours.shutdown(std::net::Shutdown::Write).unwrap();
-    }
-    let status = child.wait().unwrap();
-    let mut said = String::new();
-    ours.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    (&ours).take(4096).read_to_string(&mut said).unwrap();
-    (said, status)
+    reaper_says(
+        &[berth_supervisor::reaper::REAP_WAITING_ARG],
+        sent,
+        then_close,
+    )
 }
 
 /// A waiting reaper runs only a whole, well-formed job: the channel closing before one (the
@@ -883,13 +879,10 @@ fn reap_waiting(sent: &[u8], then_close: bool) -> (String, std::process::ExitSta
 /// (`other`, never the command missing); in neither case does anything start.
 #[test]
 fn a_waiting_reaper_runs_only_a_whole_job() {
+    let dir = tempfile::tempdir().unwrap();
     let job = berth_supervisor::reaper::Job {
         argv: vec!["/bin/sh".into(), "-c".into(), "echo ran > ran".into()],
-        cwd: tempfile::tempdir()
-            .unwrap()
-            .keep()
-            .to_string_lossy()
-            .into_owned(),
+        cwd: dir.path().to_string_lossy().into_owned(),
         env: BTreeMap::new(),
     };
     let frame = job.to_frame();
@@ -915,7 +908,6 @@ fn a_waiting_reaper_runs_only_a_whole_job() {
         ("started\nexited 0\n", Some(0))
     );
     assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
-    let _ = std::fs::remove_dir_all(&job.cwd);
 }
 
 /// The supervisor's threads, from `/proc`.

@@ -79,6 +79,16 @@ impl Home {
         doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
     }
 
+    /// A docker sandbox of the test image, made with `extra` arguments; its id.
+    pub fn create_docker(&self, extra: &[&str]) -> String {
+        let image = test_image();
+        let mut args = vec!["create", "-p", "docker", "--image", &image];
+        args.extend_from_slice(extra);
+        let (code, doc) = self.json(&args);
+        assert_eq!(code, 0, "{doc}");
+        doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
+    }
+
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.path().join("state/host/sandboxes").join(id)
     }
