@@ -283,9 +283,12 @@ fn watch(relay: &Relay, pipes: [OwnedFd; 2], mut child: Child, handle: &str, pgi
             for (n, slot) in open.iter_mut().enumerate() {
                 let Some(pipe) = slot.as_ref() else { continue };
                 let mut left = rustix::io::ioctl_fionread(pipe).unwrap_or(0);
-                while left > 0 {
+                // A read that finds nothing (interrupted) is retried, a bounded number of times.
+                let mut retries = 100;
+                while left > 0 && retries > 0 {
                     let most = usize::try_from(left).unwrap_or(usize::MAX);
                     match relay.relay_from(n, pipe, &mut buf, most) {
+                        Some(0) => retries -= 1,
                         Some(read) => left = left.saturating_sub(read as u64),
                         None => {
                             *slot = None;

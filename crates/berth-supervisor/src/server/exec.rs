@@ -189,8 +189,12 @@ fn reaper_for(frame: &[u8]) -> io::Result<Waiting> {
         let _ = waiting.child.kill();
         let _ = waiting.child.wait();
     }
-    let fresh = Waiting::start()?;
-    fresh.send(frame)?;
+    let mut fresh = Waiting::start()?;
+    if let Err(err) = fresh.send(frame) {
+        let _ = fresh.child.kill();
+        let _ = fresh.child.wait();
+        return Err(err);
+    }
     Ok(fresh)
 }
 
