@@ -104,22 +104,38 @@ fn exec(dir: &Path, line: &str, timeout_ms: Option<u64>) -> Request {
 fn gone(pid: i32) -> bool {
     let until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < until {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => return true,
-            Ok(stat)
-                if stat
-                    .rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z') =>
-            {
-                return true
-            }
-            Ok(_) => std::thread::sleep(Duration::from_millis(20)),
+        if gone_now(pid) {
+            return true;
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// Whether `pid` is gone or a zombie, now.
+fn gone_now(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
+
+/// A request to start `line` (with `sh -c`) detached, its output under `procs/` in the
+/// server's directory, keeping `keep` of each stream (the supervisor's default when `None`).
+fn spawn_request(s: &Server, line: &str, keep: Option<u64>) -> Request {
+    Request::Spawn {
+        v: PROTOCOL_VERSION,
+        argv: vec!["/bin/sh".into(), "-c".into(), line.into()],
+        cwd: s.dir.path().to_string_lossy().into_owned(),
+        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
+        log_dir: s.dir.path().join("procs").to_string_lossy().into_owned(),
+        keep,
+    }
 }
 
 #[test]
@@ -336,14 +352,7 @@ fn wait_status(s: &Server, process: &str, want: &Exit) -> bool {
 fn detached_processes_outlive_their_connection_and_can_be_killed() {
     let s = server();
     let logs = s.dir.path().join("procs");
-    let spawn = |line: &str| Request::Spawn {
-        v: PROTOCOL_VERSION,
-        argv: vec!["/bin/sh".into(), "-c".into(), line.into()],
-        cwd: s.dir.path().to_string_lossy().into_owned(),
-        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
-        log_dir: logs.to_string_lossy().into_owned(),
-        keep: None,
-    };
+    let spawn = |line: &str| spawn_request(&s, line, None);
     let Exit::Started { process: sleeper } = detached(&s, spawn("echo up; sleep 60 & sleep 60"))
     else {
         panic!("not started")
@@ -405,18 +414,11 @@ fn detached_processes_outlive_their_connection_and_can_be_killed() {
 fn detached_output_is_read_in_bounded_pieces_and_never_through_what_the_sandbox_plants() {
     let s = server();
     let logs = s.dir.path().join("procs");
-    let spawn = Request::Spawn {
-        v: PROTOCOL_VERSION,
-        argv: vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "head -c 3000000 /dev/zero | tr '\\0' a; echo oops >&2".into(),
-        ],
-        cwd: s.dir.path().to_string_lossy().into_owned(),
-        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
-        log_dir: logs.to_string_lossy().into_owned(),
-        keep: None,
-    };
+    let spawn = spawn_request(
+        &s,
+        "head -c 3000000 /dev/zero | tr '\\0' a; echo oops >&2",
+        None,
+    );
     let Exit::Started { process } = detached(&s, spawn) else {
         panic!("not started")
     };
@@ -527,14 +529,7 @@ fn a_detached_process_writing_without_end_keeps_a_bounded_file() {
         "echo $$ > leader; head -c {} /dev/zero; echo err >&2; (sleep 30; echo late) & echo last-before-exit",
         keep + over
     );
-    let spawn = Request::Spawn {
-        v: PROTOCOL_VERSION,
-        argv: vec!["/bin/sh".into(), "-c".into(), script],
-        cwd: s.dir.path().to_string_lossy().into_owned(),
-        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
-        log_dir: logs.to_string_lossy().into_owned(),
-        keep: Some(keep),
-    };
+    let spawn = spawn_request(&s, &script, Some(keep));
     // What the supervisor's descriptors point at, sockets left out: a connection (the test's
     // own readiness probe, a request) comes and goes on its own.
     let descriptors = || -> std::collections::BTreeSet<String> {
@@ -795,19 +790,6 @@ fn reapers_of(supervisor: u32, mode: &str) -> Vec<i32> {
     found
 }
 
-/// Whether `pid` is gone or a zombie, now.
-fn gone_now(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            stat.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(true)
-}
-
 /// The one reaper waiting for the next exec, other than `not` (at most 5 s).
 fn waiting_reaper(s: &Server, not: Option<i32>) -> i32 {
     let until = Instant::now() + Duration::from_secs(5);
@@ -924,15 +906,7 @@ fn threads_of(pid: u32) -> usize {
 #[test]
 fn a_detached_process_costs_one_supervisor_thread() {
     let s = server();
-    let logs = s.dir.path().join("procs");
-    let spawn = |line: &str| Request::Spawn {
-        v: PROTOCOL_VERSION,
-        argv: vec!["/bin/sh".into(), "-c".into(), line.into()],
-        cwd: s.dir.path().to_string_lossy().into_owned(),
-        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
-        log_dir: logs.to_string_lossy().into_owned(),
-        keep: None,
-    };
+    let spawn = |line: &str| spawn_request(&s, line, None);
     // Settled: connection threads of earlier requests have ended.
     let settled = || {
         let until = Instant::now() + Duration::from_secs(5);
