@@ -128,7 +128,11 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
         ErrorKind::Conflict => (
             kind.as_str(),
             code::CONFLICT,
-            "wait for the other change to settle, then retry",
+            // Most conflicts are a sandbox in the wrong state for the request (an exec on a
+            // stopped or suspended one), not a race: name the verbs that change its state.
+            "`berth status ID` shows the sandbox's state: `berth start` brings back a stopped \
+             one, `berth resume` a suspended one; if another change is under way, let it \
+             settle and retry",
         ),
         ErrorKind::Unsupported => (
             kind.as_str(),

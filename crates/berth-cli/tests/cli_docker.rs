@@ -211,6 +211,10 @@ fn docker_user_path_through_the_cli() {
         (125, &Value::from("conflict")),
         "{doc}"
     );
+    // The hint names the verb that brings it back (it said "wait for the other change to
+    // settle", as if the state would change by itself).
+    let hint = doc["error"]["hint"].as_str().unwrap_or_default();
+    assert!(hint.contains("`berth resume`"), "{doc}");
     // For people: the state it settled in, in words (not Rust's debug form).
     let out = home.run_as(&me, &["resume", &id]);
     assert_eq!(
@@ -505,6 +509,13 @@ fn the_cli_reaches_detached_processes_and_reports_missing_commands_like_docker_e
     // Stopped, it has no supervisor to ask: its output files are read through the engine.
     let (code, doc) = home.json(&["stop", &id]);
     assert_eq!(code, 0, "{doc}");
+    let out = home.run(&["exec", &id, "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("is exited") && said.contains("`berth start`"),
+        "{said}"
+    );
     let out = home.run(&["logs", &id, &first]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "one\nthree\n");
