@@ -161,7 +161,7 @@ impl App {
     pub async fn row(&self, id: &str) -> Result<(LedgerRow, Arc<dyn Provider>)> {
         let row = match self.ledger.row(id).await {
             Ok(row) => row,
-            Err(berth_ledger::LedgerError::Store(berth_store::StoreError::NotFound(_))) => {
+            Err(berth_ledger::LedgerError::Store(berth_store::StoreError::NotFound(..))) => {
                 return Err(CliError::not_found(
                     format!("no sandbox `{id}` in the ledger"),
                     "`berth list` shows your sandboxes",

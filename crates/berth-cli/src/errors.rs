@@ -175,7 +175,7 @@ pub fn classify(err: &anyhow::Error) -> Failure {
             said.push(text);
         }
     }
-    let message = said.join(": ");
+    let message = bounded(said.join(": "));
     let (kind, exit_code, hint) = classify_chain(err);
     Failure {
         kind,
@@ -183,6 +183,33 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         message,
         hint,
     }
+}
+
+/// The most of an error message shown: its start and its end.
+const MESSAGE_HEAD: usize = 6 * 1024;
+const MESSAGE_TAIL: usize = 2 * 1024;
+
+/// `message` cut to its first and last few kilobytes when longer. Messages echo values given
+/// by the user, a file or a sandbox (ids, paths, a provider's reply), which can be any size;
+/// what is cut is said, with its size.
+fn bounded(message: String) -> String {
+    if message.len() <= MESSAGE_HEAD + MESSAGE_TAIL {
+        return message;
+    }
+    // Char boundaries are at most 3 bytes apart.
+    let head_end = (0..=MESSAGE_HEAD)
+        .rev()
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(0);
+    let tail_start = (message.len() - MESSAGE_TAIL..message.len())
+        .find(|&i| message.is_char_boundary(i))
+        .unwrap_or(message.len());
+    format!(
+        "{} …[{} bytes not shown]… {}",
+        &message[..head_end],
+        tail_start - head_end,
+        &message[tail_start..]
+    )
 }
 
 type Classified = (&'static str, i32, Option<String>);
@@ -353,12 +380,16 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             Some("fix the manifest; its format is schemas/provider-manifest.schema.json".into()),
         ));
     }
-    if let Some(StoreError::NotFound(_)) = cause.downcast_ref::<StoreError>() {
-        return Some((
-            "not_found",
-            code::NOT_FOUND,
-            Some("`berth list` shows your sandboxes".into()),
-        ));
+    if let Some(StoreError::NotFound(record, _)) = cause.downcast_ref::<StoreError>() {
+        use berth_store::Record;
+        let hint = match record {
+            Record::LedgerEntry => {
+                "`berth list` shows your sandboxes, `berth ledger list` every entry"
+            }
+            Record::Mission => "`berth mission list` shows your missions",
+            Record::Bundle => "`berth artifacts query` lists the published bundles",
+        };
+        return Some(("not_found", code::NOT_FOUND, Some(hint.into())));
     }
     if let Some(StoreError::RunLock { dir, .. }) = cause.downcast_ref::<StoreError>() {
         return Some((
@@ -405,7 +436,10 @@ mod tests {
         assert_eq!(failure.message, said);
         assert_eq!(wrapped.chain().count(), 2, "the wrapper keeps its source");
 
-        let gone = LedgerError::from(StoreError::NotFound("bx-1".into()));
+        let gone = LedgerError::from(StoreError::NotFound(
+            berth_store::Record::LedgerEntry,
+            "bx-1".into(),
+        ));
         let failure = classify(&anyhow::Error::new(gone).context("destroy"));
         assert_eq!(
             (failure.kind, failure.exit_code),
@@ -467,5 +501,59 @@ mod tests {
             (failure.kind, failure.exit_code),
             ("unknown", code::INTERNAL)
         );
+    }
+
+    /// A missing mission or bundle is named as what it is, with where to list its kind (it
+    /// was once "no ledger entry" with a hint about sandboxes).
+    #[test]
+    fn a_missing_record_is_named_with_where_to_list_its_kind() {
+        use berth_store::Record;
+        for (record, said, listing) in [
+            (Record::Mission, "no mission `m-1`", "`berth mission list`"),
+            (
+                Record::Bundle,
+                "no artifact bundle `m-1`",
+                "`berth artifacts query`",
+            ),
+            (
+                Record::LedgerEntry,
+                "no ledger entry `m-1`",
+                "`berth ledger list`",
+            ),
+        ] {
+            let missing = StoreError::NotFound(record, "m-1".into());
+            let failure = classify(&anyhow::Error::new(missing));
+            assert_eq!(
+                (failure.kind, failure.exit_code, failure.message.as_str()),
+                ("not_found", code::NOT_FOUND, said)
+            );
+            let hint = failure.hint.unwrap_or_default();
+            assert!(hint.contains(listing), "{hint}");
+        }
+    }
+
+    /// A message echoing a huge value keeps its start and end, cut on character boundaries,
+    /// and says how many bytes it left out.
+    #[test]
+    fn a_huge_message_keeps_its_start_and_end_and_says_what_was_cut() {
+        let huge = format!("no sandbox `{}` in the ledger", "é".repeat(50_000));
+        let failure = classify(&anyhow::anyhow!(huge.clone()));
+        let message = failure.message;
+        assert!(
+            message.len() <= MESSAGE_HEAD + MESSAGE_TAIL + 64,
+            "{}",
+            message.len()
+        );
+        let (head, rest) = message.split_once(" …[").expect("the cut is marked");
+        let (cut, tail) = rest
+            .split_once(" bytes not shown]… ")
+            .expect("the cut is sized");
+        assert!(head.starts_with("no sandbox `éé") && tail.ends_with("éé` in the ledger"));
+        let cut: usize = cut.parse().expect("a byte count");
+        assert_eq!(head.len() + cut + tail.len(), huge.len());
+        assert!(huge.starts_with(head) && huge.ends_with(tail));
+
+        let short = "no sandbox `bx-1` in the ledger";
+        assert_eq!(classify(&anyhow::anyhow!(short)).message, short);
     }
 }

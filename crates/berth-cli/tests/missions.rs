@@ -222,6 +222,19 @@ fn bad_mission_files_and_unsupported_requests_are_clear_errors() {
     let list = run(home.path(), &["--json", "mission", "list"]);
     let list: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
     assert_eq!(list["missions"], serde_json::json!([]), "{list}");
+
+    // An unknown mission id is a missing mission, with where to list them (it was "no ledger
+    // entry" with a hint about sandboxes).
+    for verb in ["status", "resume"] {
+        let out = run(home.path(), &["--json", "mission", verb, "ms-nope"]);
+        assert_eq!(out.status.code(), Some(3), "{verb}");
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(doc["error"]["message"], "no mission `ms-nope`", "{doc}");
+        assert_eq!(
+            doc["error"]["hint"], "`berth mission list` shows your missions",
+            "{doc}"
+        );
+    }
 }
 
 /// An unavailable provider falls back to the next; a provider that refuses the request (a

@@ -446,7 +446,10 @@ impl Ledger {
                     self.delete_snapshot_row(provider, row).await?;
                 }
                 self.store.ledger_retire(key).await?;
-                existing = Err(StoreError::NotFound(key.to_owned()));
+                existing = Err(StoreError::NotFound(
+                    berth_store::Record::LedgerEntry,
+                    key.to_owned(),
+                ));
             }
         }
         match existing {
@@ -457,7 +460,7 @@ impl Ledger {
                     reason: "the ledger already has a different resource under this name".into(),
                 })
             }
-            Err(StoreError::NotFound(_)) => {
+            Err(StoreError::NotFound(..)) => {
                 let labels = Labels {
                     owner: self.owner.clone(),
                     run_id: self.run_id.clone(),

@@ -341,7 +341,7 @@ impl Ledger {
         };
         match self.store.mission_get(mission).await {
             Ok(found) if found.state == "running" => Ok(Some(mission.to_owned())),
-            Ok(_) | Err(berth_store::StoreError::NotFound(_)) => Ok(None),
+            Ok(_) | Err(berth_store::StoreError::NotFound(..)) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -462,7 +462,7 @@ impl Ledger {
                          adopted"
                     .into(),
             },
-            Err(StoreError::NotFound(_)) => {
+            Err(StoreError::NotFound(..)) => {
                 self.store.ledger_insert_intent(&row).await?;
                 self.store
                     .ledger_mark_created(&berth_id, &native_id.0)

@@ -146,7 +146,7 @@ pub(crate) async fn frozen_rows(
     for n in 1..=MAX_FREEZES {
         match orch.ledger.row(&frozen_gen(main, n).0).await {
             Ok(row) => rows.push(row),
-            Err(LedgerError::Store(StoreError::NotFound(_))) => break,
+            Err(LedgerError::Store(StoreError::NotFound(..))) => break,
             Err(LedgerError::Store(e)) => return Err(e.into()),
             Err(_) => break,
         }
@@ -187,7 +187,7 @@ pub(crate) async fn placement(
             {
                 return Ok(Some((provider, name)))
             }
-            Ok(_) | Err(LedgerError::Store(StoreError::NotFound(_))) => {}
+            Ok(_) | Err(LedgerError::Store(StoreError::NotFound(..))) => {}
             Err(LedgerError::Store(e)) => return Err(e.into()),
             Err(_) => {}
         }
@@ -222,7 +222,7 @@ pub(crate) async fn choose(
                 skipped.push(format!("{provider_id}: tried before ({})", row.state));
                 continue;
             }
-            Err(LedgerError::Store(StoreError::NotFound(_))) => {}
+            Err(LedgerError::Store(StoreError::NotFound(..))) => {}
             Err(LedgerError::Store(e)) => return Err(e.into()),
             Err(e) => return Ok(Err(e.to_string())),
         }
@@ -250,7 +250,7 @@ pub(crate) async fn existing(
 ) -> Result<Result<NativeId, String>, OrchestratorError> {
     let row = match orch.ledger.row(&name.0).await {
         Ok(row) => row,
-        Err(LedgerError::Store(StoreError::NotFound(_))) => {
+        Err(LedgerError::Store(StoreError::NotFound(..))) => {
             return Ok(Err(format!("sandbox `{name}` was never created")))
         }
         Err(LedgerError::Store(e)) => return Err(e.into()),
@@ -280,7 +280,7 @@ pub(crate) async fn ensure(
 ) -> Result<Result<NativeId, String>, OrchestratorError> {
     match orch.ledger.row(&name.0).await {
         Ok(_) => return existing(orch, provider.as_ref(), name).await,
-        Err(LedgerError::Store(StoreError::NotFound(_))) => {}
+        Err(LedgerError::Store(StoreError::NotFound(..))) => {}
         Err(LedgerError::Store(e)) => return Err(e.into()),
         Err(e) => return Ok(Err(e.to_string())),
     }

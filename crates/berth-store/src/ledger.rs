@@ -441,16 +441,16 @@ pub mod contract {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, StoreError::NotFound(ref id) if id == "bx-missing"),
+            matches!(err, StoreError::NotFound(_, ref id) if id == "bx-missing"),
             "{err}"
         );
         let err = store.ledger_mark_alive("bx-missing").await.unwrap_err();
         assert!(
-            matches!(err, StoreError::NotFound(ref id) if id == "bx-missing"),
+            matches!(err, StoreError::NotFound(_, ref id) if id == "bx-missing"),
             "{err}"
         );
         let err = store.ledger_get("bx-missing").await.unwrap_err();
-        assert!(matches!(err, StoreError::NotFound(_)), "{err}");
+        assert!(matches!(err, StoreError::NotFound(..)), "{err}");
     }
 
     async fn retire_frees_only_verified_gone_names(store: &dyn LedgerStore) {
@@ -461,7 +461,7 @@ pub mod contract {
         assert!(
             matches!(
                 store.ledger_retire("bx-r").await,
-                Err(StoreError::NotFound(_))
+                Err(StoreError::NotFound(..))
             ),
             "a live name is not freed"
         );
@@ -472,7 +472,7 @@ pub mod contract {
         store.ledger_retire("bx-r").await.unwrap();
         assert!(matches!(
             store.ledger_get("bx-r").await,
-            Err(StoreError::NotFound(_))
+            Err(StoreError::NotFound(..))
         ));
         // The name is free again; every token is unique, so the new row has its own.
         let mut again = new_row("bx-r", "alice");

@@ -95,9 +95,9 @@ pub enum StoreError {
     /// A row holds a value this Berth cannot read.
     #[error("store row is corrupt: {0}")]
     Corrupt(String),
-    /// No such row.
-    #[error("no ledger entry `{0}`")]
-    NotFound(String),
+    /// No such record: what kind (a mission id is not a ledger entry's) and the id asked for.
+    #[error("no {0} `{1}`")]
+    NotFound(Record, String),
     /// A create, fork or snapshot returned after a sweep had already taken its row (destroy
     /// requested or verified gone): the row is not reopened; what was made is the caller's to
     /// remove.
@@ -117,6 +117,28 @@ pub enum StoreError {
     /// The caller asked for something the contract does not allow (a bug in the caller).
     #[error("invalid store request: {0}")]
     Invalid(String),
+}
+
+/// The kinds of record a lookup can miss ([`StoreError::NotFound`]), so a caller names the one
+/// the user asked for and where to list them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// A cleanup-ledger row (a sandbox or a snapshot).
+    LedgerEntry,
+    /// A mission.
+    Mission,
+    /// An artifact bundle's publication.
+    Bundle,
+}
+
+impl std::fmt::Display for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Record::LedgerEntry => "ledger entry",
+            Record::Mission => "mission",
+            Record::Bundle => "artifact bundle",
+        })
+    }
 }
 
 /// The durable store.

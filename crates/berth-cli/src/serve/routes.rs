@@ -430,12 +430,12 @@ pub(crate) async fn owned_mission(
 ) -> Result<(), Response> {
     match server.store.mission_get(id).await {
         Ok(row) if row.owner == token.owner => Ok(()),
-        Ok(_) | Err(StoreError::NotFound(_)) => Err(failure(
+        Ok(_) | Err(StoreError::NotFound(..)) => Err(failure(
             StatusCode::NOT_FOUND,
             command,
             "not_found",
             format!("no mission `{id}` for this token's owner"),
-            None,
+            Some("`GET /v1/missions` lists this owner's missions"),
         )),
         Err(err) => Err(failure(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -6,7 +6,7 @@ use super::{now, q, ts};
 use crate::artifacts::{
     ArtifactQuery, ArtifactRow, ArtifactStore, NewPublication, PublicationRow, PublicationState,
 };
-use crate::{Store, StoreError};
+use crate::{Record, Store, StoreError};
 
 fn corrupt(field: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
     move |e| StoreError::Corrupt(format!("{field}: {e}"))
@@ -196,7 +196,7 @@ impl ArtifactStore for Store {
             (state, manifest_json, last_error, created_at, updated_at),
         )) = found
         else {
-            return Err(StoreError::NotFound(bundle_id.to_owned()));
+            return Err(StoreError::NotFound(Record::Bundle, bundle_id.to_owned()));
         };
         Ok(PublicationRow {
             bundle_id,

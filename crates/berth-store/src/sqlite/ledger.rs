@@ -8,7 +8,7 @@ use sqlx::Row;
 use crate::ledger::{
     IntentDurability, LedgerQuery, LedgerRow, LedgerState, LedgerStore, NewLedgerRow, ResourceKind,
 };
-use crate::{Store, StoreError};
+use crate::{Record, Store, StoreError};
 
 fn ts(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -128,7 +128,7 @@ impl LedgerStore for Store {
             )
             .await;
         match marked {
-            Err(StoreError::NotFound(_)) if self.ledger_get(berth_id).await.is_ok() => {
+            Err(StoreError::NotFound(..)) if self.ledger_get(berth_id).await.is_ok() => {
                 Err(StoreError::SweptWhileMade(berth_id.to_owned()))
             }
             other => other,
@@ -230,7 +230,7 @@ impl LedgerStore for Store {
             let mut rows = select.query([berth_id])?;
             Ok(rows.next()?.map(direct_row_to_ledger))
         })?;
-        found.ok_or_else(|| StoreError::NotFound(berth_id.to_owned()))?
+        found.ok_or_else(|| StoreError::NotFound(Record::LedgerEntry, berth_id.to_owned()))?
     }
 
     /// Read once per process: it never changes.
@@ -282,7 +282,7 @@ impl Store {
         })?;
         if changed == 0 {
             let id = binds.last().copied().flatten().unwrap_or_default();
-            return Err(StoreError::NotFound(id.to_owned()));
+            return Err(StoreError::NotFound(Record::LedgerEntry, id.to_owned()));
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use sqlx::Row;
 
 use super::{now, q, ts};
 use crate::missions::{AttemptFact, Conflict, LeaseHeld, MissionRow, MissionStore};
-use crate::{Store, StoreError};
+use crate::{Record, Store, StoreError};
 
 fn row(r: sqlx::sqlite::SqliteRow) -> Result<MissionRow, StoreError> {
     let get = |n: &str| {
@@ -157,7 +157,7 @@ impl MissionStore for Store {
         })?;
         match taken {
             Ok(fence) => Ok(Ok(fence)),
-            Err(None) => Err(StoreError::NotFound(id.to_owned())),
+            Err(None) => Err(StoreError::NotFound(Record::Mission, id.to_owned())),
             Err(Some((holder, expires_at))) => Ok(Err(LeaseHeld {
                 mission: id.to_owned(),
                 holder: holder.unwrap_or_default(),
@@ -264,7 +264,7 @@ impl MissionStore for Store {
         let Some(([id, name, owner, spec_json, record_json, state], seq, [created, updated])) =
             found
         else {
-            return Err(StoreError::NotFound(id.to_owned()));
+            return Err(StoreError::NotFound(Record::Mission, id.to_owned()));
         };
         Ok(MissionRow {
             id,
@@ -462,7 +462,7 @@ mod tests {
         assert_eq!(store.mission_events("m").await.unwrap().len(), 1);
         assert!(matches!(
             store.mission_get("nope").await,
-            Err(StoreError::NotFound(_))
+            Err(StoreError::NotFound(..))
         ));
     }
 
