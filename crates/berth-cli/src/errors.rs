@@ -212,6 +212,8 @@ fn bounded(message: String) -> String {
     )
 }
 
+const FOREIGN_HINT: &str = "berth only touches resources labelled for this owner (BERTH_OWNER)";
+
 type Classified = (&'static str, i32, Option<String>);
 
 fn classify_chain(err: &anyhow::Error) -> Classified {
@@ -274,11 +276,9 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
     }
     if let Some(e) = cause.downcast_ref::<LedgerError>() {
         return match e {
-            LedgerError::Foreign { .. } => Some((
-                "refused",
-                code::REFUSED,
-                Some("berth only touches resources labelled for this owner (BERTH_OWNER)".into()),
-            )),
+            LedgerError::Foreign { .. } => {
+                Some(("refused", code::REFUSED, Some(FOREIGN_HINT.into())))
+            }
             // Store, factory and provider errors are the `source` of this one; the chain
             // reaches them next.
             _ => None,
@@ -326,6 +326,11 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
     if let Some(e) = cause.downcast_ref::<berth_orchestrator::OrchestratorError>() {
         use berth_orchestrator::OrchestratorError as O;
         return match e {
+            O::Foreign { .. } => Some((
+                "refused",
+                code::REFUSED,
+                Some(FOREIGN_HINT.into()),
+            )),
             O::File(_) | O::Repository(_) | O::Unreadable(_) => Some((
                 "invalid_request",
                 code::INVALID,

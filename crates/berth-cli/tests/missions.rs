@@ -41,6 +41,23 @@ fn the_bundled_example_is_rejected_once_then_accepted() {
     assert!(status.success());
     let calc = std::fs::read_to_string(clone.join("calc.py")).unwrap();
     assert!(calc.contains("return a + b"), "{calc}");
+
+    // Another owner neither sees nor runs it (a resume would have recorded its sandboxes under
+    // the wrong owner; before, status, resume and watch all went ahead).
+    for verb in ["status", "resume", "watch"] {
+        let out = berth(home.path(), &["mission", verb, &id])
+            .env("BERTH_OWNER", "someone-else")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(11), "{verb}: {stderr}");
+        assert!(
+            stderr.contains("belongs to owner `mission-tester`") && stderr.contains("BERTH_OWNER"),
+            "{verb}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{verb}");
+    }
+    assert_example_succeeded(home.path(), &id);
 }
 
 #[test]

@@ -93,6 +93,15 @@ pub enum OrchestratorError {
     /// The mission file could not be read (missing, not a regular file, too large).
     #[error("{0}")]
     Unreadable(String),
+    /// The mission belongs to another owner: this orchestrator neither shows nor runs it (its
+    /// sandboxes would be recorded under the wrong owner).
+    #[error("mission `{mission}` belongs to owner `{owner}`")]
+    Foreign {
+        /// The mission.
+        mission: String,
+        /// Its owner.
+        owner: String,
+    },
 }
 
 /// What is stored beside the authority's record: the mission file plus what was resolved when
@@ -215,12 +224,18 @@ impl Orchestrator<'_> {
         self.home.join("missions").join(id)
     }
 
-    /// Loads a mission: its spec, record and sequence number.
+    /// Loads one of this owner's missions: its spec, record and sequence number.
     pub async fn load(
         &self,
         id: &str,
     ) -> Result<(MissionSpec, MissionRecord, i64), OrchestratorError> {
         let row = self.store.mission_get(id).await?;
+        if row.owner != self.ledger.owner() {
+            return Err(OrchestratorError::Foreign {
+                mission: id.to_owned(),
+                owner: row.owner,
+            });
+        }
         let spec: MissionSpec = serde_json::from_str(&row.spec_json)
             .map_err(|e| OrchestratorError::Corrupt(e.to_string()))?;
         if spec.spec_version != SPEC_VERSION {
@@ -362,6 +377,8 @@ impl Orchestrator<'_> {
         id: &str,
         progress: &mut (dyn FnMut(&Step) + Send),
     ) -> Result<MissionState, OrchestratorError> {
+        // Another owner's mission is refused before its lease is touched.
+        self.load(id).await?;
         let me = this_runner();
         let fence = match self
             .store
