@@ -385,6 +385,21 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             Some("fix the manifest; its format is schemas/provider-manifest.schema.json".into()),
         ));
     }
+    if let Some(e) = cause.downcast_ref::<StoreError>() {
+        if e.is_storage_failure() {
+            return Some((
+                ErrorKind::Setup.as_str(),
+                code::SETUP,
+                Some(
+                    "SQLite could not write the store's files under BERTH_HOME: its disk is full \
+                     or failing (`df` shows its free space). Free some space or set BERTH_HOME \
+                     elsewhere, then run the command again; a failed write changed nothing in \
+                     the store"
+                        .into(),
+                ),
+            ));
+        }
+    }
     if let Some(StoreError::NotFound(record, _)) = cause.downcast_ref::<StoreError>() {
         use berth_store::Record;
         let hint = match record {

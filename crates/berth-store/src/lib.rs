@@ -141,6 +141,34 @@ impl std::fmt::Display for Record {
     }
 }
 
+impl StoreError {
+    /// Whether SQLite could not write or grow the store's files (`SQLITE_FULL` or an
+    /// `SQLITE_IOERR_*`): the disk is full or failing — a condition of the host, not a bug.
+    /// SQLite rolls such a transaction back, so the store holds what it held before.
+    pub fn is_storage_failure(&self) -> bool {
+        const SQLITE_IOERR: i32 = 10;
+        const SQLITE_FULL: i32 = 13;
+        let from_sqlx = |e: &sqlx::Error| match e {
+            sqlx::Error::Database(e) => e.code().and_then(|code| code.parse::<i32>().ok()),
+            _ => None,
+        };
+        let code = match self {
+            StoreError::Open { source, .. } | StoreError::Query { source, .. } => from_sqlx(source),
+            StoreError::Migrate {
+                source: sqlx::migrate::MigrateError::Execute(source),
+                ..
+            } => from_sqlx(source),
+            StoreError::Direct {
+                source: rusqlite::Error::SqliteFailure(e, _),
+                ..
+            } => Some(e.extended_code),
+            _ => None,
+        };
+        // The primary result code is the low byte of an extended one.
+        code.is_some_and(|code| matches!(code & 0xff, SQLITE_IOERR | SQLITE_FULL))
+    }
+}
+
 /// The durable store.
 #[derive(Debug, Clone)]
 pub struct Store {

@@ -1,0 +1,103 @@
+//! The store's disk fills up: every command says so with the fix (a setup error, exit 14), and
+//! nothing recorded before is lost once space is freed. Runs `berth` in a private mount
+//! namespace whose BERTH_HOME is a 2 MiB tmpfs (`unshare`), so the host's disks are never
+//! filled; the mount, and what was in it, goes with the namespace.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Runs `script` with `sh -eu` in a new user and mount namespace (root inside maps to the
+/// caller), with `BERTH` and `OUT` set. `None` when this host allows no such namespace.
+fn in_private_mounts(script: &str, out: &Path) -> Option<std::process::Output> {
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "true"])
+        .output()
+        .ok()?;
+    if !probe.status.success() {
+        return None;
+    }
+    Some(
+        Command::new("unshare")
+            .args(["--user", "--map-root-user", "--mount", "sh", "-eu", "-c"])
+            .arg(script)
+            .env("BERTH", env!("CARGO_BIN_EXE_berth"))
+            .env("OUT", out)
+            .env("BERTH_OWNER", "disk-tester")
+            .env_remove("BERTH_FAULT")
+            .output()
+            .unwrap(),
+    )
+}
+
+fn doc(out: &Path, name: &str) -> (i32, Value) {
+    let code = std::fs::read_to_string(out.join(format!("{name}.rc"))).unwrap();
+    let json = std::fs::read(out.join(format!("{name}.json"))).unwrap();
+    let json = serde_json::from_slice(&json)
+        .unwrap_or_else(|e| panic!("{name}: {e}: {}", String::from_utf8_lossy(&json)));
+    (code.trim().parse().unwrap(), json)
+}
+
+#[test]
+fn a_full_disk_is_a_setup_error_with_the_fix_and_loses_nothing() {
+    let out = tempfile::Builder::new()
+        .prefix("berth-test-disk-")
+        .tempdir()
+        .unwrap();
+    // Each step's exit code and JSON document land in OUT (outside the tmpfs).
+    let script = r#"
+        step() { name=$1; shift; set +e; "$BERTH" --json "$@" > "$OUT/$name.json"; echo $? > "$OUT/$name.rc"; set -e; }
+        home="$OUT/home"; mkdir "$home"
+        mount -t tmpfs -o size=2m,mode=0700 tmpfs "$home"
+        export BERTH_HOME="$home/berth"
+        step created create -p host
+        dd if=/dev/zero of="$home/fill" bs=4k 2>/dev/null || true
+        step full-list list
+        step full-create create -p host
+        rm "$home/fill"
+        step freed-list list
+        id=$(sed -n 's/.*"berth_id": "\(bx-[0-9a-f]*\)".*/\1/p' "$OUT/created.json" | head -n 1)
+        step destroyed destroy "$id"
+    "#;
+    let Some(run) = in_private_mounts(script, out.path()) else {
+        eprintln!("skipped: this host allows no unprivileged user and mount namespace");
+        return;
+    };
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let (code, created) = doc(out.path(), "created");
+    assert_eq!(code, 0, "{created}");
+    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+
+    // With the disk full, a read and a create both say what is wrong and how to fix it (before:
+    // exit 1, "internal", "report it if it looks like a bug").
+    for step in ["full-list", "full-create"] {
+        let (code, doc) = doc(out.path(), step);
+        assert_eq!(code, 14, "{step}: {doc}");
+        assert_eq!(doc["error"]["kind"], "setup", "{step}: {doc}");
+        let hint = doc["error"]["hint"].as_str().unwrap_or_default();
+        assert!(
+            hint.contains("disk is full") && hint.contains("BERTH_HOME"),
+            "{step}: {doc}"
+        );
+    }
+
+    // Space freed: the sandbox made before is still there, and only it.
+    let (code, list) = doc(out.path(), "freed-list");
+    assert_eq!(code, 0, "{list}");
+    let ids: Vec<&str> = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["ledger"]["berth_id"].as_str())
+        .collect();
+    assert_eq!(ids, [id.as_str()], "{list}");
+    let (code, destroyed) = doc(out.path(), "destroyed");
+    assert_eq!(code, 0, "{destroyed}");
+}
