@@ -120,10 +120,14 @@ impl MissionStore for Store {
         let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
         let fmt = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         // In-process, like every statement a runner makes (see `sqlite::direct`): the take
-        // and, when it fails, the read of who holds it.
+        // and, when it fails, the read of who holds it. In a transaction of its own: an
+        // `UPDATE … RETURNING` yields its row before it commits, and an autocommit statement
+        // commits when it is reset, which reports no error — a commit that failed (a full
+        // disk) would hand back a fence never stored.
         let taken = self.direct().run("take mission lease", |conn| {
             use rusqlite::OptionalExtension;
-            let fence = conn
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let fence = tx
                 .prepare_cached(
                     "UPDATE missions SET lease_holder = ?, lease_fence = lease_fence + 1, \
                      lease_expires_at = ? \
@@ -142,9 +146,10 @@ impl MissionStore for Store {
                 )
                 .optional()?;
             if let Some(fence) = fence {
+                tx.commit()?;
                 return Ok(Ok(fence));
             }
-            let held = conn
+            let held = tx
                 .prepare_cached("SELECT lease_holder, lease_expires_at FROM missions WHERE id = ?")?
                 .query_row([id], |r| {
                     Ok((
@@ -531,5 +536,36 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(fourth > third);
+    }
+
+    /// A lease whose commit fails is not taken, and the caller hears why. The take is an
+    /// `UPDATE … RETURNING`: SQLite hands back the row before it commits, and an autocommit
+    /// statement commits when it is reset — where a failure (a full disk; here a deferred
+    /// foreign key a test trigger breaks) was dropped unseen, so a runner went on with a fence
+    /// it did not hold and met a "conflict" at its first append.
+    #[tokio::test]
+    async fn a_lease_whose_commit_fails_is_an_error_not_a_fence() {
+        let (dir, store) = store_with_m1().await;
+        let raw = rusqlite::Connection::open(dir.path().join("b.db")).unwrap();
+        raw.execute_batch(
+            "CREATE TABLE test_parent (id INTEGER PRIMARY KEY);
+             CREATE TABLE test_child (parent INTEGER REFERENCES test_parent (id)
+                 DEFERRABLE INITIALLY DEFERRED);
+             CREATE TRIGGER test_lease_fails AFTER UPDATE OF lease_holder ON missions
+             BEGIN INSERT INTO test_child VALUES (42); END;",
+        )
+        .unwrap();
+        let taken = store
+            .mission_lease_acquire("m1", "runner-a", std::time::Duration::from_secs(30), None)
+            .await;
+        assert!(matches!(taken, Err(StoreError::Direct { .. })), "{taken:?}");
+        let holder: Option<String> = raw
+            .query_row(
+                "SELECT lease_holder FROM missions WHERE id = 'm1'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(holder, None, "the failed take left no lease");
     }
 }
