@@ -331,6 +331,18 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::REFUSED,
                 Some(FOREIGN_HINT.into()),
             )),
+            // Berth's own git and files on this host (the mission's work repository, its
+            // bundles) report a full disk only as text: `strerror(ENOSPC)`.
+            O::Repository(message) if message.contains("No space left on device") => Some((
+                ErrorKind::Setup.as_str(),
+                code::SETUP,
+                Some(
+                    "the disk under BERTH_HOME is full: free some space or set BERTH_HOME \
+                     elsewhere, then run the command again (`berth mission resume ID` continues \
+                     a mission that was registered)"
+                        .into(),
+                ),
+            )),
             O::File(_) | O::Repository(_) | O::Unreadable(_) => Some((
                 "invalid_request",
                 code::INVALID,
@@ -550,6 +562,30 @@ mod tests {
             let hint = failure.hint.unwrap_or_default();
             assert!(hint.contains(listing), "{hint}");
         }
+    }
+
+    /// Berth's own git failing on a full disk is a setup error naming the disk, not a
+    /// mission-file problem; a repository that is not one still is.
+    #[test]
+    fn a_full_disk_under_the_work_repository_is_not_a_mission_file_problem() {
+        use berth_orchestrator::OrchestratorError as O;
+        let full = O::Repository(
+            "git init: fatal: cannot copy '/usr/share/git-core/templates/description' to \
+             '/home/u/.berth/missions/m/.work.git/description': No space left on device"
+                .into(),
+        );
+        let failure = classify(&anyhow::Error::new(full));
+        assert_eq!((failure.kind, failure.exit_code), ("setup", code::SETUP));
+        assert!(failure
+            .hint
+            .unwrap_or_default()
+            .contains("disk under BERTH_HOME is full"));
+        let not_a_dir = O::Repository("/tmp/x is not a directory".into());
+        let failure = classify(&anyhow::Error::new(not_a_dir));
+        assert_eq!(
+            (failure.kind, failure.exit_code),
+            ("invalid_request", code::INVALID)
+        );
     }
 
     /// A message echoing a huge value keeps its start and end, cut on character boundaries,
