@@ -344,7 +344,31 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
 
 async fn destroy_one(app: &App, id: &str) -> Result<DestroyOutcome> {
     let (row, provider) = app.row(id).await?;
-    Ok(app.ledger.destroy_row(provider.as_ref(), &row).await?)
+    let err = match app.ledger.destroy_row(provider.as_ref(), &row).await {
+        Ok(outcome) => return Ok(outcome),
+        Err(err) => anyhow::Error::new(err),
+    };
+    // A removal the provider could not finish leaves the row `destroy_failed`: whatever the
+    // provider's reason (a file it may not delete is not the request's fault), the sandbox is
+    // not verified gone — exit 10, as documented.
+    let failed = app
+        .ledger
+        .row(id)
+        .await
+        .is_ok_and(|row| row.state == berth_store::LedgerState::DestroyFailed);
+    if !failed {
+        return Err(err);
+    }
+    Err(crate::errors::CliError {
+        kind: "cleanup_incomplete",
+        exit_code: code::CLEANUP_INCOMPLETE,
+        message: crate::errors::classify(&err).message,
+        hint: Some(format!(
+            "`{id}` stays in the ledger as destroy_failed (`berth ledger list`); once what the \
+             message names is fixed, `berth destroy {id}` or `berth ledger sweep` tries again"
+        )),
+    }
+    .into())
 }
 
 /// Destroys a sandbox this invocation created (used by run/demo/bench).

@@ -1,7 +1,7 @@
-//! The store's disk fills up: every command says so with the fix (a setup error, exit 14), and
-//! nothing recorded before is lost once space is freed. Runs `berth` in a private mount
-//! namespace whose BERTH_HOME is a 2 MiB tmpfs (`unshare`), so the host's disks are never
-//! filled; the mount, and what was in it, goes with the namespace.
+//! What goes wrong on the host, outside any request: the store's disk fills up, a sandbox's
+//! directory cannot be removed. Each says what is wrong and what to do, and loses nothing.
+//! `berth` runs in a private mount namespace (`unshare`), so the host's own disks and mounts
+//! are never touched; the namespace's mounts, and what was in them, go with it.
 
 use std::path::Path;
 use std::process::Command;
@@ -39,6 +39,8 @@ fn doc(out: &Path, name: &str) -> (i32, Value) {
     (code.trim().parse().unwrap(), json)
 }
 
+/// The store's disk fills up (BERTH_HOME on a 2 MiB tmpfs): every command says so with the
+/// fix (a setup error, exit 14), and nothing recorded before is lost once space is freed.
 #[test]
 fn a_full_disk_is_a_setup_error_with_the_fix_and_loses_nothing() {
     let out = tempfile::Builder::new()
@@ -100,4 +102,67 @@ fn a_full_disk_is_a_setup_error_with_the_fix_and_loses_nothing() {
     assert_eq!(ids, [id.as_str()], "{list}");
     let (code, destroyed) = doc(out.path(), "destroyed");
     assert_eq!(code, 0, "{destroyed}");
+}
+
+/// A sandbox directory the host provider cannot remove (here a mount inside it: `EBUSY`; a
+/// file made immutable gives `EPERM`) is cleanup incomplete, exit 10 as documented, with the
+/// row kept as `destroy_failed` and the way to retry — not "invalid request, fix the request"
+/// (exit 5) or "internal" (exit 1). Once the obstacle is gone, the same destroy finishes.
+#[test]
+fn a_sandbox_that_cannot_be_removed_is_cleanup_incomplete_and_kept() {
+    let out = tempfile::Builder::new()
+        .prefix("berth-test-destroy-")
+        .tempdir()
+        .unwrap();
+    let script = r#"
+        step() { name=$1; shift; set +e; "$BERTH" --json "$@" > "$OUT/$name.json"; echo $? > "$OUT/$name.rc"; set -e; }
+        export BERTH_HOME="$OUT/home"
+        step created create -p host
+        id=$(sed -n 's/.*"berth_id": "\(bx-[0-9a-f]*\)".*/\1/p' "$OUT/created.json" | head -n 1)
+        stuck="$BERTH_HOME/state/host/sandboxes/$id/workspace/stuck"
+        mkdir "$stuck"
+        mount -t tmpfs tmpfs "$stuck"
+        step blocked destroy "$id"
+        step listed ledger list
+        umount "$BERTH_HOME/state/host/sandboxes/.destroying-$id/workspace/stuck"
+        step retried destroy "$id"
+    "#;
+    let Some(run) = in_private_mounts(script, out.path()) else {
+        eprintln!("skipped: this host allows no unprivileged user and mount namespace");
+        return;
+    };
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (code, created) = doc(out.path(), "created");
+    assert_eq!(code, 0, "{created}");
+    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+
+    let (code, blocked) = doc(out.path(), "blocked");
+    assert_eq!(code, 10, "{blocked}");
+    assert_eq!(blocked["error"]["kind"], "cleanup_incomplete", "{blocked}");
+    let message = blocked["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("remove sandbox directory"), "{blocked}");
+    let hint = blocked["error"]["hint"].as_str().unwrap_or_default();
+    assert!(
+        hint.contains("destroy_failed") && hint.contains(&format!("berth destroy {id}")),
+        "{blocked}"
+    );
+    let (code, listed) = doc(out.path(), "listed");
+    assert_eq!(code, 0, "{listed}");
+    let row = listed["entries"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["berth_id"] == id.as_str()))
+        .unwrap_or_else(|| panic!("no row for {id}: {listed}"));
+    assert_eq!(row["state"], "destroy_failed", "{row}");
+
+    let (code, retried) = doc(out.path(), "retried");
+    assert_eq!(code, 0, "{retried}");
+    assert_eq!(
+        retried["destroyed"][0]["result"]["outcome"], "verified_gone",
+        "{retried}"
+    );
 }
