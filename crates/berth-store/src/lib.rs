@@ -155,7 +155,9 @@ impl StoreError {
         let code = match self {
             StoreError::Open { source, .. } | StoreError::Query { source, .. } => from_sqlx(source),
             StoreError::Migrate {
-                source: sqlx::migrate::MigrateError::Execute(source),
+                source:
+                    sqlx::migrate::MigrateError::Execute(source)
+                    | sqlx::migrate::MigrateError::ExecuteMigration(source, _),
                 ..
             } => from_sqlx(source),
             StoreError::Direct {
