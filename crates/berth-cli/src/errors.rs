@@ -117,7 +117,10 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
         | ErrorKind::RateLimited => (
             kind.as_str(),
             code::UNAVAILABLE,
-            "retry later, or name a fallback provider with `--fallback`",
+            // `--fallback` is a flag of `create` and `run` only; a local provider's capacity
+            // is its disk (the host provider says so for ENOSPC and EDQUOT).
+            "the provider is out of capacity or quota (a local one: its disk may be full); retry \
+             later, or give `create` or `run` a provider to fall back to with `--fallback`",
         ),
         ErrorKind::InvalidRequest => (kind.as_str(), code::INVALID, "fix the request and retry"),
         ErrorKind::NotFound => (
@@ -585,6 +588,24 @@ mod tests {
         assert_eq!(
             (failure.kind, failure.exit_code),
             ("invalid_request", code::INVALID)
+        );
+    }
+
+    /// A provider out of capacity (the host provider's full disk) is exit 6; the hint names the
+    /// disk and says which commands take `--fallback` (`cp` and `exec` have no such flag).
+    #[test]
+    fn capacity_names_the_disk_and_the_commands_that_fall_back() {
+        let full = ProviderError::new(ErrorKind::Capacity, "host", "cannot write `f`")
+            .with_source(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        let failure = classify(&anyhow::Error::new(full));
+        assert_eq!(
+            (failure.kind, failure.exit_code),
+            ("capacity", code::UNAVAILABLE)
+        );
+        let hint = failure.hint.unwrap_or_default();
+        assert!(
+            hint.contains("disk may be full") && hint.contains("`create` or `run`"),
+            "{hint}"
         );
     }
 
