@@ -119,8 +119,9 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
             code::UNAVAILABLE,
             // `--fallback` is a flag of `create` and `run` only; a local provider's capacity
             // is its disk (the host provider says so for ENOSPC and EDQUOT).
-            "the provider is out of capacity or quota (a local one: its disk may be full); retry \
-             later, or give `create` or `run` a provider to fall back to with `--fallback`",
+            "the provider is unavailable, at capacity or out of quota (a local one: its disk may \
+             be full); retry later, or give `create` or `run` a provider to fall back to with \
+             `--fallback`",
         ),
         ErrorKind::InvalidRequest => (kind.as_str(), code::INVALID, "fix the request and retry"),
         ErrorKind::NotFound => (
