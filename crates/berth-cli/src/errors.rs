@@ -117,11 +117,11 @@ fn for_kind(kind: ErrorKind) -> (&'static str, i32, &'static str) {
         | ErrorKind::RateLimited => (
             kind.as_str(),
             code::UNAVAILABLE,
-            // `--fallback` is a flag of `create` and `run` only; a local provider's capacity
-            // is its disk (the host provider says so for ENOSPC and EDQUOT).
+            // `--fallback` is a flag of `create` only; a local provider's capacity is its disk
+            // (the host provider says so for ENOSPC and EDQUOT).
             "the provider is unavailable, at capacity or out of quota (a local one: its disk may \
-             be full); retry later, or give `create` or `run` a provider to fall back to with \
-             `--fallback`",
+             be full); retry later, or give `create` a provider to fall back to with \
+             `--fallback` (a mission: `sandbox.fallback`)",
         ),
         ErrorKind::InvalidRequest => (kind.as_str(), code::INVALID, "fix the request and retry"),
         ErrorKind::NotFound => (
@@ -593,7 +593,8 @@ mod tests {
     }
 
     /// A provider out of capacity (the host provider's full disk) is exit 6; the hint names the
-    /// disk and says which commands take `--fallback` (`cp` and `exec` have no such flag).
+    /// disk and says where a fallback is named (`create --fallback`, a mission's
+    /// `sandbox.fallback`; `cp`, `exec` and `run` have no such flag).
     #[test]
     fn capacity_names_the_disk_and_the_commands_that_fall_back() {
         let full = ProviderError::new(ErrorKind::Capacity, "host", "cannot write `f`")
@@ -605,7 +606,9 @@ mod tests {
         );
         let hint = failure.hint.unwrap_or_default();
         assert!(
-            hint.contains("disk may be full") && hint.contains("`create` or `run`"),
+            hint.contains("disk may be full")
+                && hint.contains("give `create` a provider to fall back to")
+                && hint.contains("`sandbox.fallback`"),
             "{hint}"
         );
     }
