@@ -31,6 +31,34 @@ fn in_private_mounts(script: &str, out: &Path) -> Option<std::process::Output> {
     )
 }
 
+/// Runs `body` in a private namespace (see [`in_private_mounts`]) after defining
+/// `step NAME ARGS…`, which runs `berth --json ARGS…` and keeps its exit code and document
+/// in OUT; `body` must run a step named `created` that creates a sandbox. Returns OUT and that
+/// sandbox's id; `None` (said on stderr) when the host allows no such namespace.
+fn steps(prefix: &str, body: &str) -> Option<(tempfile::TempDir, String)> {
+    let out = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let script = format!(
+        "step() {{ name=$1; shift; set +e; \"$BERTH\" --json \"$@\" > \"$OUT/$name.json\"; \
+         echo $? > \"$OUT/$name.rc\"; set -e; }}\n\
+         created_id() {{ sed -n 's/.*\"berth_id\": \"\\(bx-[0-9a-f]*\\)\".*/\\1/p' \
+         \"$OUT/created.json\" | head -n 1; }}\n{body}"
+    );
+    let Some(run) = in_private_mounts(&script, out.path()) else {
+        eprintln!("skipped: this host allows no unprivileged user and mount namespace");
+        return None;
+    };
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (code, created) = doc(out.path(), "created");
+    assert_eq!(code, 0, "{created}");
+    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    Some((out, id))
+}
+
 fn doc(out: &Path, name: &str) -> (i32, Value) {
     let code = std::fs::read_to_string(out.join(format!("{name}.rc"))).unwrap();
     let json = std::fs::read(out.join(format!("{name}.json"))).unwrap();
@@ -43,13 +71,8 @@ fn doc(out: &Path, name: &str) -> (i32, Value) {
 /// fix (a setup error, exit 14), and nothing recorded before is lost once space is freed.
 #[test]
 fn a_full_disk_is_a_setup_error_with_the_fix_and_loses_nothing() {
-    let out = tempfile::Builder::new()
-        .prefix("berth-test-disk-")
-        .tempdir()
-        .unwrap();
     // Each step's exit code and JSON document land in OUT (outside the tmpfs).
-    let script = r#"
-        step() { name=$1; shift; set +e; "$BERTH" --json "$@" > "$OUT/$name.json"; echo $? > "$OUT/$name.rc"; set -e; }
+    let body = r#"
         home="$OUT/home"; mkdir "$home"
         mount -t tmpfs -o size=2m,mode=0700 tmpfs "$home"
         export BERTH_HOME="$home/berth"
@@ -59,23 +82,11 @@ fn a_full_disk_is_a_setup_error_with_the_fix_and_loses_nothing() {
         step full-create create -p host
         rm "$home/fill"
         step freed-list list
-        id=$(sed -n 's/.*"berth_id": "\(bx-[0-9a-f]*\)".*/\1/p' "$OUT/created.json" | head -n 1)
-        step destroyed destroy "$id"
+        step destroyed destroy "$(created_id)"
     "#;
-    let Some(run) = in_private_mounts(script, out.path()) else {
-        eprintln!("skipped: this host allows no unprivileged user and mount namespace");
+    let Some((out, id)) = steps("berth-test-disk-", body) else {
         return;
     };
-    assert!(
-        run.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
-
-    let (code, created) = doc(out.path(), "created");
-    assert_eq!(code, 0, "{created}");
-    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
 
     // With the disk full, a read and a create both say what is wrong and how to fix it (before:
     // exit 1, "internal", "report it if it looks like a bug").
@@ -110,15 +121,10 @@ fn a_full_disk_is_a_setup_error_with_the_fix_and_loses_nothing() {
 /// (exit 5) or "internal" (exit 1). Once the obstacle is gone, the same destroy finishes.
 #[test]
 fn a_sandbox_that_cannot_be_removed_is_cleanup_incomplete_and_kept() {
-    let out = tempfile::Builder::new()
-        .prefix("berth-test-destroy-")
-        .tempdir()
-        .unwrap();
-    let script = r#"
-        step() { name=$1; shift; set +e; "$BERTH" --json "$@" > "$OUT/$name.json"; echo $? > "$OUT/$name.rc"; set -e; }
+    let body = r#"
         export BERTH_HOME="$OUT/home"
         step created create -p host
-        id=$(sed -n 's/.*"berth_id": "\(bx-[0-9a-f]*\)".*/\1/p' "$OUT/created.json" | head -n 1)
+        id=$(created_id)
         stuck="$BERTH_HOME/state/host/sandboxes/$id/workspace/stuck"
         mkdir "$stuck"
         mount -t tmpfs tmpfs "$stuck"
@@ -127,19 +133,9 @@ fn a_sandbox_that_cannot_be_removed_is_cleanup_incomplete_and_kept() {
         umount "$BERTH_HOME/state/host/sandboxes/.destroying-$id/workspace/stuck"
         step retried destroy "$id"
     "#;
-    let Some(run) = in_private_mounts(script, out.path()) else {
-        eprintln!("skipped: this host allows no unprivileged user and mount namespace");
+    let Some((out, id)) = steps("berth-test-destroy-", body) else {
         return;
     };
-    assert!(
-        run.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let (code, created) = doc(out.path(), "created");
-    assert_eq!(code, 0, "{created}");
-    let id = created["sandbox"]["berth_id"].as_str().unwrap().to_owned();
 
     let (code, blocked) = doc(out.path(), "blocked");
     assert_eq!(code, 10, "{blocked}");
