@@ -415,39 +415,38 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 ),
             ));
         }
-    }
-    if let Some(StoreError::NotFound(record, _)) = cause.downcast_ref::<StoreError>() {
-        use berth_store::Record;
-        let hint = match record {
-            Record::LedgerEntry => {
-                "`berth list` shows your sandboxes, `berth ledger list` every entry"
+        return match e {
+            StoreError::NotFound(record, _) => {
+                use berth_store::Record;
+                let hint = match record {
+                    Record::LedgerEntry => {
+                        "`berth list` shows your sandboxes, `berth ledger list` every entry"
+                    }
+                    Record::Mission => "`berth mission list` shows your missions",
+                    Record::Bundle => "`berth artifacts query` lists the published bundles",
+                };
+                Some(("not_found", code::NOT_FOUND, Some(hint.into())))
             }
-            Record::Mission => "`berth mission list` shows your missions",
-            Record::Bundle => "`berth artifacts query` lists the published bundles",
-        };
-        return Some(("not_found", code::NOT_FOUND, Some(hint.into())));
-    }
-    if let Some(StoreError::RunLock { dir, .. }) = cause.downcast_ref::<StoreError>() {
-        return Some((
-            ErrorKind::Setup.as_str(),
-            code::SETUP,
-            Some(format!(
-                "{} must be a directory you can write (Berth makes it on first use): move \
-                 whatever is there away and run the command again",
-                dir.display()
+            StoreError::RunLock { dir, .. } => Some((
+                ErrorKind::Setup.as_str(),
+                code::SETUP,
+                Some(format!(
+                    "{} must be a directory you can write (Berth makes it on first use): move \
+                     whatever is there away and run the command again",
+                    dir.display()
+                )),
             )),
-        ));
-    }
-    if let Some(StoreError::SweptWhileMade(_)) = cause.downcast_ref::<StoreError>() {
-        return Some((
-            "conflict",
-            code::CONFLICT,
-            Some(
-                "a sweep (`berth ledger sweep`, `gc`, or this run's own cleanup) took it while it \
-                 was being made; what was made is destroyed again; make it again"
-                    .into(),
-            ),
-        ));
+            StoreError::SweptWhileMade(_) => Some((
+                "conflict",
+                code::CONFLICT,
+                Some(
+                    "a sweep (`berth ledger sweep`, `gc`, or this run's own cleanup) took it \
+                     while it was being made; what was made is destroyed again; make it again"
+                        .into(),
+                ),
+            )),
+            _ => None,
+        };
     }
     None
 }
