@@ -224,11 +224,8 @@ impl Orchestrator<'_> {
         self.home.join("missions").join(id)
     }
 
-    /// Loads one of this owner's missions: its spec, record and sequence number.
-    pub async fn load(
-        &self,
-        id: &str,
-    ) -> Result<(MissionSpec, MissionRecord, i64), OrchestratorError> {
+    /// Mission `id`'s row, if it is this owner's.
+    async fn owned(&self, id: &str) -> Result<berth_store::MissionRow, OrchestratorError> {
         let row = self.store.mission_get(id).await?;
         if row.owner != self.ledger.owner() {
             return Err(OrchestratorError::Foreign {
@@ -236,6 +233,15 @@ impl Orchestrator<'_> {
                 owner: row.owner,
             });
         }
+        Ok(row)
+    }
+
+    /// Loads one of this owner's missions: its spec, record and sequence number.
+    pub async fn load(
+        &self,
+        id: &str,
+    ) -> Result<(MissionSpec, MissionRecord, i64), OrchestratorError> {
+        let row = self.owned(id).await?;
         let spec: MissionSpec = serde_json::from_str(&row.spec_json)
             .map_err(|e| OrchestratorError::Corrupt(e.to_string()))?;
         if spec.spec_version != SPEC_VERSION {
@@ -377,8 +383,9 @@ impl Orchestrator<'_> {
         id: &str,
         progress: &mut (dyn FnMut(&Step) + Send),
     ) -> Result<MissionState, OrchestratorError> {
-        // Another owner's mission is refused before its lease is touched.
-        self.load(id).await?;
+        // Another owner's mission is refused before its lease is touched (its spec and record
+        // are read once the lease is held).
+        self.owned(id).await?;
         let me = this_runner();
         let fence = match self
             .store
