@@ -335,6 +335,21 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::REFUSED,
                 Some(FOREIGN_HINT.into()),
             )),
+            // No verdict on the attempt: the kind and code are the provider's, the way on is
+            // the mission's resume.
+            O::Interrupted(stopped) => {
+                let (mission, kind) = (&stopped.mission, stopped.source.kind());
+                let (name, code, _) = for_kind(kind);
+                Some((
+                    name,
+                    code,
+                    Some(format!(
+                        "the provider failed for now ({name}): the attempt was not judged and \
+                         nothing was recorded for this step; once the provider answers again, \
+                         `berth mission resume {mission}` runs the step again"
+                    )),
+                ))
+            }
             // Berth's own git and files on this host (the mission's work repository, its
             // bundles) report a full disk only as text: `strerror(ENOSPC)`.
             O::Repository(message) if message.contains("No space left on device") => Some((

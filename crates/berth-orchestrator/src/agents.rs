@@ -20,7 +20,7 @@ use berth_mission::file::{parse_duration, MissionFile, DEFAULT_IDLE_TIMEOUT};
 use serde_json::json;
 use std::time::Duration;
 
-use crate::pipeline::{existing, Step};
+use crate::pipeline::{existing, Failure, Step};
 use crate::steps::Attempt;
 use crate::{MissionSpec, Orchestrator, OrchestratorError};
 
@@ -181,7 +181,7 @@ impl Attempt<'_, '_> {
         let provider_id = self.provider.id().to_owned();
         let id = match existing(self.orch, self.provider.as_ref(), &self.main).await? {
             Ok(id) => id,
-            Err(reason) => return self.reject(reason).await,
+            Err(failure) => return self.fail(failure).await,
         };
         let reach = match self
             .orch
@@ -203,9 +203,8 @@ impl Attempt<'_, '_> {
         let link = match link_gateway(self.provider.as_ref(), &id, reach, &gateway.running).await {
             Ok(link) => link,
             Err(e) => {
-                return self
-                    .reject(format!("the sandbox cannot reach the model gateway: {e}"))
-                    .await
+                let failure = Failure::of("the sandbox cannot reach the model gateway", e);
+                return self.fail(failure).await;
             }
         };
         let timeout = parse_duration(&self.task.agent_timeout).expect("validated");
@@ -230,9 +229,8 @@ impl Attempt<'_, '_> {
             };
             if let Err(e) = staged {
                 let _ = self.keep_session(harness, &id, &logs).await;
-                return self
-                    .reject(format!("harness.login: cannot stage the login: {e}"))
-                    .await;
+                let failure = Failure::of("harness.login: cannot stage the login", e);
+                return self.fail(failure).await;
             }
         }
         let journal = logs.join("gateway.jsonl");
@@ -330,7 +328,7 @@ impl Attempt<'_, '_> {
         };
         let (status, duration, stdout_total) = match ran {
             Ok(ran) => ran,
-            Err(e) => return self.reject(format!("the agent could not run: {e}")).await,
+            Err(e) => return self.fail(Failure::of("the agent could not run", e)).await,
         };
         let (normalized, truncated) = sink.finish().map_err(|e| {
             OrchestratorError::Repository(format!(

@@ -93,6 +93,9 @@ pub enum OrchestratorError {
     /// The mission file could not be read (missing, not a regular file, too large).
     #[error("{0}")]
     Unreadable(String),
+    /// A provider call a step needed failed for now: see [`Interrupted`].
+    #[error(transparent)]
+    Interrupted(Box<Interrupted>),
     /// The mission belongs to another owner: this orchestrator neither shows nor runs it (its
     /// sandboxes would be recorded under the wrong owner).
     #[error("mission `{mission}` belongs to owner `{owner}`")]
@@ -102,6 +105,23 @@ pub enum OrchestratorError {
         /// Its owner.
         owner: String,
     },
+}
+
+/// A provider call a step needed failed in a way the provider calls retryable (its daemon
+/// unreachable, a timeout, no capacity): no verdict on the attempt, so none is recorded. The
+/// run stopped with the attempt where it was; `berth mission resume` runs the step again.
+#[derive(Debug, thiserror::Error)]
+#[error("mission `{mission}` stopped at attempt `{attempt}`, {doing}")]
+pub struct Interrupted {
+    /// The mission.
+    pub mission: String,
+    /// The attempt whose step could not finish.
+    pub attempt: String,
+    /// What the step was doing.
+    pub doing: String,
+    /// The provider's error.
+    #[source]
+    pub source: berth_contract::ProviderError,
 }
 
 /// What is stored beside the authority's record: the mission file plus what was resolved when

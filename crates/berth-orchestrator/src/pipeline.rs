@@ -4,14 +4,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use berth_contract::{
-    CanonicalState, DestroyOutcome, NativeId, Observation, Provider, SandboxName,
+    CanonicalState, DestroyOutcome, ErrorKind, NativeId, Observation, Provider, ProviderError,
+    SandboxName,
 };
 use berth_ledger::LedgerError;
 use berth_mission::authority::{
     AttemptInputs, AttemptKey, AttemptStatus, Event, MissionRecord, MissionState, Phase,
 };
 use berth_mission::file::Task;
-use berth_store::{LedgerState, StoreError};
+use berth_store::{LedgerState, LedgerStore as _, StoreError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -47,6 +48,46 @@ pub enum Step {
     },
     /// The mission has finished.
     Finished(MissionState),
+}
+
+/// Why a step could not do its work.
+///
+/// Either the attempt is rejected (its own doing, or a condition no retry changes), or a
+/// provider call the step needs failed in a way the provider calls retryable — its daemon
+/// unreachable, a timeout, no capacity — which is no verdict on the attempt: the run stops with
+/// nothing recorded for the step, and `berth mission resume` runs the step again.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Reject the attempt, for this reason.
+    Reject(String),
+    /// Stop the run: `doing` (words) met a retryable provider error.
+    Retry {
+        /// What the step was doing.
+        doing: String,
+        /// The provider's error.
+        source: ProviderError,
+    },
+}
+
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Failure::Reject(reason)
+    }
+}
+
+impl Failure {
+    /// The provider's error `source`, met while `doing`: a retryable one stops the run, any
+    /// other rejects the attempt with both in its reason.
+    pub(crate) fn of(doing: impl std::fmt::Display, source: ProviderError) -> Failure {
+        if source.retryable() {
+            Failure::Retry {
+                doing: doing.to_string(),
+                source,
+            }
+        } else {
+            Failure::Reject(format!("{doing}: {source}"))
+        }
+    }
 }
 
 /// The inputs an attempt runs with (its lock record).
@@ -201,8 +242,10 @@ pub(crate) fn sandbox_name(key: &AttemptKey) -> SandboxName {
 
 /// Creates the attempt's sandbox on the first candidate provider that can take it, moving on
 /// only for capacity, quota, a rate limit or unavailability (never for a request the provider refuses).
-/// Candidates tried before (their ledger rows exist) are not tried again. Returns the provider,
-/// the sandbox name and id, and why earlier candidates were passed over.
+/// Candidates tried before (their ledger rows exist) are not tried again, unless what stopped
+/// them was retryable. Returns the provider, the sandbox name and id, and why earlier
+/// candidates were passed over. When no candidate could take it and one of them failed only for
+/// now (unreachable, no capacity, throttled), the run stops rather than rejecting the attempt.
 #[allow(clippy::type_complexity)]
 pub(crate) async fn choose(
     orch: &Orchestrator<'_>,
@@ -211,59 +254,119 @@ pub(crate) async fn choose(
     mission: &str,
     key: &AttemptKey,
 ) -> Result<
-    Result<(Arc<dyn Provider>, SandboxName, NativeId, Vec<String>), String>,
+    Result<(Arc<dyn Provider>, SandboxName, NativeId, Vec<String>), Failure>,
     OrchestratorError,
 > {
     let mut skipped = Vec::new();
+    let mut for_now = None;
     for (choice, provider_id) in candidates(spec).into_iter().enumerate() {
         let name = main_name(key, choice);
         match orch.ledger.row(&name.0).await {
-            Ok(row) => {
-                skipped.push(format!("{provider_id}: tried before ({})", row.state));
-                continue;
-            }
+            Ok(row) => match free_for_retry(orch, &provider_id, &row).await? {
+                Ok(true) => {}
+                Ok(false) => {
+                    skipped.push(format!("{provider_id}: tried before ({})", row.state));
+                    continue;
+                }
+                Err(failure) => return Ok(Err(failure)),
+            },
             Err(LedgerError::Store(StoreError::NotFound(..))) => {}
             Err(LedgerError::Store(e)) => return Err(e.into()),
-            Err(e) => return Ok(Err(e.to_string())),
+            Err(e) => return Ok(Err(Failure::Reject(e.to_string()))),
         }
         let provider = orch.provider(&provider_id)?;
         match ensure(orch, &provider, spec, mission, task, &name, false).await? {
             Ok(id) => return Ok(Ok((provider, name, id, skipped))),
-            Err(reason) => match reason.strip_prefix(FALLBACK_MARK) {
-                Some(why) => skipped.push(format!("{provider_id}: {why}")),
-                None => return Ok(Err(reason)),
-            },
+            Err(Failure::Retry { source, .. }) if source.kind().allows_fallback() => {
+                skipped.push(format!("{provider_id}: {source}"));
+                for_now = Some(source);
+            }
+            Err(Failure::Reject(reason)) if reason.starts_with(FALLBACK_MARK) => {
+                skipped.push(format!("{provider_id}: {}", &reason[FALLBACK_MARK.len()..]));
+            }
+            Err(failure) => return Ok(Err(failure)),
         }
     }
-    Ok(Err(format!(
-        "no provider could take the attempt: {}",
-        skipped.join("; ")
-    )))
+    let doing = format!("no provider could take the attempt: {}", skipped.join("; "));
+    Ok(Err(match for_now {
+        Some(source) => Failure::Retry { doing, source },
+        None => Failure::Reject(doing),
+    }))
+}
+
+/// Whether a candidate's earlier try at the attempt's sandbox failed only for now (its row
+/// records a retryable error and no sandbox): then whatever it left is verified gone and the
+/// name freed, so the candidate is tried again.
+async fn free_for_retry(
+    orch: &Orchestrator<'_>,
+    provider_id: &str,
+    row: &berth_store::LedgerRow,
+) -> Result<Result<bool, Failure>, OrchestratorError> {
+    let failed_for_now = matches!(
+        row.state,
+        LedgerState::CreateFailed | LedgerState::VerifiedGone
+    ) && row.last_error_kind.as_deref().is_some_and(|recorded| {
+        ErrorKind::ALL
+            .iter()
+            .any(|kind| kind.as_str() == recorded && kind.retryable())
+    });
+    if !failed_for_now {
+        return Ok(Ok(false));
+    }
+    if row.state != LedgerState::VerifiedGone {
+        let provider = orch.provider(provider_id)?;
+        match orch.ledger.destroy_row(provider.as_ref(), row).await {
+            Ok(DestroyOutcome::VerifiedGone { .. }) => {}
+            Ok(DestroyOutcome::Accepted { .. }) => return Ok(Ok(false)),
+            Err(e) => {
+                let doing = format!("making sure the failed try `{}` left nothing", row.berth_id);
+                return removal_failed(doing, e).map(Err);
+            }
+        }
+    }
+    orch.ledger.store().ledger_retire(&row.berth_id).await?;
+    Ok(Ok(true))
+}
+
+/// A sandbox Berth must remove before the step can go on (`doing`, in words) could not be
+/// removed: a retryable provider error stops the run (resume tries again), anything else is an
+/// error of the run.
+pub(crate) fn removal_failed(doing: String, e: LedgerError) -> Result<Failure, OrchestratorError> {
+    match e {
+        LedgerError::Provider { source, .. } if source.retryable() => {
+            Ok(Failure::Retry { doing, source })
+        }
+        LedgerError::Store(e) => Err(e.into()),
+        e => Err(OrchestratorError::Repository(format!("{doing}: {e}"))),
+    }
 }
 
 /// A sandbox that should exist for this attempt: found in the ledger and observed present.
-/// `Ok(Err(reason))` when it is provably gone.
+/// A rejection when it is provably gone; the run stops when the provider cannot say for now.
 pub(crate) async fn existing(
     orch: &Orchestrator<'_>,
     provider: &dyn Provider,
     name: &SandboxName,
-) -> Result<Result<NativeId, String>, OrchestratorError> {
+) -> Result<Result<NativeId, Failure>, OrchestratorError> {
     let row = match orch.ledger.row(&name.0).await {
         Ok(row) => row,
         Err(LedgerError::Store(StoreError::NotFound(..))) => {
-            return Ok(Err(format!("sandbox `{name}` was never created")))
+            return Ok(Err(format!("sandbox `{name}` was never created").into()))
         }
         Err(LedgerError::Store(e)) => return Err(e.into()),
-        Err(e) => return Ok(Err(e.to_string())),
+        Err(e) => return Ok(Err(e.to_string().into())),
     };
     if row.state == LedgerState::VerifiedGone {
-        return Ok(Err(format!("sandbox `{name}` is gone")));
+        return Ok(Err(format!("sandbox `{name}` is gone").into()));
     }
     let id = berth_ledger::native_id(&row);
     match provider.observe(&id).await {
         Ok(Observation::Present { .. }) => Ok(Ok(id)),
-        Ok(Observation::Absent) => Ok(Err(format!("sandbox `{name}` is absent"))),
-        Err(e) => Ok(Err(format!("cannot observe sandbox `{name}`: {e}"))),
+        Ok(Observation::Absent) => Ok(Err(format!("sandbox `{name}` is absent").into())),
+        Err(e) => Ok(Err(Failure::of(
+            format_args!("cannot observe sandbox `{name}`"),
+            e,
+        ))),
     }
 }
 
@@ -277,12 +380,12 @@ pub(crate) async fn ensure(
     task: &Task,
     name: &SandboxName,
     validator: bool,
-) -> Result<Result<NativeId, String>, OrchestratorError> {
+) -> Result<Result<NativeId, Failure>, OrchestratorError> {
     match orch.ledger.row(&name.0).await {
         Ok(_) => return existing(orch, provider.as_ref(), name).await,
         Err(LedgerError::Store(StoreError::NotFound(..))) => {}
         Err(LedgerError::Store(e)) => return Err(e.into()),
-        Err(e) => return Ok(Err(e.to_string())),
+        Err(e) => return Ok(Err(e.to_string().into())),
     }
     // The mission's image is for providers that take images; one that has none (host,
     // just-bash: `[images] model = "none"` in its manifest) — a fallback, typically — runs
@@ -319,11 +422,17 @@ pub(crate) async fn ensure(
     match created {
         Ok(tracked) => Ok(Ok(NativeId(tracked.native_id))),
         Err(LedgerError::Store(e)) => Err(e.into()),
-        Err(LedgerError::Provider { source, .. }) if source.kind().allows_fallback() => {
-            Ok(Err(format!("{FALLBACK_MARK}{source}")))
+        Err(LedgerError::Provider { source, .. }) if source.retryable() => {
+            Ok(Err(Failure::Retry {
+                doing: format!("creating sandbox `{name}`"),
+                source,
+            }))
         }
-        Err(LedgerError::Provider { source, .. }) => Ok(Err(source.to_string())),
-        Err(e) => Ok(Err(e.to_string())),
+        Err(LedgerError::Provider { source, .. }) if source.kind().allows_fallback() => {
+            Ok(Err(Failure::Reject(format!("{FALLBACK_MARK}{source}"))))
+        }
+        Err(LedgerError::Provider { source, .. }) => Ok(Err(source.to_string().into())),
+        Err(e) => Ok(Err(e.to_string().into())),
     }
 }
 

@@ -14,12 +14,13 @@ use serde_json::json;
 use crate::pipeline::*;
 use crate::{capture, transport, MissionSpec, Orchestrator, OrchestratorError};
 
-/// A needed sandbox that is provably gone rejects the attempt, with the reason.
-macro_rules! or_reject {
+/// A needed sandbox that is provably gone rejects the attempt, with the reason; one the
+/// provider cannot see for now stops the run.
+macro_rules! or_fail {
     ($attempt:expr, $found:expr) => {
         match $found {
             Ok(id) => id,
-            Err(reason) => return $attempt.reject(reason).await,
+            Err(failure) => return $attempt.fail(failure).await,
         }
     };
 }
@@ -53,6 +54,29 @@ impl Attempt<'_, '_> {
             reason,
         )
         .await
+    }
+
+    /// Rejects the attempt, or stops the run when the step met a retryable provider error
+    /// (nothing recorded: resume runs the step again).
+    pub(crate) async fn fail(&self, failure: Failure) -> Result<Step, OrchestratorError> {
+        match failure {
+            Failure::Reject(reason) => self.reject(reason).await,
+            Failure::Retry { doing, source } => Err(self.interrupted(doing, source)),
+        }
+    }
+
+    /// The run stops: `doing` met the provider's retryable error `source`.
+    pub(crate) fn interrupted(
+        &self,
+        doing: String,
+        source: berth_contract::ProviderError,
+    ) -> OrchestratorError {
+        OrchestratorError::Interrupted(Box::new(crate::Interrupted {
+            mission: self.record.id.clone(),
+            attempt: self.key.0.clone(),
+            doing,
+            source,
+        }))
     }
 
     /// Stores the step's event with its facts, in one transaction.
@@ -104,14 +128,14 @@ impl Attempt<'_, '_> {
             if let Ok(row) = orch.ledger.row(&name.0).await {
                 if !is_ready(provider.as_ref(), &row).await {
                     if row.state != LedgerState::VerifiedGone {
-                        orch.ledger
-                            .destroy_row(provider.as_ref(), &row)
-                            .await
-                            .map_err(|e| {
-                                OrchestratorError::Repository(format!(
-                                    "cannot remove the interrupted sandbox `{name}`: {e}"
-                                ))
-                            })?;
+                        if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
+                            return self
+                                .fail(removal_failed(
+                                    format!("removing the interrupted sandbox `{}`", name.0),
+                                    e,
+                                )?)
+                                .await;
+                        }
                     }
                     orch.ledger.store().ledger_retire(&name.0).await?;
                     placed = None;
@@ -121,10 +145,10 @@ impl Attempt<'_, '_> {
         let (provider, main, id, skipped) = if placed.is_none() {
             match choose(orch, spec, task, mission, key).await? {
                 Ok(chosen) => chosen,
-                Err(reason) => return self.reject(reason).await,
+                Err(failure) => return self.fail(failure).await,
             }
         } else {
-            let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+            let id = or_fail!(self, existing(orch, provider.as_ref(), main).await?);
             (provider.clone(), main.clone(), id, Vec::new())
         };
         let (bundle, commit) = input_of(orch, spec, record, index);
@@ -165,7 +189,7 @@ impl Attempt<'_, '_> {
                     ),
                 })
             }
-            Err(reason) => self.reject(reason).await,
+            Err(failure) => self.fail(failure).await,
         }
     }
 
@@ -180,7 +204,7 @@ impl Attempt<'_, '_> {
         if let Some(harness) = crate::agents::harness_of(&spec.file) {
             return self.run_agent_cli(harness).await;
         }
-        let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+        let id = or_fail!(self, existing(orch, provider.as_ref(), main).await?);
         let timeout = parse_duration(&task.agent_timeout).expect("validated");
         let command = spec.file.harness.command.clone().expect("validated");
         let req = ExecRequest::shell(command)
@@ -199,7 +223,7 @@ impl Attempt<'_, '_> {
                 )
                 .await
             }
-            Err(e) => self.reject(format!("the agent could not run: {e}")).await,
+            Err(e) => self.fail(Failure::of("the agent could not run", e)).await,
         }
     }
 
@@ -217,10 +241,10 @@ impl Attempt<'_, '_> {
         let main = &self.main;
         // The workspace leaves the agent's sandbox as data and is committed on the host;
         // the validator judges exactly that commit, in a clean sandbox.
-        let main_id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+        let main_id = or_fail!(self, existing(orch, provider.as_ref(), main).await?);
         let captured = match transport::capture_workspace(provider.as_ref(), &main_id).await {
             Ok(captured) => captured,
-            Err(why) => return self.reject(why).await,
+            Err(failure) => return self.fail(failure).await,
         };
         let (input, parent) = input_of(orch, spec, record, index);
         let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
@@ -319,7 +343,7 @@ impl Attempt<'_, '_> {
         let mission = &self.record.id;
         let provider = &self.provider;
         let main = &self.main;
-        let id = or_reject!(self, existing(orch, provider.as_ref(), main).await?);
+        let id = or_fail!(self, existing(orch, provider.as_ref(), main).await?);
         // A provider snapshot where the provider has one; otherwise a workspace snapshot: the
         // repository exported as a git bundle under the mission directory.
         let (checkpoint, detail) = match provider.snapshots() {
@@ -337,8 +361,13 @@ impl Attempt<'_, '_> {
                         Some(CHECKPOINT_RETENTION),
                     )
                     .await
-                    .map_err(|e| {
-                        OrchestratorError::Repository(format!("checkpoint failed: {e}"))
+                    .map_err(|e| match e {
+                        berth_ledger::LedgerError::Provider { source, .. }
+                            if source.retryable() =>
+                        {
+                            self.interrupted("taking the checkpoint".into(), source)
+                        }
+                        e => OrchestratorError::Repository(format!("checkpoint failed: {e}")),
                     })?;
                 (snap.handle.clone(), json!({ "snapshot": snap }))
             }

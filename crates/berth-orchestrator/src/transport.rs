@@ -28,7 +28,7 @@ use berth_contract::{ExecRequest, NativeId, Provider, ProviderExt};
 
 use crate::capture::{self, Capture, CapturedFile};
 use crate::hostgit::{git_with_input, Transport};
-use crate::pipeline::tail;
+use crate::pipeline::{tail, Failure};
 use crate::OrchestratorError;
 
 /// Whether `provider` moves files as bytes (its file API) — otherwise the text transport.
@@ -79,9 +79,9 @@ pub(crate) async fn stage(
     bundle: &Path,
     work_repo: impl FnOnce() -> Result<PathBuf, OrchestratorError>,
     commit: &str,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     if !capture::is_commit_id(commit) {
-        return Err(format!("`{}` is not a commit id", commit.escape_debug()));
+        return Err(format!("`{}` is not a commit id", commit.escape_debug()).into());
     }
     if carries_bytes(provider) {
         stage_bundle(provider, id, bundle, commit).await
@@ -98,7 +98,7 @@ async fn stage_bundle(
     id: &NativeId,
     bundle: &Path,
     commit: &str,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let bytes =
         std::fs::read(bundle).map_err(|e| format!("cannot read {}: {e}", bundle.display()))?;
     provider
@@ -106,7 +106,7 @@ async fn stage_bundle(
         .map_err(|e| e.to_string())?
         .write(id, ".berth-input.bundle", &bytes)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::of("staging: cannot write the input bundle", e))?;
     let req = ExecRequest::shell(STAGE_SCRIPT)
         .with_env("BERTH_COMMIT", commit)
         .with_timeout(Duration::from_secs(600));
@@ -119,8 +119,11 @@ async fn run(
     id: &NativeId,
     req: ExecRequest,
     what: &str,
-) -> Result<(), String> {
-    let out = provider.exec(id, &req).await.map_err(|e| e.to_string())?;
+) -> Result<(), Failure> {
+    let out = provider
+        .exec(id, &req)
+        .await
+        .map_err(|e| Failure::of(format_args!("{what} could not run"), e))?;
     if out.status.success() {
         Ok(())
     } else {
@@ -128,12 +131,13 @@ async fn run(
             "{what} failed ({}): {}",
             out.status,
             tail(out.stderr.as_deref().unwrap_or_default()).trim()
-        ))
+        )
+        .into())
     }
 }
 
 /// Text staging of `tree`, then the check that the sandbox holds exactly that tree.
-async fn stage_text(provider: &dyn Provider, id: &NativeId, tree: &Capture) -> Result<(), String> {
+async fn stage_text(provider: &dyn Provider, id: &NativeId, tree: &Capture) -> Result<(), Failure> {
     let archive = tar_of(tree).map_err(|e| format!("cannot build the input archive: {e}"))?;
     if archive.len() > TEXT_LIMIT {
         return Err(format!(
@@ -141,7 +145,8 @@ async fn stage_text(provider: &dyn Provider, id: &NativeId, tree: &Capture) -> R
              carries at most {} KiB",
             archive.len() >> 10,
             TEXT_LIMIT >> 10
-        ));
+        )
+        .into());
     }
     let encoded = base64::engine::general_purpose::STANDARD.encode(&archive);
     let timeout = Duration::from_secs(120);
@@ -178,7 +183,8 @@ async fn stage_text(provider: &dyn Provider, id: &NativeId, tree: &Capture) -> R
             changed.len(),
             tree.files.len(),
             shown(&changed)
-        ))
+        )
+        .into())
     }
 }
 
@@ -196,14 +202,14 @@ fn shown(changed: &[String]) -> String {
 }
 
 /// Reads `repo/` back by the text transport, parsed with capture's strict rules.
-pub(crate) async fn read_tree(provider: &dyn Provider, id: &NativeId) -> Result<Capture, String> {
+pub(crate) async fn read_tree(provider: &dyn Provider, id: &NativeId) -> Result<Capture, Failure> {
     let encoded = read_encoded(provider, id).await?;
     let archive = decode(&encoded)?;
-    capture::parse(&archive)
+    Ok(capture::parse(&archive)?)
 }
 
 /// The workspace's archive, base64, from the text capture script.
-async fn read_encoded(provider: &dyn Provider, id: &NativeId) -> Result<Vec<u8>, String> {
+async fn read_encoded(provider: &dyn Provider, id: &NativeId) -> Result<Vec<u8>, Failure> {
     let out = in_workspace(
         provider,
         id,
@@ -217,7 +223,8 @@ async fn read_encoded(provider: &dyn Provider, id: &NativeId) -> Result<Vec<u8>,
             "the workspace is larger than this provider's text transport carries ({} KiB as an \
              archive at most)",
             TEXT_LIMIT >> 10
-        ));
+        )
+        .into());
     }
     Ok(out.stdout)
 }
@@ -229,7 +236,7 @@ async fn in_workspace(
     script: &str,
     max_output_bytes: usize,
     what: &str,
-) -> Result<berth_contract::ExecOutput, String> {
+) -> Result<berth_contract::ExecOutput, Failure> {
     let mut req = ExecRequest::shell(script)
         .with_cwd("repo")
         .with_timeout(Duration::from_secs(600));
@@ -237,13 +244,14 @@ async fn in_workspace(
     let out = provider
         .exec(id, &req)
         .await
-        .map_err(|e| format!("the workspace could not be {what}: {e}"))?;
+        .map_err(|e| Failure::of(format_args!("the workspace could not be {what}"), e))?;
     if !out.status.success() {
         return Err(format!(
             "the workspace could not be {what} ({}): {}",
             out.status,
             tail(out.stderr.as_deref().unwrap_or_default()).trim()
-        ));
+        )
+        .into());
     }
     Ok(out)
 }
@@ -264,7 +272,7 @@ fn decode(encoded: &[u8]) -> Result<Vec<u8>, String> {
 pub(crate) async fn capture_workspace(
     provider: &dyn Provider,
     id: &NativeId,
-) -> Result<Capture, String> {
+) -> Result<Capture, Failure> {
     if !carries_bytes(provider) {
         return read_tree(provider, id).await;
     }
@@ -283,14 +291,19 @@ pub(crate) async fn capture_workspace(
     Ok(capture)
 }
 
-/// Whether the validator's evidence file `evidence` (relative to `repo/`) exists.
+/// Whether the validator's evidence file `evidence` (relative to `repo/`) exists. Absent, not a
+/// regular file or a path the provider refuses is no evidence; a provider that cannot say for
+/// now stops the run (absence is not assumed).
 pub(crate) async fn evidence_present(
     provider: &dyn Provider,
     id: &NativeId,
     evidence: &str,
-) -> bool {
-    match provider.files() {
-        Some(files) => files.read(id, &format!("repo/{evidence}")).await.is_ok(),
+) -> Result<bool, Failure> {
+    let found = match provider.files() {
+        Some(files) => files
+            .read(id, &format!("repo/{evidence}"))
+            .await
+            .map(|_| true),
         None => {
             let req = ExecRequest::shell(TEXT_EVIDENCE_SCRIPT)
                 .with_cwd("repo")
@@ -299,8 +312,16 @@ pub(crate) async fn evidence_present(
             provider
                 .exec(id, &req)
                 .await
-                .is_ok_and(|out| out.status.success())
+                .map(|out| out.status.success())
         }
+    };
+    match found {
+        Ok(present) => Ok(present),
+        Err(source) if source.retryable() => Err(Failure::Retry {
+            doing: format!("checking the validator's evidence `{evidence}`"),
+            source,
+        }),
+        Err(_) => Ok(false),
     }
 }
 

@@ -39,9 +39,12 @@ impl Attempt<'_, '_> {
                 }
                 if row.state != LedgerState::VerifiedGone {
                     if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
-                        return Err(OrchestratorError::Repository(format!(
-                            "cannot remove the interrupted validator sandbox `{frozen}`: {e}"
-                        )));
+                        return self
+                            .fail(removal_failed(
+                                format!("removing the interrupted sandbox `{}`", frozen.0),
+                                e,
+                            )?)
+                            .await;
                     }
                 }
                 frozen = frozen_gen(main, generations + 1);
@@ -49,12 +52,19 @@ impl Attempt<'_, '_> {
         }
         let frozen = match ensure(orch, provider, spec, mission, task, &frozen, true).await? {
             Ok(id) => id,
-            Err(reason) => return self.reject(reason).await,
+            // No fallback for the validator: it runs where the attempt ran.
+            Err(Failure::Reject(reason)) => {
+                let reason = reason.strip_prefix(FALLBACK_MARK).unwrap_or(&reason);
+                return self
+                    .reject(format!("the validator's sandbox: {reason}"))
+                    .await;
+            }
+            Err(failure) => return self.fail(failure).await,
         };
         let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
         let commit = capture::resolve(&repo, &attempt_ref(key))?;
         let bundle = attempt_bundle(orch, mission, task, attempt.ordinal);
-        if let Err(why) = transport::stage(
+        match transport::stage(
             provider.as_ref(),
             &frozen,
             &bundle,
@@ -63,7 +73,9 @@ impl Attempt<'_, '_> {
         )
         .await
         {
-            return self.reject(format!("validator {why}")).await;
+            Ok(()) => {}
+            Err(Failure::Reject(why)) => return self.reject(format!("validator {why}")).await,
+            Err(failure) => return self.fail(failure).await,
         }
         let timeout = parse_duration(&task.validator.timeout).expect("validated");
         if let Some(setup) = &task.validator.setup {
@@ -72,15 +84,15 @@ impl Attempt<'_, '_> {
                 .with_timeout(timeout);
             let why = match provider.exec(&frozen, &req).await {
                 Ok(out) if out.status.success() => None,
-                Ok(out) => Some(format!(
+                Ok(out) => Some(Failure::Reject(format!(
                     "validator setup {}: {}",
                     out.status,
                     tail(out.stderr.as_deref().unwrap_or_default()).trim()
-                )),
-                Err(e) => Some(format!("validator setup could not run: {e}")),
+                ))),
+                Err(e) => Some(Failure::of("validator setup could not run", e)),
             };
-            if let Some(why) = why {
-                return self.reject(why).await;
+            if let Some(failure) = why {
+                return self.fail(failure).await;
             }
         }
         let req = ExecRequest::shell(task.validator.command.clone())
@@ -89,8 +101,9 @@ impl Attempt<'_, '_> {
         let out = match provider.exec(&frozen, &req).await {
             Ok(out) => out,
             Err(e) => {
-                let why = format!("the validator could not run: {e}");
-                return self.reject(why).await;
+                return self
+                    .fail(Failure::of("the validator could not run", e))
+                    .await
             }
         };
         let redactor = crate::publication::redactor(orch, self.spec);
@@ -99,8 +112,10 @@ impl Attempt<'_, '_> {
             ExitStatus::Exited { code: 0 } => {
                 let mut present = Vec::new();
                 for evidence in &task.validator.evidence {
-                    if transport::evidence_present(provider.as_ref(), &frozen, evidence).await {
-                        present.push(evidence.clone());
+                    match transport::evidence_present(provider.as_ref(), &frozen, evidence).await {
+                        Ok(true) => present.push(evidence.clone()),
+                        Ok(false) => {}
+                        Err(failure) => return self.fail(failure).await,
                     }
                 }
                 Event::ValidatorPassed {

@@ -1,0 +1,307 @@
+//! A provider that fails for now (its daemon unreachable) is no verdict on an attempt: the run
+//! stops with the provider's kind and code, nothing is recorded for the step, and `berth
+//! mission resume` runs the step again once the provider answers. Real dockerd, reached
+//! through a socket this test takes away and brings back (as a daemon restart does).
+
+mod missions_support;
+
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use missions_support::*;
+use serde_json::Value;
+
+/// The engine's socket, forwarded while up: `down` removes it and closes every connection
+/// through it, `up` serves it again at the same path.
+struct EngineSocket {
+    path: PathBuf,
+    serving: Option<Serving>,
+}
+
+struct Serving {
+    stop: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<UnixStream>>>,
+    accepting: std::thread::JoinHandle<()>,
+}
+
+fn engine() -> PathBuf {
+    match std::env::var("DOCKER_HOST") {
+        Ok(host) if host.starts_with("unix://") => PathBuf::from(&host["unix://".len()..]),
+        _ => PathBuf::from("/var/run/docker.sock"),
+    }
+}
+
+impl EngineSocket {
+    fn new(path: PathBuf) -> Self {
+        let mut socket = EngineSocket {
+            path,
+            serving: None,
+        };
+        socket.up();
+        socket
+    }
+
+    fn up(&mut self) {
+        let listener = UnixListener::bind(&self.path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(Mutex::new(Vec::new()));
+        let (stopped, conns) = (stop.clone(), open.clone());
+        let accepting = std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let client = match listener.accept() {
+                    Ok((client, _)) => client,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        continue;
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                };
+                client.set_nonblocking(false).unwrap();
+                let daemon = UnixStream::connect(engine()).unwrap();
+                for (from, to) in [(&client, &daemon), (&daemon, &client)] {
+                    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Write);
+                    });
+                }
+                conns.lock().unwrap().extend([client, daemon]);
+            }
+        });
+        self.serving = Some(Serving {
+            stop,
+            open,
+            accepting,
+        });
+    }
+
+    fn down(&mut self) {
+        let Some(serving) = self.serving.take() else {
+            return;
+        };
+        std::fs::remove_file(&self.path).unwrap();
+        serving.stop.store(true, Ordering::SeqCst);
+        serving.accepting.join().unwrap();
+        for conn in serving.open.lock().unwrap().drain(..) {
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for EngineSocket {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+fn docker_ready() -> bool {
+    let ready = Command::new("docker")
+        .args(["image", "inspect", "berth/agent:bookworm"])
+        .output();
+    if matches!(ready, Ok(ref o) if o.status.success()) {
+        return true;
+    }
+    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
+        return false;
+    }
+    panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+}
+
+/// One test's mission: its home, its owner (labels its containers), its engine socket.
+struct Case {
+    // Fields drop in order: the socket before the directory holding it.
+    socket: EngineSocket,
+    home: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    owner: &'static str,
+}
+
+impl Case {
+    fn new(owner: &'static str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = EngineSocket::new(dir.path().join("engine.sock"));
+        Case {
+            home: home(),
+            dir,
+            owner,
+            socket,
+        }
+    }
+
+    /// `berth` as this case's owner, reaching the engine through its socket.
+    fn berth(&self, args: &[&str]) -> Command {
+        let mut cmd = berth(self.home.path(), args);
+        cmd.env("BERTH_OWNER", self.owner).env(
+            "DOCKER_HOST",
+            format!("unix://{}", self.socket.path.display()),
+        );
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.berth(args).output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.run(&[&["--json"], args].concat());
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+    }
+
+    fn mission(&self) -> Option<String> {
+        self.json(&["mission", "list"])["missions"][0]["id"]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// A docker mission of one task and one attempt whose agent takes `agent_secs`, and is
+    /// right.
+    fn docker_mission(&self, agent_secs: u32) -> PathBuf {
+        let file = write_mission(
+            self.dir.path(),
+            &format!("sleep {agent_secs}\nprintf right > answer.txt\n"),
+            "test \"$(cat answer.txt)\" = right && mkdir -p .berth && echo pass > .berth/verdict",
+            "60s",
+            "\".berth/verdict\"",
+            1,
+        );
+        let text = std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("provider = \"host\"", "provider = \"docker\"")
+            .replace("[harness]", "image = \"berth/agent:bookworm\"\n[harness]");
+        std::fs::write(&file, text).unwrap();
+        file
+    }
+
+    /// The interrupted run's output says what happened and the way on; the attempt is still
+    /// open, with no verdict.
+    fn assert_interrupted(&self, out: &Output, _made_row: bool) -> String {
+        assert_eq!(out.status.code(), Some(6), "{}", text(out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("unavailable"), "{}", text(out));
+        assert!(
+            stderr.contains("nothing was recorded for this step"),
+            "{}",
+            text(out)
+        );
+        let id = self.mission().expect("the mission is registered");
+        assert!(
+            stderr.contains(&format!("berth mission resume {id}")),
+            "{}",
+            text(out)
+        );
+        let doc = self.json(&["mission", "status", &id]);
+        assert_eq!(doc["mission"]["state"]["state"], "running", "{doc}");
+        let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{doc}");
+        assert_eq!(attempts[0]["status"]["status"], "in_progress", "{doc}");
+        id
+    }
+
+    /// The resumed mission succeeds with its one attempt, and nothing of it is left.
+    fn assert_resumed(&self, id: &str) {
+        let resumed = self.run(&["mission", "resume", id]);
+        assert!(resumed.status.success(), "{}", text(&resumed));
+        let doc = self.json(&["mission", "status", id]);
+        assert_eq!(doc["mission"]["state"]["state"], "succeeded", "{doc}");
+        let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{doc}");
+        assert_eq!(attempts[0]["status"]["status"], "accepted", "{doc}");
+        let ledger = self.json(&["ledger", "list"]);
+        assert_eq!(
+            sandbox_rows(&ledger).len(),
+            0,
+            "open sandbox rows: {ledger}"
+        );
+        // The checkpoint (a snapshot image) goes too.
+        for row in ledger["entries"].as_array().unwrap() {
+            let out = self.run(&["destroy", row["berth_id"].as_str().unwrap()]);
+            assert!(out.status.success(), "{}", text(&out));
+        }
+    }
+}
+
+impl Drop for Case {
+    /// A failed test leaves no container of its owner behind.
+    fn drop(&mut self) {
+        let label = format!("label=berth.owner={}", self.owner);
+        if let Ok(listed) = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &label])
+            .output()
+        {
+            for id in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            }
+        }
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n{}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The daemon goes away while the agent works: the step that next needs it stops the run
+/// (before this, the attempt was rejected — "cannot observe sandbox" — and the mission,
+/// allowed one attempt, FAILED with no verdict on the agent's work).
+#[test]
+fn a_daemon_gone_mid_attempt_stops_the_run_and_resume_finishes_it() {
+    if !docker_ready() {
+        return;
+    }
+    let mut case = Case::new("mission-interrupted-mid-attempt");
+    let file = case.docker_mission(4);
+    let runner = case
+        .berth(&["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the repository is staged the agent is at work: the daemon goes away then.
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < Duration::from_secs(60), "never staged");
+        if let Some(id) = case.mission() {
+            let doc = case.json(&["mission", "status", &id]);
+            if doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged" {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    case.socket.down();
+    let out = runner.wait_with_output().unwrap();
+    let id = case.assert_interrupted(&out, true);
+    case.socket.up();
+    case.assert_resumed(&id);
+}
+
+/// The daemon is not there when the attempt's sandbox is to be made: the run stops instead of
+/// rejecting the attempt ("no provider could take the attempt"), and resume makes the sandbox
+/// under a fresh name once the daemon is back (the failed try's row is verified gone and kept).
+#[test]
+fn a_daemon_gone_at_placement_stops_the_run_and_resume_places_the_attempt() {
+    if !docker_ready() {
+        return;
+    }
+    let mut case = Case::new("mission-interrupted-placement");
+    let file = case.docker_mission(0);
+    case.socket.down();
+    let out = case.run(&["mission", "run", file.to_str().unwrap()]);
+    let id = case.assert_interrupted(&out, true);
+    // Resumed while the daemon is still away: it stops the same way, and costs nothing.
+    let again = case.run(&["mission", "resume", &id]);
+    case.assert_interrupted(&again, false);
+    case.socket.up();
+    case.assert_resumed(&id);
+}
