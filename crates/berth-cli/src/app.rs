@@ -182,8 +182,10 @@ impl App {
     }
 
     /// Must-fire: destroys whatever this invocation created and did not hand over. Reports,
-    /// never fails the exit path.
+    /// never fails the exit path; says what it removed and what it kept (a mission's sandbox,
+    /// held for its resume), never more.
     pub async fn cleanup_after_failure(&self) {
+        use berth_ledger::SweepAction;
         match self
             .ledger
             .cleanup_run(&self.registry.bind(&self.provider_config))
@@ -195,10 +197,23 @@ impl App {
                     errln!("  {}", crate::commands::ledger::sweep_line(entry));
                 }
             }
-            Ok(report) if !report.entries.is_empty() => {
-                errln!("berth: cleaned up {} sandbox(es)", report.entries.len())
+            Ok(report) => {
+                let removed = report
+                    .entries
+                    .iter()
+                    .filter(|e| {
+                        matches!(e.action, SweepAction::Destroyed | SweepAction::AlreadyGone)
+                    })
+                    .count();
+                if removed > 0 {
+                    errln!("berth: cleaned up {removed} sandbox(es)");
+                }
+                for entry in &report.entries {
+                    if let SweepAction::Held { .. } = entry.action {
+                        errln!("berth: {}", crate::commands::ledger::sweep_line(entry));
+                    }
+                }
             }
-            Ok(_) => {}
             Err(err) => {
                 errln!(
                     "berth: warning: cleanup failed: {}; run `berth ledger sweep`",

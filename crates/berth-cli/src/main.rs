@@ -190,8 +190,9 @@ async fn run(cli: Cli) -> i32 {
             .max(code::INTERNAL)
         }
         Ending::Signalled(code, what) => {
+            // The cleanup says what it removed and what it kept.
+            errln!("berth: {what}");
             app.cleanup_after_failure().await;
-            errln!("berth: {what}; this run's sandboxes were cleaned up");
             code
         }
     }

@@ -180,8 +180,9 @@ impl Case {
     }
 
     /// The interrupted run's output says what happened and the way on; the attempt is still
-    /// open, with no verdict.
-    fn assert_interrupted(&self, out: &Output, _made_row: bool) -> String {
+    /// open, with no verdict. `made_row`: the run recorded the attempt's sandbox (its cleanup
+    /// keeps the row for the resume and says so).
+    fn assert_interrupted(&self, out: &Output, made_row: bool) -> String {
         assert_eq!(out.status.code(), Some(6), "{}", text(out));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("unavailable"), "{}", text(out));
@@ -193,6 +194,15 @@ impl Case {
         let id = self.mission().expect("the mission is registered");
         assert!(
             stderr.contains(&format!("berth mission resume {id}")),
+            "{}",
+            text(out)
+        );
+        // The attempt's sandbox row is kept for the resume, and said to be: nothing was
+        // "cleaned up" (the run's cleanup once counted what it kept as cleaned).
+        assert!(!stderr.contains("cleaned up"), "{}", text(out));
+        assert_eq!(
+            stderr.contains(&format!("kept: held by mission `{id}`")),
+            made_row,
             "{}",
             text(out)
         );
