@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+#[path = "src/adapter_sources.rs"]
+mod adapter_sources;
+
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -96,44 +99,12 @@ fn embed_supervisor(crates: &Path) {
 fn main() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     embed_supervisor(&crates);
-    // Sources relative to `crates/`: a directory (every file beneath it) or one file.
-    let adapters: [(&str, &[&str]); 4] = [
-        // Host and bwrap commands run under the supervisor crate's reaper (and bwrap's entry).
-        (
-            "HOST",
-            &[
-                "berth-provider-host/src",
-                "berth-local/src",
-                "berth-supervisor/src",
-            ],
-        ),
-        (
-            "BWRAP",
-            &[
-                "berth-provider-bwrap/src",
-                "berth-local/src",
-                "berth-supervisor/src",
-            ],
-        ),
-        (
-            "DOCKER",
-            &["berth-provider-docker/src", "berth-supervisor/src"],
-        ),
-        // The bridge: the adapter, the sidecar and the exact packages it loads.
-        (
-            "COMPUTESDK",
-            &[
-                "berth-provider-computesdk/src",
-                "../bridge/computesdk/sidecar.mjs",
-                "../bridge/computesdk/vendors.mjs",
-                "../bridge/computesdk/package-lock.json",
-            ],
-        ),
-    ];
-    for (id, sources) in adapters {
+    // Each adapter's sources (relative to `crates/`): its crate and the workspace crates it
+    // depends on, and the files outside a crate it runs (`src/adapter_sources.rs`).
+    for (id, krate, extra) in adapter_sources::ADAPTERS {
         let mut hasher = Sha256::new();
-        for source in sources {
-            let dir = crates.join(source);
+        for source in adapter_sources::adapter_sources(&crates, krate, extra) {
+            let dir = crates.join(&source);
             println!("cargo:rerun-if-changed={}", dir.display());
             let mut all = Vec::new();
             if dir.is_file() {

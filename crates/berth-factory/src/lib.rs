@@ -16,6 +16,8 @@
 //! [`Environment`] snapshot.
 
 #[cfg(feature = "computesdk")]
+#[cfg(test)]
+mod adapter_sources;
 mod computesdk;
 mod env;
 mod supervisor;
