@@ -335,6 +335,32 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                 code::REFUSED,
                 Some(FOREIGN_HINT.into()),
             )),
+            O::ArtifactCredential { variable } => Some((
+                "auth",
+                code::AUTH,
+                Some(format!(
+                    "export {variable} in the environment berth runs in, or unset \
+                     BERTH_ARTIFACTS_URL to keep bundles under BERTH_HOME/artifacts"
+                )),
+            )),
+            O::ArtifactConfig(_) => Some((
+                "invalid_request",
+                code::INVALID,
+                Some(
+                    "fix BERTH_ARTIFACTS_URL (`s3://BUCKET[/PREFIX]`) and BERTH_ARTIFACTS_ENDPOINT, \
+                     or unset BERTH_ARTIFACTS_URL to keep bundles under BERTH_HOME/artifacts"
+                        .into(),
+                ),
+            )),
+            O::ArtifactDir(_) => Some((
+                ErrorKind::Setup.as_str(),
+                code::SETUP,
+                Some(
+                    "BERTH_HOME/artifacts could not be made or opened: check the disk and \
+                     permissions under BERTH_HOME, or set BERTH_HOME elsewhere"
+                        .into(),
+                ),
+            )),
             // No verdict on the attempt: the kind and code are the provider's, the way on is
             // the mission's resume.
             O::Interrupted(stopped) => {

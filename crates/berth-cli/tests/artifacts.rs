@@ -683,3 +683,81 @@ fn the_patch_is_git_s_exact_bytes_kept_at_capture_or_made_again() {
         );
     }
 }
+
+/// A misconfigured artifact store says which variable to fix, with the code of its kind: a
+/// missing S3 credential is `auth` (exit 7; it was "not supported yet", exit 4, pointing at the
+/// README's mission section), a malformed URL is invalid input naming BERTH_ARTIFACTS_URL
+/// (exit 5; it said "fix the mission file"), in `artifacts` commands and in a mission, which
+/// stops before finalizing and finishes on resume once the store is right. A file a bundle
+/// does not hold is "not found" (the message said only "`PATH` in bundle ID").
+#[test]
+fn a_misconfigured_artifact_store_names_the_variable_to_fix() {
+    let home = home();
+    run_example(home.path());
+    let (_, doc) = json(home.path(), &["artifacts", "query", "--path", "facts.json"]);
+    let bundle = doc["artifacts"][0]["bundle_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let canary = "canary-secret-9f2c41";
+    let s3 = |url: &str, key_id: Option<&str>| -> Env {
+        let mut env = vec![
+            ("BERTH_ARTIFACTS_URL", url.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", canary.to_owned()),
+        ];
+        if let Some(key_id) = key_id {
+            env.push(("AWS_ACCESS_KEY_ID", key_id.to_owned()));
+        }
+        env
+    };
+    let get = ["artifacts", "get", bundle.as_str(), "facts.json"];
+    let mut no_key = berth(
+        home.path(),
+        &["--json", "artifacts", "get", &bundle, "facts.json"],
+    );
+    for (name, value) in s3("s3://bucket", None) {
+        no_key.env(name, value);
+    }
+    let no_key = no_key.env_remove("AWS_ACCESS_KEY_ID").output().unwrap();
+    let doc: Value = serde_json::from_slice(&no_key.stdout).unwrap();
+    assert_eq!(no_key.status.code(), Some(7), "{doc}");
+    assert_eq!(doc["error"]["kind"], "auth", "{doc}");
+    assert!(
+        doc["error"]["hint"]
+            .as_str()
+            .unwrap()
+            .contains("export AWS_ACCESS_KEY_ID"),
+        "{doc}"
+    );
+    let malformed = run_env(home.path(), &get, &s3("http://bucket", Some("key-id")));
+    let stderr = String::from_utf8_lossy(&malformed.stderr);
+    assert_eq!(malformed.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("fix BERTH_ARTIFACTS_URL"), "{stderr}");
+    assert!(!stderr.contains(canary), "{stderr}");
+    let absent = run(home.path(), &["artifacts", "get", &bundle, "../facts.json"]);
+    let stderr = String::from_utf8_lossy(&absent.stderr);
+    assert_eq!(absent.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("not found: `../facts.json`"), "{stderr}");
+
+    // A mission: stopped before its accepted attempt finalizes, finished on resume.
+    let mission_home = missions_support::home();
+    let mut run_it = berth(
+        mission_home.path(),
+        &["mission", "run", example().to_str().unwrap()],
+    );
+    run_it
+        .env("BERTH_ARTIFACTS_URL", "s3://bucket")
+        .env_remove("AWS_ACCESS_KEY_ID");
+    let stopped = run_it.output().unwrap();
+    let stderr = String::from_utf8_lossy(&stopped.stderr);
+    assert_eq!(stopped.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("export AWS_ACCESS_KEY_ID"), "{stderr}");
+    let id = only_mission(mission_home.path());
+    let resumed = run(mission_home.path(), &["mission", "resume", &id]);
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_example_succeeded(mission_home.path(), &id);
+}

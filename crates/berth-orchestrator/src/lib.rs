@@ -93,6 +93,19 @@ pub enum OrchestratorError {
     /// The mission file could not be read (missing, not a regular file, too large).
     #[error("{0}")]
     Unreadable(String),
+    /// `BERTH_ARTIFACTS_URL` names an S3 bucket but a credential it needs is not set.
+    #[error("BERTH_ARTIFACTS_URL is set but `{variable}` (the S3 credential it needs) is not")]
+    ArtifactCredential {
+        /// The variable to set.
+        variable: String,
+    },
+    /// The S3 artifact store `BERTH_ARTIFACTS_URL` (and the variables beside it) describe is
+    /// malformed.
+    #[error("artifact store: {0}")]
+    ArtifactConfig(String),
+    /// The local artifact store (`$BERTH_HOME/artifacts`) could not be opened.
+    #[error("artifact store: {0}")]
+    ArtifactDir(String),
     /// A provider call a step needed failed for now: see [`Interrupted`].
     #[error(transparent)]
     Interrupted(Box<Interrupted>),

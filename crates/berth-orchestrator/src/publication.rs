@@ -32,21 +32,17 @@ pub fn objects(
     home: &Path,
     env: &berth_factory::Environment,
 ) -> Result<Objects, OrchestratorError> {
-    let failed = |e: berth_artifacts::ArtifactError| {
-        OrchestratorError::Repository(format!("artifact store: {e}"))
-    };
     let Some(url) = env.get(ARTIFACTS_URL_VAR).filter(|u| !u.is_empty()) else {
-        return Objects::local(&home.join("artifacts")).map_err(failed);
+        let dir = home.join("artifacts");
+        return Objects::local(&dir).map_err(|e| OrchestratorError::ArtifactDir(e.to_string()));
     };
     let named = |var: &str, default: &str| -> Result<String, OrchestratorError> {
         let name = env.get(var).filter(|n| !n.is_empty()).unwrap_or(default);
         env.get(name)
             .filter(|v| !v.is_empty())
             .map(str::to_owned)
-            .ok_or_else(|| {
-                OrchestratorError::Unsupported(format!(
-                    "{ARTIFACTS_URL_VAR} is set but `{name}` (the S3 credential it needs) is not"
-                ))
+            .ok_or_else(|| OrchestratorError::ArtifactCredential {
+                variable: name.to_owned(),
             })
     };
     Objects::s3(&berth_artifacts::S3Config {
@@ -63,7 +59,7 @@ pub fn objects(
         access_key_id: named(ARTIFACTS_KEY_ID_NAME_VAR, "AWS_ACCESS_KEY_ID")?,
         secret_access_key: named(ARTIFACTS_SECRET_NAME_VAR, "AWS_SECRET_ACCESS_KEY")?,
     })
-    .map_err(failed)
+    .map_err(|e| OrchestratorError::ArtifactConfig(e.to_string()))
 }
 
 /// Publication steps taken by this process (for [`crate::Boundary::Publication`]).

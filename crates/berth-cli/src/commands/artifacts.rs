@@ -18,12 +18,12 @@ use crate::output::emit;
 
 fn artifact_error(e: ArtifactError) -> anyhow::Error {
     match e {
-        ArtifactError::NotFound(what) => {
-            CliError::not_found(what, "`berth artifacts query` lists what is published").into()
-        }
-        ArtifactError::Invalid(what) => {
-            CliError::invalid(what, "name a directory that is not a symlink").into()
-        }
+        ArtifactError::NotFound(what) => CliError::not_found(
+            format!("not found: {what}"),
+            "`berth artifacts query` lists what is published",
+        )
+        .into(),
+        ArtifactError::Invalid(what) => CliError::invalid(what, "see the message").into(),
         ArtifactError::Corrupt(what) => CliError {
             kind: "tampered",
             exit_code: code::TAMPERED,
@@ -119,7 +119,12 @@ pub async fn run(app: &App, command: ArtifactsCommand) -> Result<i32> {
         ArtifactsCommand::Export { parquet, filter } => {
             let rows = matching(app, filter).await?;
             let exported =
-                berth_artifacts::export::write_parquet(&rows, &parquet).map_err(artifact_error)?;
+                berth_artifacts::export::write_parquet(&rows, &parquet).map_err(|e| match e {
+                    ArtifactError::Invalid(what) => {
+                        CliError::invalid(what, "name a directory that is not a symlink").into()
+                    }
+                    e => artifact_error(e),
+                })?;
             if app.json {
                 emit("artifacts export", json!({ "exported": exported }));
             } else {
