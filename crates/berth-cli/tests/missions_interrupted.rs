@@ -211,6 +211,16 @@ impl Case {
         let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
         assert_eq!(attempts.len(), 1, "{doc}");
         assert_eq!(attempts[0]["status"]["status"], "in_progress", "{doc}");
+        // Nothing drives it now, and status says so with the way on.
+        assert_eq!(doc["runner"]["state"], "none", "{doc}");
+        let said = self.run(&["mission", "status", &id]);
+        assert!(
+            String::from_utf8_lossy(&said.stdout).contains(&format!(
+                "no runner is driving it: `berth mission resume {id}` continues it"
+            )),
+            "{}",
+            text(&said)
+        );
         id
     }
 
@@ -284,6 +294,10 @@ fn a_daemon_gone_mid_attempt_stops_the_run_and_resume_finishes_it() {
         if let Some(id) = case.mission() {
             let doc = case.json(&["mission", "status", &id]);
             if doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged" {
+                // The runner at work is named by its lease.
+                assert_eq!(doc["runner"]["state"], "holding", "{doc}");
+                let holder = doc["runner"]["holder"].as_str().unwrap();
+                assert!(holder.contains(&format!("pid {}", runner.id())), "{doc}");
                 break;
             }
         }

@@ -195,4 +195,12 @@ fn a_killed_runner_leaves_no_agent_behind() {
     // Nothing to adopt from a stale agent; the mission stays resumable (its sandbox is held).
     let (_, doc) = json(home.path(), &["mission", "status", &id]);
     assert_eq!(doc["mission"]["state"]["state"], "running", "{doc}");
+    // Its lease names a runner that is gone: status says so, and the next run takes over.
+    assert_eq!(doc["runner"]["state"], "gone", "{doc}");
+    let said = run(home.path(), &["mission", "status", &id]);
+    assert!(
+        String::from_utf8_lossy(&said.stdout).contains("is gone: `berth mission resume"),
+        "{}",
+        String::from_utf8_lossy(&said.stdout)
+    );
 }

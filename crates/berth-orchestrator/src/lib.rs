@@ -137,6 +137,29 @@ pub struct Interrupted {
     pub source: berth_contract::ProviderError,
 }
 
+/// Who is driving a mission now. A running mission without a runner stays where it is until
+/// `berth mission resume` (after a crash, or a run stopped by a provider that failed for now).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Runner {
+    /// No runner holds its lease: nothing is driving it.
+    None,
+    /// A runner holds its lease until `expires_at` (renewed while it works).
+    Holding {
+        /// The runner (`host H pid P start S`).
+        holder: String,
+        /// When the lease lapses unless renewed.
+        expires_at: String,
+    },
+    /// The holder was a process on this host that is gone; the next run takes over at once.
+    Gone {
+        /// The runner that held it.
+        holder: String,
+        /// When its lease lapses.
+        expires_at: String,
+    },
+}
+
 /// What is stored beside the authority's record: the mission file plus what was resolved when
 /// the mission started.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -267,6 +290,22 @@ impl Orchestrator<'_> {
             });
         }
         Ok(row)
+    }
+
+    /// Who is driving one of this owner's missions now, as its lease says.
+    pub async fn runner(&self, id: &str) -> Result<Runner, OrchestratorError> {
+        self.owned(id).await?;
+        Ok(match self.store.mission_lease_holder(id).await? {
+            None => Runner::None,
+            Some(held) if runner_is_dead(&held.holder) => Runner::Gone {
+                holder: held.holder,
+                expires_at: held.expires_at,
+            },
+            Some(held) => Runner::Holding {
+                holder: held.holder,
+                expires_at: held.expires_at,
+            },
+        })
     }
 
     /// Loads one of this owner's missions: its spec, record and sequence number.

@@ -105,6 +105,9 @@ pub trait MissionStore: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Gives the lease up (no-op when `fence` no longer holds it).
     async fn mission_lease_release(&self, id: &str, fence: i64) -> Result<(), StoreError>;
+    /// Who holds the mission's lease now, if anyone does and it has not lapsed (`NotFound`
+    /// for an unknown mission).
+    async fn mission_lease_holder(&self, id: &str) -> Result<Option<LeaseHeld>, StoreError>;
     /// Appends events with the record they produced and their facts (see the trait contract),
     /// returning the last event's sequence number. With a fence, the append succeeds only while
     /// that fence still holds the lease.

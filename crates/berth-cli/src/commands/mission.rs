@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use berth_mission::authority::{AttemptStatus, MissionRecord, MissionState, TaskState};
-use berth_orchestrator::{Boundary, Orchestrator, Step};
+use berth_orchestrator::{Boundary, Orchestrator, Runner, Step};
 use berth_store::MissionStore;
 use serde_json::json;
 
@@ -94,6 +94,7 @@ pub(super) fn describe(state: &MissionState) -> String {
 async fn status(app: &App, id: &str) -> Result<i32> {
     let orch = orchestrator(app);
     let (spec, record, seq) = orch.load(id).await?;
+    let runner = orch.runner(id).await?;
     let facts = app.ledger.store().attempt_facts(id).await?;
     if app.json {
         let facts: Vec<_> = facts
@@ -105,11 +106,25 @@ async fn status(app: &App, id: &str) -> Result<i32> {
             .collect();
         emit(
             "mission status",
-            json!({ "mission": record, "events": seq, "base_commit": spec.base_commit, "facts": facts }),
+            json!({ "mission": record, "events": seq, "base_commit": spec.base_commit, "runner": runner, "facts": facts }),
         );
         return Ok(code::OK);
     }
     print_record(&record, &spec.base_commit, seq);
+    if record.state == MissionState::Running {
+        let line = match &runner {
+            Runner::None => {
+                format!("no runner is driving it: `berth mission resume {id}` continues it")
+            }
+            Runner::Holding { holder, expires_at } => {
+                format!("driven by {holder} (lease until {expires_at})")
+            }
+            Runner::Gone { holder, .. } => {
+                format!("its runner ({holder}) is gone: `berth mission resume {id}` takes over")
+            }
+        };
+        outln!("  {}", crate::human::printable(&line, true));
+    }
     for fact in facts
         .iter()
         .filter(|f| f.kind == "agent" || f.kind == "validator")

@@ -203,6 +203,31 @@ impl MissionStore for Store {
         Ok(())
     }
 
+    async fn mission_lease_holder(&self, id: &str) -> Result<Option<LeaseHeld>, StoreError> {
+        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let held = self.direct().run("read mission lease", |conn| {
+            use rusqlite::OptionalExtension;
+            conn.prepare_cached("SELECT lease_holder, lease_expires_at FROM missions WHERE id = ?")?
+                .query_row([id], |r| {
+                    Ok((
+                        r.get::<_, Option<String>>(0)?,
+                        r.get::<_, Option<String>>(1)?,
+                    ))
+                })
+                .optional()
+        })?;
+        match held {
+            None => Err(StoreError::NotFound(Record::Mission, id.to_owned())),
+            // Times are stored in one RFC 3339 form (UTC, microseconds): they order as text.
+            Some((Some(holder), Some(expires_at))) if expires_at >= now => Ok(Some(LeaseHeld {
+                mission: id.to_owned(),
+                holder,
+                expires_at,
+            })),
+            Some(_) => Ok(None),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn mission_append(
         &self,
@@ -522,7 +547,14 @@ mod tests {
             .unwrap();
         assert_eq!(ok.unwrap(), 1);
         assert!(store.mission_lease_renew("m1", second, ttl).await.unwrap());
+        let holder = store.mission_lease_holder("m1").await.unwrap().unwrap();
+        assert_eq!(holder.holder, "b");
         store.mission_lease_release("m1", second).await.unwrap();
+        assert_eq!(store.mission_lease_holder("m1").await.unwrap(), None);
+        assert!(matches!(
+            store.mission_lease_holder("m-none").await,
+            Err(StoreError::NotFound(Record::Mission, _))
+        ));
         // Released: free for the next runner; a lapsed lease is free too.
         let third = store
             .mission_lease_acquire("m1", "c", Duration::from_millis(1), None)
@@ -530,6 +562,11 @@ mod tests {
             .unwrap()
             .unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(
+            store.mission_lease_holder("m1").await.unwrap(),
+            None,
+            "a lapsed lease has no holder"
+        );
         let fourth = store
             .mission_lease_acquire("m1", "d", ttl, None)
             .await
