@@ -100,20 +100,6 @@ impl Drop for EngineSocket {
     }
 }
 
-fn docker_ready() -> bool {
-    let ready = Command::new("docker")
-        .args(["image", "inspect", "berth/agent:bookworm"])
-        .output();
-    if matches!(ready, Ok(ref o) if o.status.success()) {
-        return true;
-    }
-    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
-        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
-        return false;
-    }
-    panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
-}
-
 /// One test's mission: its home, its owner (labels its containers), its engine socket.
 struct Case {
     // Fields drop in order: the socket before the directory holding it.
@@ -276,7 +262,7 @@ fn text(out: &Output) -> String {
 /// allowed one attempt, FAILED with no verdict on the agent's work).
 #[test]
 fn a_daemon_gone_mid_attempt_stops_the_run_and_resume_finishes_it() {
-    if !docker_ready() {
+    if !reference_image_ready() {
         return;
     }
     let mut case = Case::new("mission-interrupted-mid-attempt");
@@ -315,7 +301,7 @@ fn a_daemon_gone_mid_attempt_stops_the_run_and_resume_finishes_it() {
 /// under a fresh name once the daemon is back (the failed try's row is verified gone and kept).
 #[test]
 fn a_daemon_gone_at_placement_stops_the_run_and_resume_places_the_attempt() {
-    if !docker_ready() {
+    if !reference_image_ready() {
         return;
     }
     let mut case = Case::new("mission-interrupted-placement");

@@ -2,7 +2,7 @@
 //! (host and docker), a killed runner, and concurrent runners.
 
 use serde_json::Value;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 mod missions_support;
 
 use missions_support::*;
@@ -146,15 +146,8 @@ fn a_kill_anywhere_never_costs_an_attempt_on_host() {
 
 #[test]
 fn a_kill_anywhere_never_costs_an_attempt_on_docker() {
-    let image = Command::new("docker")
-        .args(["image", "inspect", "berth/agent:bookworm"])
-        .output();
-    if !matches!(image, Ok(ref o) if o.status.success()) {
-        if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
-            eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
-            return;
-        }
-        panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+    if !reference_image_ready() {
+        return;
     }
     kill_anywhere("docker", Some("berth/agent:bookworm"), 10, 350);
 }

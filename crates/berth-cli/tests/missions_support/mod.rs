@@ -274,3 +274,19 @@ pub fn kill_anywhere(provider: &str, image: Option<&str>, kills: u64, step_ms: u
         drop_checkpoints(home.path());
     }
 }
+
+/// Whether the docker engine and the reference image are there; without them a docker test
+/// fails, unless `BERTH_SKIP_DOCKER=1` says to skip it explicitly.
+pub fn reference_image_ready() -> bool {
+    let image = Command::new("docker")
+        .args(["image", "inspect", "berth/agent:bookworm"])
+        .output();
+    if matches!(image, Ok(ref o) if o.status.success()) {
+        return true;
+    }
+    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
+        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
+        return false;
+    }
+    panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
+}
