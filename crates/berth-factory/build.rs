@@ -100,10 +100,16 @@ fn main() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     embed_supervisor(&crates);
     // Each adapter's sources (relative to `crates/`): its crate and the workspace crates it
-    // depends on, and the files outside a crate it runs (`src/adapter_sources.rs`).
-    for (id, krate, extra) in adapter_sources::ADAPTERS {
+    // depends on, and the files outside a crate it runs; and the conformance kit's
+    // (`src/adapter_sources.rs`).
+    let kit: Vec<String> = adapter_sources::KIT.iter().map(|s| s.to_string()).collect();
+    let hashed = adapter_sources::ADAPTERS
+        .iter()
+        .map(|(id, krate, extra)| (*id, adapter_sources::adapter_sources(&crates, krate, extra)))
+        .chain(std::iter::once(("KIT", kit)));
+    for (id, sources) in hashed {
         let mut hasher = Sha256::new();
-        for source in adapter_sources::adapter_sources(&crates, krate, extra) {
+        for source in sources {
             let dir = crates.join(&source);
             println!("cargo:rerun-if-changed={}", dir.display());
             let mut all = Vec::new();
@@ -125,6 +131,6 @@ fn main() {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        println!("cargo:rustc-env=BERTH_ADAPTER_SOURCE_{id}=sha256:{digest}");
+        println!("cargo:rustc-env=BERTH_SOURCE_{id}=sha256:{digest}");
     }
 }

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The record format's schema tag.
-pub const EVIDENCE_SCHEMA: &str = "berth.evidence/v2";
+pub const EVIDENCE_SCHEMA: &str = "berth.evidence/v3";
 /// How old a record may be and still verify.
 pub const MAX_AGE_DAYS: i64 = 30;
 /// The pseudo-capability name of the required core (create, observe, exec, destroy).
@@ -122,6 +122,8 @@ pub struct EvidenceRecord {
     pub adapter_version: String,
     /// Hash of the adapter's source, `sha256:…`.
     pub adapter_source_hash: String,
+    /// Hash of the conformance kit that graded the clauses (its clauses and runner), `sha256:…`.
+    pub conformance_kit_hash: String,
     /// Provenance.
     pub provenance: Provenance,
     /// Environment fingerprint.
@@ -283,6 +285,9 @@ pub struct Expectations<'a> {
     /// This build's adapter source hash; `None` when this build has no adapter for the
     /// provider (catalog only), which leaves everything it may support UNKNOWN.
     pub adapter_source_hash: Option<&'a str>,
+    /// This build's conformance kit hash: a record another kit graded proves nothing about this
+    /// kit's clauses.
+    pub conformance_kit_hash: &'a str,
     /// Evaluation time.
     pub now: DateTime<Utc>,
     /// Public keys whose signatures are trusted (ed25519, 32 bytes).
@@ -319,6 +324,12 @@ fn record_problem(
                 record.adapter_source_hash
             ));
         }
+    }
+    if record.conformance_kit_hash != expect.conformance_kit_hash {
+        return Some(format!(
+            "record was graded by conformance kit {}, this build's is {}",
+            record.conformance_kit_hash, expect.conformance_kit_hash
+        ));
     }
     if record.adapter_version != manifest.adapter_version {
         return Some(format!(

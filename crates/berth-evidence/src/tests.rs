@@ -31,6 +31,7 @@ fn expect() -> Expectations<'static> {
     Expectations {
         clauses: CLAUSES.to_vec(),
         adapter_source_hash: Some("sha256:adapter"),
+        conformance_kit_hash: "sha256:kit",
         now: now(),
         trusted_keys: vec![key().verifying_key().to_bytes()],
     }
@@ -42,6 +43,7 @@ fn record(grades: &[(&str, Grade)]) -> EvidenceRecord {
         provider: "host".into(),
         adapter_version: "0.1.0".into(),
         adapter_source_hash: "sha256:adapter".into(),
+        conformance_kit_hash: "sha256:kit".into(),
         provenance: Provenance {
             source: "crates/berth-provider-host".into(),
             pinned: "workspace".into(),
@@ -144,6 +146,23 @@ fn stale_records_are_unknown() {
         matches!(&status["core"], Status::Unknown(why) if why.starts_with("stale")),
         "{:?}",
         status["core"]
+    );
+}
+
+/// The clauses are the kit's: a record graded by another kit (a clause since changed, weakened
+/// or strengthened) proves nothing about this build's clauses, even for the same adapter.
+#[test]
+fn a_record_graded_by_another_conformance_kit_is_unknown() {
+    let mut rec = all_pass();
+    rec.conformance_kit_hash = "sha256:older-kit".into();
+    let rec = rec.sign(&key());
+    let status = evaluate(&host(), Some(&rec), &expect());
+    assert_eq!(
+        status["core"],
+        Status::Unknown(
+            "record was graded by conformance kit sha256:older-kit, this build's is sha256:kit"
+                .into()
+        )
     );
 }
 

@@ -28,6 +28,16 @@ pub const ADAPTERS: [(&str, &str, &[&str]); 4] = [
     ),
 ];
 
+/// The conformance kit: the clauses and the runner that grades them and writes the record
+/// (their own code; what they exercise — adapters, ledger, store — is the subject, not the
+/// kit). A record made by another kit is not evidence for this one's clauses.
+pub const KIT: [&str; 4] = [
+    "berth-conformance/Cargo.toml",
+    "berth-conformance/src",
+    "berth-verify/Cargo.toml",
+    "berth-verify/src",
+];
+
 /// The workspace crates named in `krate`'s normal dependencies (`[dependencies]` and
 /// `[target.….dependencies]`; not dev or build dependencies).
 pub fn workspace_dependencies(crates: &Path, krate: &str) -> Vec<String> {
@@ -188,6 +198,17 @@ mod tests {
                 "host misses {needed}: {host:?}"
             );
         }
+    }
+
+    /// The kit's hash covers files that exist (a renamed or moved crate would leave it covering
+    /// nothing, and every record would stay "graded by this kit").
+    #[test]
+    fn the_conformance_kit_is_where_its_hash_looks() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for source in KIT {
+            assert!(crates.join(source).exists(), "{source} does not exist");
+        }
+        assert!(crates.join("berth-conformance/src/lib.rs").is_file());
     }
 
     /// The manifest reader takes every form Cargo accepts for a normal dependency and skips

@@ -429,15 +429,21 @@ impl Registry {
 /// `None` for providers without an adapter here.
 pub fn adapter_source_hash(id: &str) -> Option<&'static str> {
     match id {
-        "host" => Some(env!("BERTH_ADAPTER_SOURCE_HOST")),
-        "bwrap" => Some(env!("BERTH_ADAPTER_SOURCE_BWRAP")),
-        "docker" => Some(env!("BERTH_ADAPTER_SOURCE_DOCKER")),
+        "host" => Some(env!("BERTH_SOURCE_HOST")),
+        "bwrap" => Some(env!("BERTH_SOURCE_BWRAP")),
+        "docker" => Some(env!("BERTH_SOURCE_DOCKER")),
         #[cfg(feature = "computesdk")]
         id if berth_provider_computesdk::vendor(id).is_some() => {
-            Some(env!("BERTH_ADAPTER_SOURCE_COMPUTESDK"))
+            Some(env!("BERTH_SOURCE_COMPUTESDK"))
         }
         _ => None,
     }
+}
+
+/// The sha256 of the conformance kit as compiled into this build (its clauses and the runner
+/// that grades them): an evidence record made by another kit does not prove this one's clauses.
+pub fn conformance_kit_hash() -> &'static str {
+    env!("BERTH_SOURCE_KIT")
 }
 
 /// Checks declared capabilities against what the adapter implements.

@@ -231,6 +231,7 @@ pub async fn verify(
         provider: manifest.id.clone(),
         adapter_version: manifest.adapter_version.clone(),
         adapter_source_hash: source_hash.to_owned(),
+        conformance_kit_hash: berth_factory::conformance_kit_hash().to_owned(),
         provenance: Provenance {
             source: manifest.provenance.source.clone(),
             pinned: manifest.provenance.pinned.clone(),

@@ -196,13 +196,14 @@ fn render_catalog(table: &[Row], colour: bool) -> String {
         let _ = match &row.evidence {
             Some(e) => writeln!(
                 out,
-                "{}: evidence {} {}, recorded {}, {}, adapter {}, signed by {}",
+                "{}: evidence {} {}, recorded {}, {}, adapter {}, kit {}, signed by {}",
                 row.id,
                 e["origin"]["kind"].as_str().unwrap_or(""),
                 e["origin"]["path"].as_str().unwrap_or(""),
                 e["finished_at"].as_str().unwrap_or(""),
                 e["observed"].as_str().unwrap_or("no engine reported"),
                 e["adapter_source_hash"].as_str().unwrap_or(""),
+                e["conformance_kit_hash"].as_str().unwrap_or(""),
                 e["signed_by"].as_str().unwrap_or("nobody"),
             ),
             None => writeln!(out, "{}: no evidence record", row.id),
@@ -260,6 +261,7 @@ fn statuses(
         let expect = Expectations {
             clauses: clauses.clone(),
             adapter_source_hash: source_hash,
+            conformance_kit_hash: berth_factory::conformance_kit_hash(),
             now: Utc::now(),
             trusted_keys: keys.to_vec(),
         };
@@ -290,6 +292,7 @@ fn statuses(
                     "observed": record.provenance.observed,
                     "kernel": record.environment.kernel,
                     "adapter_source_hash": record.adapter_source_hash,
+                    "conformance_kit_hash": record.conformance_kit_hash,
                     "signed_by": record.signature.as_ref().map(|s| s.key_id.clone()),
                 })
             }),
