@@ -196,4 +196,47 @@ fn a_killed_runner_leaves_no_agent_behind() {
         "{}",
         String::from_utf8_lossy(&said.stdout)
     );
+    // A watcher is told nobody drives it (it waited on nothing, silently, before).
+    let unattended = first_watch_line(home.path(), &id, "unattended");
+    assert_eq!(unattended["mission"], id.as_str(), "{unattended}");
+    assert_eq!(unattended["runner"]["state"], "gone", "{unattended}");
+}
+
+/// The first `kind` line `mission watch --json ID` prints within 20 s (the watcher is killed
+/// then).
+fn first_watch_line(home: &std::path::Path, id: &str, kind: &str) -> Value {
+    use std::io::BufRead;
+    let mut watcher = berth(home, &["--json", "mission", "watch", id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watcher.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let found = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let doc: Value = serde_json::from_str(&line).unwrap_or_default();
+                if doc["kind"] == kind {
+                    break Some(doc);
+                }
+                seen.push(line);
+            }
+            Err(_) => break None,
+        }
+    };
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    found.unwrap_or_else(|| panic!("no `{kind}` line from the watcher; it printed {seen:?}"))
 }

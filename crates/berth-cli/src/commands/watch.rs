@@ -6,9 +6,11 @@
 //! start, a replaced file is replayed again (and said so). While nothing arrives it prints a
 //! heartbeat — the monitor's own clock, the offset it holds and how long the agent has been
 //! quiet — so a quiet agent is told apart from a stuck monitor; an agent quiet for longer than
-//! `--stall` is reported stalled (the watcher keeps following). With `--json`, one JSON object a
-//! line: the events as Berth stored them, and the monitor's `heartbeat`, `stalled` and
-//! `replayed` lines.
+//! `--stall` is reported stalled (the watcher keeps following). A mission no runner drives (its
+//! run stopped, or its runner is gone) is said to be `unattended`, with the resume that
+//! continues it, and `attended` again once a runner holds it. With `--json`, one JSON object a
+//! line: the events as Berth stored them, and the monitor's `heartbeat`, `stalled`,
+//! `replayed`, `unattended` and `attended` lines.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Result;
 use berth_mission::authority::{AttemptStatus, MissionState};
 use berth_orchestrator::follow::Follower;
+use berth_orchestrator::Runner;
 use serde_json::{json, Value};
 
 use crate::app::App;
@@ -130,6 +133,77 @@ fn monitor_line(json_out: bool, kind: &str, key: &str, fields: Value, text: Stri
     }
 }
 
+/// Whether a runner drives the mission, said when it changes: a watcher is not left waiting on
+/// nothing after a run stopped (a provider that failed for now, a killed runner), and hears
+/// when a resume picks it up. No runner for a moment is normal (a run starting, a lease
+/// changing hands): only one missing for [`UNATTENDED_AFTER`] is said.
+struct Attendance {
+    said_unattended: bool,
+    missing_since: Option<Instant>,
+}
+
+/// How long a mission must have had no runner before a watcher says so.
+const UNATTENDED_AFTER: Duration = Duration::from_secs(1);
+
+impl Attendance {
+    fn new() -> Self {
+        Attendance {
+            said_unattended: false,
+            missing_since: None,
+        }
+    }
+
+    async fn check(
+        &mut self,
+        app: &App,
+        orch: &berth_orchestrator::Orchestrator<'_>,
+        mission: &str,
+    ) -> Result<()> {
+        let runner = orch.runner(mission).await?;
+        if let Runner::Holding { holder, .. } = &runner {
+            self.missing_since = None;
+            if std::mem::replace(&mut self.said_unattended, false) {
+                mission_line(
+                    app.json,
+                    "attended",
+                    mission,
+                    json!({ "runner": runner }),
+                    format!("driven again, by {holder}"),
+                );
+            }
+            return Ok(());
+        }
+        let since = *self.missing_since.get_or_insert_with(Instant::now);
+        if !self.said_unattended && since.elapsed() >= UNATTENDED_AFTER {
+            self.said_unattended = true;
+            mission_line(
+                app.json,
+                "unattended",
+                mission,
+                json!({ "runner": runner }),
+                format!(
+                    "no runner is driving mission {mission}: `berth mission resume {mission}` \
+                     continues it (still watching)"
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A monitor line about the mission as a whole.
+fn mission_line(json_out: bool, kind: &str, mission: &str, fields: Value, text: String) {
+    if json_out {
+        let mut line = json!({ "schema": berth_harness::EVENTS_SCHEMA, "kind": kind, "mission": mission, "monitor_unix_ms": now_ms() });
+        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
+            line.extend(fields);
+        }
+        outln!("{line}");
+    } else {
+        outln!("      {kind:<20} {}", crate::human::printable(&text, false));
+    }
+}
+
 /// Follows one attempt until its agent's run is over and every event has been shown.
 async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
     let orch = super::mission::orchestrator(app);
@@ -151,6 +225,7 @@ async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
     let (mut last_event, mut last_beat, mut last_state) =
         (Instant::now(), Instant::now(), Instant::now());
     let mut stalled = false;
+    let mut attendance = Attendance::new();
     loop {
         let polled = follower.poll()?;
         if polled.restarted {
@@ -185,6 +260,9 @@ async fn follow_attempt(app: &App, key: &str, limits: &Limits) -> Result<()> {
             last_state = Instant::now();
             if let Some(now) = orch.attempt_logs(key).await? {
                 logs = now;
+            }
+            if !logs.agent_done() {
+                attendance.check(app, &orch, &logs.mission).await?;
             }
         }
         // Following for a reader that went away (`| head`) has no one to follow for.
@@ -252,6 +330,7 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
     let (spec, _, _) = orch.load(id).await?;
     let agent = berth_harness::Harness::parse(&spec.file.harness.kind).is_some();
     let (mut followed, mut reported) = (BTreeSet::new(), BTreeSet::new());
+    let mut attendance = Attendance::new();
     loop {
         let (_, record, _) = orch.load(id).await?;
         let mut progressed = false;
@@ -291,6 +370,7 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
             return Ok(code::OK);
         }
         if !progressed {
+            attendance.check(app, &orch, id).await?;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
