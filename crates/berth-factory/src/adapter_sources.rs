@@ -14,8 +14,8 @@ use std::path::Path;
 pub const ADAPTERS: [(&str, &str, &[&str]); 4] = [
     ("HOST", "berth-provider-host", &[]),
     ("BWRAP", "berth-provider-bwrap", &[]),
-    // The supervisor runs inside every docker sandbox (embedded, not a Cargo dependency of the
-    // adapter's library code alone).
+    // The supervisor runs inside every docker sandbox (the binary this build embeds): named
+    // here so it stays covered whatever the adapter's own Cargo dependencies become.
     ("DOCKER", "berth-provider-docker", &["berth-supervisor"]),
     (
         "COMPUTESDK",
