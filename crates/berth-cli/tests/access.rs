@@ -478,3 +478,67 @@ fn port_refuses_non_loopback_addresses_and_unknown_sandboxes() {
     assert_eq!(code, 125, "{doc}");
     assert_eq!(doc["error"]["kind"], "invalid_request", "{doc}");
 }
+
+/// The signals a command starts with ignored, from `grep SigIgn /proc/self/status` output.
+fn ignored_signals(status: &str) -> u64 {
+    let mask = status
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("SigIgn:"))
+        .unwrap_or_else(|| panic!("no SigIgn line in {status:?}"));
+    u64::from_str_radix(mask.trim(), 16).unwrap()
+}
+
+/// Berth started with SIGINT, SIGQUIT and SIGHUP ignored (a background job, `nohup`): what it
+/// runs in a sandbox — an exec, a terminal session — starts with them at their defaults, so
+/// Ctrl-C and a command's own signals work. It inherited them ignored before: Ctrl-C in a
+/// terminal session did nothing (a shell cannot trap a signal ignored on entry), which the
+/// bwrap conformance clause met once in CI.
+#[test]
+fn commands_start_with_default_signals_whatever_berth_inherited() {
+    let home = Home::new();
+    let (code, doc) = home.json(&["create", "-p", "bwrap"]);
+    let bwrap = match code {
+        0 => Some(doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()),
+        _ if std::env::var_os("BERTH_SKIP_BWRAP").is_some() => None,
+        _ => panic!("bwrap sandbox: {doc}"),
+    };
+    let host = home.create("tester");
+    let (int, quit, hup) = (1u64 << 1, 1u64 << 2, 1u64);
+    for id in std::iter::once(&host).chain(bwrap.as_ref()) {
+        for verb in ["exec", "ssh"] {
+            let out = Command::new("sh")
+                .args([
+                    "-c",
+                    "trap '' INT QUIT HUP; exec \"$0\" \"$@\"",
+                    env!("CARGO_BIN_EXE_berth"),
+                    verb,
+                    id,
+                    "--",
+                    "grep",
+                    "SigIgn",
+                    "/proc/self/status",
+                ])
+                .env("BERTH_HOME", home.path())
+                .env("BERTH_OWNER", "tester")
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{verb} {id}: {}",
+                text(&out.stderr)
+            );
+            let ignored = ignored_signals(&text(&out.stdout));
+            assert_eq!(
+                ignored & (int | quit | hup),
+                0,
+                "{verb} in {id} started with SIGINT/SIGQUIT/SIGHUP ignored: {ignored:#x}"
+            );
+        }
+    }
+    for id in std::iter::once(host).chain(bwrap) {
+        let (code, doc) = home.json(&["destroy", &id]);
+        assert_eq!(code, 0, "{doc}");
+    }
+}

@@ -24,7 +24,19 @@ pub mod reaper;
 /// normal invocation. `berth` and `berth-supervisor` both call this first, so either can serve
 /// as the helper.
 pub fn helper_mode(args: &[std::ffi::OsString]) -> Option<i32> {
-    match args.get(1)?.to_str()? {
+    let mode = args.get(1)?.to_str()?;
+    if [
+        reaper::REAP_ARG,
+        reaper::REAP_WAITING_ARG,
+        reaper::REAP_ENTER_ARG,
+        enter::ENTER_ARG,
+        pty::PTY_ARG,
+    ]
+    .contains(&mode)
+    {
+        default_signals_for_commands();
+    }
+    match mode {
         reaper::REAP_ARG => Some(reaper::run(&args[2..])),
         reaper::REAP_WAITING_ARG => Some(reaper::run_waiting()),
         reaper::REAP_ENTER_ARG => Some(reaper::run_entering(&args[2..])),
@@ -36,6 +48,37 @@ pub fn helper_mode(args: &[std::ffi::OsString]) -> Option<i32> {
 pub mod forward;
 pub mod pty;
 pub mod server;
+
+/// Every command a helper starts begins with the default signal dispositions and nothing
+/// blocked, whatever Berth inherited. Started as a background job or under `nohup`, Berth has
+/// SIGINT and SIGQUIT (or SIGHUP) ignored, and a command inheriting that cannot be
+/// interrupted: Ctrl-C in a terminal session did nothing, since a shell cannot even trap a
+/// signal ignored on entry, and a test that interrupts itself hung. An ignored signal is made
+/// caught (into a flag nobody reads: for the helper itself still no effect), and `execve`
+/// resets a caught signal to its default.
+fn default_signals_for_commands() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let ignored = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap_or(0);
+    let unused = Arc::new(AtomicBool::new(false));
+    for signal in 1..=64 {
+        if ignored & (1u64 << (signal - 1)) != 0 {
+            // Refused for the signals no handler may take (SIGKILL, SIGSTOP, faults) and the
+            // C library's own: those stay as they are.
+            let _ = signal_hook::flag::register(signal, unused.clone());
+        }
+    }
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    );
+}
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
