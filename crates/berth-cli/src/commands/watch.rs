@@ -122,12 +122,28 @@ pub(super) fn human(event: &Value) -> String {
 }
 
 fn monitor_line(json_out: bool, kind: &str, key: &str, fields: Value, text: String) {
+    monitor_line_on(json_out, kind, ("attempt", key), fields, text);
+}
+
+/// A monitor line about `subject` — (`attempt`, its key) or (`mission`, its id).
+fn monitor_line_on(
+    json_out: bool,
+    kind: &str,
+    (field, subject): (&str, &str),
+    fields: Value,
+    text: String,
+) {
     if json_out {
-        let mut line = json!({ "schema": berth_harness::EVENTS_SCHEMA, "kind": kind, "attempt": key, "monitor_unix_ms": now_ms() });
-        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
+        // In this order, as every monitor line has it: schema, kind, subject, clock, fields.
+        let mut line = serde_json::Map::new();
+        line.insert("schema".into(), json!(berth_harness::EVENTS_SCHEMA));
+        line.insert("kind".into(), json!(kind));
+        line.insert(field.into(), json!(subject));
+        line.insert("monitor_unix_ms".into(), json!(now_ms()));
+        if let Value::Object(fields) = fields {
             line.extend(fields);
         }
-        outln!("{line}");
+        outln!("{}", Value::Object(line));
     } else {
         outln!("      {kind:<20} {}", crate::human::printable(&text, false));
     }
@@ -163,10 +179,10 @@ impl Attendance {
         if let Runner::Holding { holder, .. } = &runner {
             self.missing_since = None;
             if std::mem::replace(&mut self.said_unattended, false) {
-                mission_line(
+                monitor_line_on(
                     app.json,
                     "attended",
-                    mission,
+                    ("mission", mission),
                     json!({ "runner": runner }),
                     format!("driven again, by {holder}"),
                 );
@@ -176,10 +192,10 @@ impl Attendance {
         let since = *self.missing_since.get_or_insert_with(Instant::now);
         if !self.said_unattended && since.elapsed() >= UNATTENDED_AFTER {
             self.said_unattended = true;
-            mission_line(
+            monitor_line_on(
                 app.json,
                 "unattended",
-                mission,
+                ("mission", mission),
                 json!({ "runner": runner }),
                 format!(
                     "no runner is driving mission {mission}: `berth mission resume {mission}` \
@@ -188,19 +204,6 @@ impl Attendance {
             );
         }
         Ok(())
-    }
-}
-
-/// A monitor line about the mission as a whole.
-fn mission_line(json_out: bool, kind: &str, mission: &str, fields: Value, text: String) {
-    if json_out {
-        let mut line = json!({ "schema": berth_harness::EVENTS_SCHEMA, "kind": kind, "mission": mission, "monitor_unix_ms": now_ms() });
-        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), fields) {
-            line.extend(fields);
-        }
-        outln!("{line}");
-    } else {
-        outln!("      {kind:<20} {}", crate::human::printable(&text, false));
     }
 }
 
