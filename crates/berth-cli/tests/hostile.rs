@@ -9,6 +9,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod missions_support;
+
 /// `berth ARGS` as `owner` with `BERTH_HOME` = `home` (any bytes), not yet run.
 fn berth_command(home: &std::ffi::OsStr, owner: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
@@ -37,20 +39,6 @@ fn status(home: &Path, owner: &str) -> Value {
     let mut doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     doc["id"] = Value::String(id);
     doc
-}
-
-fn docker_ready() -> bool {
-    let engine = Command::new("docker")
-        .args(["image", "inspect", "berth/agent:bookworm"])
-        .output();
-    if matches!(engine, Ok(ref o) if o.status.success()) {
-        return true;
-    }
-    if std::env::var_os("BERTH_SKIP_DOCKER").is_some() {
-        eprintln!("SKIPPED (BERTH_SKIP_DOCKER set): no docker engine or reference image");
-        return false;
-    }
-    panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
 }
 
 struct Case<'a> {
@@ -223,7 +211,7 @@ fn agent_hooks_cannot_change_the_commit_on_host() {
 
 #[test]
 fn agent_hooks_and_a_lying_git_cannot_change_the_commit_on_docker() {
-    if docker_ready() {
+    if missions_support::reference_image_ready() {
         hook_and_lying_git("docker");
     }
 }
@@ -234,7 +222,7 @@ fn agent_hooks_and_a_lying_git_cannot_change_the_commit_on_docker() {
 /// accepted.
 #[test]
 fn the_validator_runs_on_a_clean_system_on_docker() {
-    if !docker_ready() {
+    if !missions_support::reference_image_ready() {
         return;
     }
     let home = tempfile::Builder::new()
