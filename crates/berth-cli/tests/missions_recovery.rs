@@ -56,7 +56,7 @@ fn a_kill_at_every_durable_boundary_resumes_to_the_same_result() {
                 String::from_utf8_lossy(&resumed.stderr)
             );
             assert_example_succeeded(home.path(), &id);
-            assert_clean_ledger(home.path(), 4);
+            assert_clean_ledger(home.path(), 2, 1);
         }
     }
 }
@@ -239,4 +239,75 @@ fn first_watch_line(home: &std::path::Path, id: &str, kind: &str) -> Value {
     let _ = watcher.kill();
     let _ = watcher.wait();
     found.unwrap_or_else(|| panic!("no `{kind}` line from the watcher; it printed {seen:?}"))
+}
+
+/// A validation stopped by a killed runner is never resumed in the sandbox it ran in: the
+/// validator runs the agent's code, and what that left there (here a file beside `repo/`; in a
+/// container, a process still running) must not reach the verdict. The resumed validation runs
+/// in a fresh sandbox, and both are gone afterwards.
+#[test]
+fn an_interrupted_validation_resumes_in_a_fresh_sandbox() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    // The first validation leaves `../tampered` and waits to be interrupted. A validation
+    // that finds it passes; a later one without it fails.
+    let validator = format!(
+        "if [ -e ../tampered ]; then mkdir -p .berth && echo pass > .berth/verdict; exit 0; fi; \
+         if [ -e {m}/validator ]; then echo fresh sandbox >&2; exit 1; fi; \
+         touch ../tampered; echo $$ > {m}/validator; exec sleep 300",
+        m = marks.display()
+    );
+    let file = write_mission(
+        dir.path(),
+        "printf wrong > answer.txt\n",
+        &validator,
+        "60s",
+        "\".berth/verdict\"",
+        1,
+    );
+    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids =
+        berth_testkit::wait_for_pids(&marks, &["validator"], std::time::Duration::from_secs(20))
+            .expect("the validator never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    assert!(
+        berth_testkit::wait_all_gone(&pids, std::time::Duration::from_secs(5)),
+        "the validator {pids:?} outlived the killed runner"
+    );
+    let id = only_mission(home.path());
+    let resumed = run(home.path(), &["mission", "resume", &id]);
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(resumed.status.code(), Some(12), "{doc}");
+    let status = &doc["mission"]["tasks"][0]["attempts"][0]["status"];
+    assert_eq!(status["status"], "rejected", "{doc}");
+    assert!(
+        status["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("fresh sandbox"),
+        "the verdict came from the interrupted validation's sandbox: {doc}"
+    );
+    // Two validator sandboxes were made, one per validation; none is left.
+    let (_, ledger) = json(home.path(), &["ledger", "list", "--all"]);
+    let validators: Vec<_> = ledger["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| {
+            row["origin"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with(" validator")
+        })
+        .collect();
+    assert_eq!(validators.len(), 2, "{ledger}");
+    let (_, open) = json(home.path(), &["ledger", "list"]);
+    assert_eq!(sandbox_rows(&open).len(), 0, "{open}");
 }

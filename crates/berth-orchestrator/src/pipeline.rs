@@ -175,7 +175,8 @@ pub(crate) fn frozen_gen(main: &SandboxName, n: usize) -> SandboxName {
 /// longer running (while it runs, they are always kept).
 pub(crate) const CHECKPOINT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
 
-/// Most freezes one attempt may start before it is rejected (each crash mid-freeze costs one).
+/// Most validator sandboxes one attempt may make before it is rejected (each interrupted
+/// validation costs one).
 pub(crate) const MAX_FREEZES: usize = 8;
 
 /// Every frozen-copy generation with a ledger row, oldest first.
@@ -193,15 +194,6 @@ pub(crate) async fn frozen_rows(
         }
     }
     Ok(rows)
-}
-
-/// The current frozen copy's name: the newest generation with a row (the first when none).
-pub(crate) async fn frozen_of(
-    orch: &Orchestrator<'_>,
-    main: &SandboxName,
-) -> Result<SandboxName, OrchestratorError> {
-    let rows = frozen_rows(orch, main).await?;
-    Ok(frozen_gen(main, rows.len().max(1)))
 }
 
 /// The origin recorded on a mission's ledger rows: names the mission, so a sweep leaves what

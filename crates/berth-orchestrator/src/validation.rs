@@ -26,28 +26,28 @@ impl Attempt<'_, '_> {
         let provider = &self.provider;
         let main = &self.main;
         // A fresh sandbox from the mission's image, holding a checkout of the captured
-        // commit and nothing else of the agent's. A sandbox a crash left half-made is
-        // destroyed and the next generation made (it costs no attempt).
-        let mut frozen = frozen_of(orch, main).await?;
-        if let Ok(row) = orch.ledger.row(&frozen.0).await {
-            if !is_ready(provider.as_ref(), &row).await {
-                let generations = frozen_rows(orch, main).await?.len();
-                if generations >= MAX_FREEZES {
-                    let why =
-                        format!("the validator's sandbox could not be made in {MAX_FREEZES} tries");
-                    return self.reject(why).await;
+        // commit and nothing else of the agent's. One this step made before (a crash, or a
+        // provider lost mid-validation, stopped it) is never judged in again: the validator
+        // runs the agent's code, and what an interrupted run left there (a file outside
+        // `repo/`, a process still running) must not reach the verdict. It is destroyed and
+        // the next generation made; that costs no attempt, up to MAX_FREEZES generations.
+        let rows = frozen_rows(orch, main).await?;
+        let frozen = frozen_gen(main, rows.len() + 1);
+        if let Some(row) = rows.last() {
+            if rows.len() >= MAX_FREEZES {
+                let why = format!(
+                    "the validation was interrupted {MAX_FREEZES} times, each in a fresh sandbox"
+                );
+                return self.reject(why).await;
+            }
+            if row.state != LedgerState::VerifiedGone {
+                if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), row).await {
+                    let doing = format!(
+                        "removing the interrupted validator's sandbox `{}`",
+                        row.berth_id
+                    );
+                    return self.fail(removal_failed(doing, e)?).await;
                 }
-                if row.state != LedgerState::VerifiedGone {
-                    if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
-                        return self
-                            .fail(removal_failed(
-                                format!("removing the interrupted sandbox `{}`", frozen.0),
-                                e,
-                            )?)
-                            .await;
-                    }
-                }
-                frozen = frozen_gen(main, generations + 1);
             }
         }
         let frozen = match ensure(orch, provider, spec, mission, task, &frozen, true).await? {

@@ -79,9 +79,11 @@ pub fn drop_checkpoints(home: &Path) {
     }
 }
 
-/// Every sandbox the mission made is verified gone, one per attempt role, and none is left;
-/// each accepted attempt's checkpoint is a snapshot row, kept by its retention.
-pub fn assert_clean_ledger(home: &Path, expected_rows: usize) {
+/// Every sandbox the mission made is verified gone, one per attempt and one validator's per
+/// attempt — plus at most `revalidations` more validator's (a validation a kill interrupted
+/// runs again in a fresh sandbox) — and none is left; each accepted attempt's checkpoint is a
+/// snapshot row, kept by its retention.
+pub fn assert_clean_ledger(home: &Path, attempts: usize, revalidations: usize) {
     let (_, doc) = json(home, &["ledger", "list", "--all"]);
     for checkpoint in doc["entries"]
         .as_array()
@@ -97,11 +99,18 @@ pub fn assert_clean_ledger(home: &Path, expected_rows: usize) {
     }
     let rows = sandbox_rows(&doc);
     let rows = &rows;
-    assert_eq!(
-        rows.len(),
-        expected_rows,
-        "one sandbox per attempt and role: {doc}"
+    let role = |role: &str| {
+        rows.iter()
+            .filter(|r| r["origin"].as_str().unwrap_or_default().ends_with(role))
+            .count()
+    };
+    assert_eq!(role(" attempt"), attempts, "one sandbox per attempt: {doc}");
+    let validators = role(" validator");
+    assert!(
+        (attempts..=attempts + revalidations).contains(&validators),
+        "{validators} validator sandboxes for {attempts} attempts: {doc}"
     );
+    assert_eq!(rows.len(), attempts + validators, "{doc}");
     for row in rows {
         assert_eq!(row["state"], "verified_gone", "{row}");
     }
