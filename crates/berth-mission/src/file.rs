@@ -172,7 +172,7 @@ pub fn parse(origin: &str, text: &str) -> Result<MissionFile, MissionFileError> 
     }
     let file: MissionFile = toml::from_str(text).map_err(|e| MissionFileError::Syntax {
         origin: origin.into(),
-        message: e.to_string().trim_end().to_owned(),
+        message: syntax::describe(text, &e),
     })?;
     let invalid =
         |section: &str, index: Option<usize>, key: &str, field: String, problem: String| {
@@ -493,6 +493,7 @@ fn evidence_path_problem(path: &str) -> Option<&'static str> {
 
 mod harness_check;
 mod model;
+mod syntax;
 use harness_check::harness_problem;
 pub use harness_check::is_login_name;
 pub use model::*;

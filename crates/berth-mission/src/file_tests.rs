@@ -147,6 +147,22 @@ fn syntax_errors_carry_line_and_column() {
         .unwrap_err()
         .to_string()
         .contains("unknown field `colour`"));
+    // Bounded, whatever the line: a hostile one-line file does not come back as its error.
+    let deep = format!(
+        "schema_version = 1\nx = {}{}\n",
+        "[".repeat(500_000),
+        "]".repeat(500_000)
+    );
+    let err = parse("m.toml", &deep).unwrap_err().to_string();
+    assert!(err.contains("line 2, column "), "{err}");
+    assert!(err.len() < 400, "{} bytes of error", err.len());
+    let long = format!(
+        "schema_version = 1\nname = \"{}\u{1b}]0;x\u{7}",
+        "a".repeat(300_000)
+    );
+    let err = parse("m.toml", &long).unwrap_err().to_string();
+    assert!(err.len() < 400, "{} bytes of error", err.len());
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
     let future = GOOD.replacen("schema_version = 1", "schema_version = 2", 1);
     assert!(matches!(
         parse("m.toml", &future),
