@@ -401,7 +401,16 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             O::Leased(_) | O::LeaseLost(_) | O::Conflict(_) => Some((
                 "conflict",
                 code::CONFLICT,
-                Some("another runner is driving this mission; `berth mission status` shows its progress".into()),
+                Some(
+                    "another runner is driving this mission; `berth mission status` shows its \
+                     progress (stop that run, Ctrl-C, before cancelling the mission)"
+                        .into(),
+                ),
+            )),
+            O::Finished { mission, .. } => Some((
+                "conflict",
+                code::CONFLICT,
+                Some(format!("`berth mission status {mission}` shows how it ended")),
             )),
             O::UnknownProvider(_) => Some((
                 "invalid_request",

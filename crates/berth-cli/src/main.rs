@@ -258,6 +258,7 @@ impl Command {
             Command::Provider(cli::ProviderCommand::New { .. }) => "provider new",
             Command::Mission(cli::MissionCommand::Run { .. }) => "mission run",
             Command::Mission(cli::MissionCommand::Resume { .. }) => "mission resume",
+            Command::Mission(cli::MissionCommand::Cancel { .. }) => "mission cancel",
             Command::Mission(cli::MissionCommand::Status { .. }) => "mission status",
             Command::Mission(cli::MissionCommand::List) => "mission list",
             Command::Mission(cli::MissionCommand::Bench { .. }) => "mission bench",

@@ -315,3 +315,54 @@ fn a_daemon_gone_at_placement_stops_the_run_and_resume_places_the_attempt() {
     case.socket.up();
     case.assert_resumed(&id);
 }
+
+/// A mission cancelled while its provider is away is cancelled all the same; the sandbox it
+/// held is named as not removed (exit 10), and `berth ledger sweep` removes it once the
+/// daemon is back (the mission no longer holds it).
+#[test]
+fn a_mission_cancelled_while_its_daemon_is_away_says_what_it_could_not_remove() {
+    if !reference_image_ready() {
+        return;
+    }
+    let mut case = Case::new("mission-cancelled-daemon-away");
+    let file = case.docker_mission(4);
+    let runner = case
+        .berth(&["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let id = loop {
+        assert!(started.elapsed() < Duration::from_secs(60), "never staged");
+        if let Some(id) = case.mission() {
+            let doc = case.json(&["mission", "status", &id]);
+            if doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged" {
+                break id;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(40));
+    };
+    case.socket.down();
+    let out = runner.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    let cancel = case.run(&["mission", "cancel", &id]);
+    assert_eq!(cancel.status.code(), Some(10), "{}", text(&cancel));
+    let said = String::from_utf8_lossy(&cancel.stdout);
+    assert!(said.contains("CANCELLED"), "{}", text(&cancel));
+    assert!(said.contains("NOT removed: bx-"), "{}", text(&cancel));
+    assert!(said.contains("berth ledger sweep"), "{}", text(&cancel));
+    let doc = case.json(&["mission", "status", &id]);
+    assert_eq!(doc["mission"]["state"]["state"], "cancelled", "{doc}");
+    case.socket.up();
+    let swept = case.run(&["ledger", "sweep"]);
+    assert!(swept.status.success(), "{}", text(&swept));
+    let ledger = case.json(&["ledger", "list"]);
+    assert_eq!(sandbox_rows(&ledger).len(), 0, "{ledger}");
+    let label = format!("label=berth.owner={}", case.owner);
+    let left = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &label])
+        .output()
+        .unwrap();
+    assert!(left.stdout.is_empty(), "containers left: {}", text(&left));
+}

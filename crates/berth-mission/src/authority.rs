@@ -158,6 +158,12 @@ pub enum MissionState {
         /// The exhausted task.
         task: String,
     },
+    /// Someone ended it before it finished ([`Event::Cancel`]). Terminal. An attempt that was
+    /// in progress keeps its status: it got no verdict.
+    Cancelled {
+        /// Why, as given.
+        reason: String,
+    },
 }
 
 /// A mission's authoritative record.
@@ -228,6 +234,11 @@ pub enum Event {
     Finalized {
         /// Attempt.
         key: AttemptKey,
+    },
+    /// The mission is ended where it stands, whatever its tasks and attempts.
+    Cancel {
+        /// Why.
+        reason: String,
     },
 }
 
@@ -376,6 +387,12 @@ pub fn apply(mission: &MissionRecord, event: &Event) -> Result<MissionRecord, Au
         return Err(AuthorityError::Finished(mission.id.clone()));
     }
     let mut next = mission.clone();
+    if let Event::Cancel { reason } = event {
+        next.state = MissionState::Cancelled {
+            reason: reason.clone(),
+        };
+        return Ok(next);
+    }
     let current = next
         .tasks
         .iter()
@@ -416,7 +433,7 @@ pub fn apply(mission: &MissionRecord, event: &Event) -> Result<MissionRecord, Au
         | Event::Checkpointed { key, .. }
         | Event::Published { key, .. }
         | Event::Finalized { key } => key,
-        Event::Start { .. } => unreachable!("handled above"),
+        Event::Start { .. } | Event::Cancel { .. } => unreachable!("handled above"),
     };
     let task = &mut next.tasks[current];
     let required = task.required_evidence.clone();

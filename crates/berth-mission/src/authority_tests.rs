@@ -335,11 +335,13 @@ fn only_one_attempt_at_a_time_and_only_on_the_current_task() {
 fn arbitrary_event(keys: Vec<AttemptKey>) -> impl Strategy<Value = Event> {
     let key = proptest::sample::select(keys);
     prop_oneof![
-        prop_oneof![Just("first"), Just("second")].prop_map(|t| Event::Start {
+        // Rare: it ends the mission, and the other events are what most sequences should try.
+        1 => Just(Event::Cancel { reason: "c".into() }),
+        20 => prop_oneof![Just("first"), Just("second")].prop_map(|t| Event::Start {
             task: t.into(),
             inputs: inputs()
         }),
-        (key.clone(), 0..5u8).prop_map(|(key, p)| Event::Reached {
+        20 => (key.clone(), 0..5u8).prop_map(|(key, p)| Event::Reached {
             key,
             phase: [
                 Phase::Claimed,
@@ -349,7 +351,7 @@ fn arbitrary_event(keys: Vec<AttemptKey>) -> impl Strategy<Value = Event> {
                 Phase::Frozen
             ][p as usize],
         }),
-        (key.clone(), any::<bool>()).prop_map(|(key, with)| Event::ValidatorPassed {
+        20 => (key.clone(), any::<bool>()).prop_map(|(key, with)| Event::ValidatorPassed {
             key,
             evidence: if with {
                 vec!["result.txt".into()]
@@ -357,23 +359,23 @@ fn arbitrary_event(keys: Vec<AttemptKey>) -> impl Strategy<Value = Event> {
                 vec![]
             },
         }),
-        key.clone().prop_map(|key| Event::Rejected {
+        20 => key.clone().prop_map(|key| Event::Rejected {
             key,
             reason: "r".into()
         }),
-        key.clone().prop_map(|key| Event::Committed {
+        20 => key.clone().prop_map(|key| Event::Committed {
             key,
             commit: "c".into()
         }),
-        key.clone().prop_map(|key| Event::Checkpointed {
+        20 => key.clone().prop_map(|key| Event::Checkpointed {
             key,
             checkpoint: "cp".into()
         }),
-        key.clone().prop_map(|key| Event::Published {
+        20 => key.clone().prop_map(|key| Event::Published {
             key,
             bundle: "bd".into()
         }),
-        key.prop_map(|key| Event::Finalized { key }),
+        20 => key.prop_map(|key| Event::Finalized { key }),
     ]
 }
 
@@ -442,6 +444,9 @@ fn check_invariants(m: &MissionRecord) {
                 .all(|a| matches!(a.status, AttemptStatus::Rejected { .. })));
         }
     }
+    if let MissionState::Cancelled { reason } = &m.state {
+        assert_eq!(reason, "c", "only a cancel cancels");
+    }
     if m.state == MissionState::Succeeded {
         assert!(m
             .tasks
@@ -470,4 +475,64 @@ proptest! {
             check_invariants(&m);
         }
     }
+}
+
+#[test]
+fn a_cancel_ends_a_running_mission_where_it_stands() {
+    let (m, key) = start(&mission(3), "first");
+    let m = to_frozen(m, &key);
+    let cancelled = apply(
+        &m,
+        &Event::Cancel {
+            reason: "wrong base".into(),
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        cancelled.state,
+        MissionState::Cancelled {
+            reason: "wrong base".into()
+        }
+    );
+    // The attempt in progress got no verdict: it keeps its status.
+    assert_eq!(cancelled.tasks, m.tasks);
+    assert_eq!(next(&cancelled), Next::Finished(cancelled.state.clone()));
+    // Terminal: nothing applies after it, another cancel included.
+    for event in [
+        Event::Cancel {
+            reason: "again".into(),
+        },
+        Event::Rejected {
+            key: key.clone(),
+            reason: "late".into(),
+        },
+    ] {
+        assert!(matches!(
+            apply(&cancelled, &event),
+            Err(AuthorityError::Finished(_))
+        ));
+    }
+    // A finished mission cannot be cancelled.
+    let failed = apply(
+        &mission(1),
+        &Event::Start {
+            task: "first".into(),
+            inputs: inputs(),
+        },
+    )
+    .unwrap();
+    let key = failed.open_attempt().unwrap().key.clone();
+    let failed = apply(
+        &failed,
+        &Event::Rejected {
+            key,
+            reason: "no".into(),
+        },
+    )
+    .unwrap();
+    assert!(matches!(failed.state, MissionState::Failed { .. }));
+    assert!(matches!(
+        apply(&failed, &Event::Cancel { reason: "x".into() }),
+        Err(AuthorityError::Finished(_))
+    ));
 }

@@ -109,6 +109,14 @@ pub enum OrchestratorError {
     /// A provider call a step needed failed for now: see [`Interrupted`].
     #[error(transparent)]
     Interrupted(Box<Interrupted>),
+    /// The mission has finished: there is nothing to cancel.
+    #[error("mission `{mission}` has already finished ({state}): there is nothing to cancel")]
+    Finished {
+        /// The mission.
+        mission: String,
+        /// How it finished.
+        state: &'static str,
+    },
     /// The mission belongs to another owner: this orchestrator neither shows nor runs it (its
     /// sandboxes would be recorded under the wrong owner).
     #[error("mission `{mission}` belongs to owner `{owner}`")]
@@ -263,6 +271,7 @@ fn state_name(state: &MissionState) -> &'static str {
         MissionState::Running => "running",
         MissionState::Succeeded => "succeeded",
         MissionState::Failed { .. } => "failed",
+        MissionState::Cancelled { .. } => "cancelled",
     }
 }
 
@@ -360,7 +369,7 @@ impl Orchestrator<'_> {
             (1..=count).for_each(|n| hook(Boundary::BeforeEvent(seq + n)));
         }
         let key = match events.first() {
-            Some(Event::Start { .. }) | None => String::new(),
+            Some(Event::Start { .. } | Event::Cancel { .. }) | None => String::new(),
             Some(
                 Event::Reached { key, .. }
                 | Event::ValidatorPassed { key, .. }
@@ -455,6 +464,29 @@ impl Orchestrator<'_> {
         id: &str,
         progress: &mut (dyn FnMut(&Step) + Send),
     ) -> Result<MissionState, OrchestratorError> {
+        self.drive(id, None, progress).await
+    }
+
+    /// Ends a running mission where it stands ([`Event::Cancel`]) and removes every sandbox
+    /// its attempts hold (a finalized attempt's is kept when the mission file says `keep`),
+    /// as the mission's runner: a live runner holding it is [`OrchestratorError::Leased`],
+    /// and a finished mission is [`OrchestratorError::Finished`]. Checkpoints stay, under their
+    /// retention; evidence already published stays.
+    pub async fn cancel(
+        &self,
+        id: &str,
+        reason: &str,
+        progress: &mut (dyn FnMut(&Step) + Send),
+    ) -> Result<MissionState, OrchestratorError> {
+        self.drive(id, Some(reason), progress).await
+    }
+
+    async fn drive(
+        &self,
+        id: &str,
+        cancel: Option<&str>,
+        progress: &mut (dyn FnMut(&Step) + Send),
+    ) -> Result<MissionState, OrchestratorError> {
         // Another owner's mission is refused before its lease is touched (its spec and record
         // are read once the lease is held).
         self.owned(id).await?;
@@ -485,7 +517,19 @@ impl Orchestrator<'_> {
         };
         let work = async {
             // Evidence a crash left unpublished (a rejected attempt's bundle) goes first.
-            let (spec, record, seq) = self.load(id).await?;
+            let (spec, mut record, mut seq) = self.load(id).await?;
+            if let Some(reason) = cancel {
+                if record.state != MissionState::Running {
+                    return Err(OrchestratorError::Finished {
+                        mission: id.to_owned(),
+                        state: state_name(&record.state),
+                    });
+                }
+                let event = Event::Cancel {
+                    reason: reason.to_owned(),
+                };
+                (record, seq) = self.commit_event(id, &record, seq, &event, &[]).await?;
+            }
             // Publication appends no event: the first tick starts from this state.
             let spec = std::sync::Arc::new(spec);
             self.last_stored

@@ -452,9 +452,17 @@ pub(crate) async fn reconcile(
     record: &MissionRecord,
 ) -> Result<(), OrchestratorError> {
     let mut over = Vec::new();
+    let cancelled = matches!(record.state, MissionState::Cancelled { .. });
     for task in &record.tasks {
         for attempt in &task.attempts {
             match &attempt.status {
+                // A cancelled mission's attempts are all over, whatever their status.
+                AttemptStatus::InProgress { .. } if cancelled => {
+                    over.push((attempt.key.clone(), false))
+                }
+                AttemptStatus::Accepted { .. } if cancelled => {
+                    over.push((attempt.key.clone(), spec.file.sandbox.keep))
+                }
                 AttemptStatus::Rejected { .. } => over.push((attempt.key.clone(), false)),
                 AttemptStatus::Accepted {
                     finalized: true, ..

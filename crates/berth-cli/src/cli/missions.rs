@@ -19,6 +19,15 @@ pub enum MissionCommand {
         /// Mission id.
         id: String,
     },
+    /// End a mission where it stands and remove the sandboxes its attempts hold (checkpoints
+    /// and published evidence stay). A run driving it must be stopped first.
+    Cancel {
+        /// Mission id.
+        id: String,
+        /// Why, recorded with the mission (at most 500 characters, no control characters).
+        #[arg(long, default_value = "cancelled with `berth mission cancel`")]
+        reason: String,
+    },
     /// Tasks, attempts, outcomes, reasons and timings of a mission.
     Status {
         /// Mission id.

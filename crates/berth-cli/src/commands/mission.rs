@@ -3,7 +3,7 @@
 use anyhow::Result;
 use berth_mission::authority::{AttemptStatus, MissionRecord, MissionState, TaskState};
 use berth_orchestrator::{Boundary, Orchestrator, Runner, Step};
-use berth_store::MissionStore;
+use berth_store::{LedgerStore as _, MissionStore};
 use serde_json::json;
 
 use crate::app::App;
@@ -47,6 +47,8 @@ pub(super) fn orchestrator(app: &App) -> Orchestrator<'_> {
 fn exit_for(state: &MissionState) -> i32 {
     match state {
         MissionState::Succeeded => code::OK,
+        // Nothing failed verification: it was ended on purpose, and cannot run again.
+        MissionState::Cancelled { .. } => code::CONFLICT,
         _ => code::VERIFICATION_FAILED,
     }
 }
@@ -88,7 +90,76 @@ pub(super) fn describe(state: &MissionState) -> String {
         MissionState::Running => "running".into(),
         MissionState::Succeeded => "succeeded".into(),
         MissionState::Failed { task } => format!("FAILED (task `{task}` exhausted its attempts)"),
+        MissionState::Cancelled { reason } => format!("CANCELLED ({reason})"),
     }
+}
+
+/// `berth mission cancel ID`: ends the mission, then says which of its sandboxes are gone,
+/// kept (`sandbox.keep`), or not removed yet (exit 10; `berth ledger sweep` finishes).
+async fn cancel(app: &App, id: &str, reason: &str) -> Result<i32> {
+    if reason.chars().count() > 500 || reason.chars().any(char::is_control) || reason.is_empty() {
+        return Err(crate::errors::CliError::invalid(
+            "--reason must be 1 to 500 characters without control characters",
+            "give a shorter reason on one line",
+        )
+        .into());
+    }
+    let orch = orchestrator(app);
+    let state = orch.cancel(id, reason, &mut |_| {}).await?;
+    let (spec, _, _) = orch.load(id).await?;
+    let origin = format!("mission {id} ");
+    let rows = app
+        .ledger
+        .store()
+        .ledger_list(&berth_store::LedgerQuery {
+            owner: Some(app.ledger.owner().to_owned()),
+            run_id: None,
+            include_gone: true,
+        })
+        .await?;
+    let (mut gone, mut kept, mut left) = (0, Vec::new(), Vec::new());
+    for row in rows
+        .iter()
+        .filter(|r| r.origin.starts_with(&origin) && r.kind == berth_store::ResourceKind::Sandbox)
+    {
+        match row.state {
+            berth_store::LedgerState::VerifiedGone => gone += 1,
+            _ if spec.file.sandbox.keep && row.last_error.is_none() => kept.push(row),
+            _ => left.push(row),
+        }
+    }
+    if app.json {
+        let names = |rows: &[&berth_store::LedgerRow]| {
+            rows.iter().map(|r| r.berth_id.clone()).collect::<Vec<_>>()
+        };
+        emit(
+            "mission cancel",
+            json!({ "mission": id, "state": state, "sandboxes": {
+                "verified_gone": gone, "kept": names(&kept), "not_removed": names(&left) } }),
+        );
+    } else {
+        outln!(
+            "mission {id}: {}",
+            crate::human::printable(&describe(&state), true)
+        );
+        outln!("  {gone} sandbox(es) verified gone");
+        for row in &kept {
+            outln!("  kept: {} (the mission file says `keep`)", row.berth_id);
+        }
+        for row in &left {
+            let why = row.last_error.as_deref().unwrap_or("not removed yet");
+            outln!(
+                "  NOT removed: {} ({}): `berth ledger sweep` removes it",
+                row.berth_id,
+                crate::human::printable(why, true)
+            );
+        }
+    }
+    Ok(if left.is_empty() {
+        code::OK
+    } else {
+        code::CLEANUP_INCOMPLETE
+    })
 }
 
 async fn status(app: &App, id: &str) -> Result<i32> {
@@ -160,8 +231,12 @@ fn print_record(record: &MissionRecord, base: &str, events: i64) {
             task.attempts.len(),
             task.max_attempts
         );
+        let cancelled = matches!(record.state, MissionState::Cancelled { .. });
         for attempt in &task.attempts {
             let outcome = match &attempt.status {
+                AttemptStatus::InProgress { phase } if cancelled => {
+                    format!("no verdict: the mission was cancelled at {phase:?}")
+                }
                 AttemptStatus::InProgress { phase } => format!("in progress ({phase:?})"),
                 AttemptStatus::Rejected { reason } => format!("rejected: {reason}"),
                 AttemptStatus::Accepted {
@@ -207,6 +282,7 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
             drive(app, &id).await
         }
         MissionCommand::Resume { id } => drive(app, &id).await,
+        MissionCommand::Cancel { id, reason } => cancel(app, &id, &reason).await,
         MissionCommand::Status { id } => status(app, &id).await,
         MissionCommand::Bench { .. } => unreachable!("dispatched to berth_bench::mission"),
         MissionCommand::Watch { .. } => unreachable!("dispatched to commands::watch"),

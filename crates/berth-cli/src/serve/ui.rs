@@ -52,7 +52,7 @@ nav{background:#1d2330;padding:10px 20px}nav a{color:#fff;margin-right:18px;text
 main{padding:16px 24px}table{border-collapse:collapse;margin:8px 0 20px}\
 td,th{border:1px solid #d5d9e0;padding:4px 8px;text-align:left;vertical-align:top}\
 th{background:#f1f3f6}.accepted,.VERIFIED,.succeeded{color:#136f2d;font-weight:600}\
-.rejected,.FAILED,.failed{color:#a11;font-weight:600}.UNKNOWN{color:#8a6100}\
+.rejected,.FAILED,.failed{color:#a11;font-weight:600}.UNKNOWN,.cancelled{color:#8a6100}\
 .UNSUPPORTED{color:#777}pre{background:#f6f7f9;padding:8px;max-height:420px;overflow:auto}\
 .bar{fill:#3b6fd4}.bar2{fill:#9db6ea}";
 

@@ -1,0 +1,114 @@
+//! `berth mission cancel`: a mission nobody will resume is ended where it stands and its
+//! sandboxes removed — they were held for a resume that would never come.
+
+use serde_json::Value;
+use std::process::Stdio;
+mod missions_support;
+
+use missions_support::*;
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_cancelled_mission_ends_where_it_stands_and_leaves_no_sandbox() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let agent = format!("echo $$ > {}/agent\nexec sleep 300\n", marks.display());
+    let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 2);
+    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
+        .expect("the agent never started");
+    let id = only_mission(home.path());
+
+    // A run drives it: cancelling is refused (exit 8) and changes nothing.
+    let refused = run(home.path(), &["mission", "cancel", &id]);
+    assert_eq!(refused.status.code(), Some(8), "{}", text(&refused));
+    assert!(text(&refused).contains("Ctrl-C"), "{}", text(&refused));
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(doc["mission"]["state"]["state"], "running", "{doc}");
+
+    // The run is stopped; its sandbox stays held for a resume.
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    assert!(berth_testkit::wait_all_gone(
+        &pids,
+        std::time::Duration::from_secs(5)
+    ));
+    let (_, open) = json(home.path(), &["ledger", "list"]);
+    assert_eq!(sandbox_rows(&open).len(), 1, "{open}");
+
+    // A reason that is not one line of text is refused before anything changes.
+    let bad = run(
+        home.path(),
+        &["mission", "cancel", &id, "--reason", "a\u{1b}[2Jb"],
+    );
+    assert_eq!(bad.status.code(), Some(5), "{}", text(&bad));
+
+    let (code, cancelled) = json(
+        home.path(),
+        &["mission", "cancel", &id, "--reason", "wrong base commit"],
+    );
+    assert_eq!(code, 0, "{cancelled}");
+    assert_eq!(cancelled["state"]["state"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["state"]["reason"], "wrong base commit");
+    assert_eq!(cancelled["sandboxes"]["verified_gone"], 1, "{cancelled}");
+    assert_eq!(cancelled["sandboxes"]["not_removed"], Value::Array(vec![]));
+
+    // Nothing held, nothing on disk; the attempt got no verdict.
+    let (_, open) = json(home.path(), &["ledger", "list"]);
+    assert_eq!(sandbox_rows(&open).len(), 0, "{open}");
+    let dir = home.path().join("state/host/sandboxes");
+    assert_eq!(std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0), 0);
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(doc["mission"]["state"]["state"], "cancelled", "{doc}");
+    let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(
+        attempts.len(),
+        1,
+        "no attempt was started after the cancel: {doc}"
+    );
+    assert_eq!(attempts[0]["status"]["status"], "in_progress", "{doc}");
+    let (_, listed) = json(home.path(), &["mission", "list"]);
+    assert_eq!(listed["missions"][0]["state"], "cancelled", "{listed}");
+    let said = run(home.path(), &["mission", "status", &id]);
+    assert!(
+        text(&said).contains("CANCELLED (wrong base commit)"),
+        "{}",
+        text(&said)
+    );
+
+    // Terminal: a resume runs nothing, a second cancel is refused.
+    let resumed = run(home.path(), &["mission", "resume", &id]);
+    assert_eq!(resumed.status.code(), Some(8), "{}", text(&resumed));
+    assert!(text(&resumed).contains("CANCELLED"), "{}", text(&resumed));
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(
+        doc["mission"]["tasks"][0]["attempts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "{doc}"
+    );
+    let again = run(home.path(), &["mission", "cancel", &id]);
+    assert_eq!(again.status.code(), Some(8), "{}", text(&again));
+    assert!(
+        text(&again).contains("already finished"),
+        "{}",
+        text(&again)
+    );
+    let unknown = run(home.path(), &["mission", "cancel", "ms-nope"]);
+    assert_eq!(unknown.status.code(), Some(3), "{}", text(&unknown));
+}
