@@ -102,13 +102,56 @@ fn a_cancelled_mission_ends_where_it_stands_and_leaves_no_sandbox() {
         1,
         "{doc}"
     );
-    let again = run(home.path(), &["mission", "cancel", &id]);
-    assert_eq!(again.status.code(), Some(8), "{}", text(&again));
-    assert!(
-        text(&again).contains("already finished"),
-        "{}",
-        text(&again)
+    // Cancelling again changes nothing and keeps the first reason.
+    let (code, again) = json(
+        home.path(),
+        &["mission", "cancel", &id, "--reason", "other"],
     );
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(again["state"]["reason"], "wrong base commit", "{again}");
     let unknown = run(home.path(), &["mission", "cancel", "ms-nope"]);
     assert_eq!(unknown.status.code(), Some(3), "{}", text(&unknown));
+}
+
+/// A cancel killed between its event and the teardown leaves a cancelled mission whose
+/// sandbox is still there; the next cancel (as any sweep) removes it.
+#[test]
+fn a_cancel_cut_short_is_finished_by_the_next() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    let agent = format!("echo $$ > {}/agent\nexec sleep 300\n", marks.display());
+    let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 1);
+    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
+        .expect("the agent never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    let cancel_event = doc["events"].as_i64().unwrap() + 1;
+    let killed = berth(home.path(), &["mission", "cancel", &id])
+        .env("BERTH_FAULT", format!("kill-after-event:{cancel_event}"))
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(killed.status.signal(), Some(9), "{}", text(&killed));
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(doc["mission"]["state"]["state"], "cancelled", "{doc}");
+    let (_, open) = json(home.path(), &["ledger", "list"]);
+    assert_eq!(
+        sandbox_rows(&open).len(),
+        1,
+        "the kill came before the teardown: {open}"
+    );
+    let (code, again) = json(home.path(), &["mission", "cancel", &id]);
+    assert_eq!(code, 0, "{again}");
+    assert_eq!(again["sandboxes"]["verified_gone"], 1, "{again}");
+    let (_, open) = json(home.path(), &["ledger", "list"]);
+    assert_eq!(sandbox_rows(&open).len(), 0, "{open}");
 }

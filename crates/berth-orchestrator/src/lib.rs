@@ -470,7 +470,8 @@ impl Orchestrator<'_> {
     /// Ends a running mission where it stands ([`Event::Cancel`]) and removes every sandbox
     /// its attempts hold (a finalized attempt's is kept when the mission file says `keep`),
     /// as the mission's runner: a live runner holding it is [`OrchestratorError::Leased`],
-    /// and a finished mission is [`OrchestratorError::Finished`]. Checkpoints stay, under their
+    /// and a mission that succeeded or failed is [`OrchestratorError::Finished`]; a cancelled
+    /// one is cancelled again (its teardown finished, the first reason kept). Checkpoints stay, under their
     /// retention; evidence already published stays.
     pub async fn cancel(
         &self,
@@ -518,17 +519,22 @@ impl Orchestrator<'_> {
         let work = async {
             // Evidence a crash left unpublished (a rejected attempt's bundle) goes first.
             let (spec, mut record, mut seq) = self.load(id).await?;
-            if let Some(reason) = cancel {
-                if record.state != MissionState::Running {
+            // A cancelled mission is cancelled again as a no-op: the ticks below finish a
+            // teardown a crash cut short.
+            match (cancel, &record.state) {
+                (None, _) | (Some(_), MissionState::Cancelled { .. }) => {}
+                (Some(reason), MissionState::Running) => {
+                    let event = Event::Cancel {
+                        reason: reason.to_owned(),
+                    };
+                    (record, seq) = self.commit_event(id, &record, seq, &event, &[]).await?;
+                }
+                (Some(_), state) => {
                     return Err(OrchestratorError::Finished {
                         mission: id.to_owned(),
-                        state: state_name(&record.state),
-                    });
+                        state: state_name(state),
+                    })
                 }
-                let event = Event::Cancel {
-                    reason: reason.to_owned(),
-                };
-                (record, seq) = self.commit_event(id, &record, seq, &event, &[]).await?;
             }
             // Publication appends no event: the first tick starts from this state.
             let spec = std::sync::Arc::new(spec);
