@@ -376,6 +376,17 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                     )),
                 ))
             }
+            O::Staging(stopped) => Some((
+                ErrorKind::Setup.as_str(),
+                code::SETUP,
+                Some(format!(
+                    "the attempt was not judged and nothing was recorded; fix what the message \
+                     names (the image needs git, the sandbox room for the repository), then \
+                     `berth mission resume {m}` stages it again in a fresh sandbox — or \
+                     `berth mission cancel {m}`",
+                    m = stopped.mission
+                )),
+            )),
             // Berth's own git and files on this host (the mission's work repository, its
             // bundles) report a full disk only as text: `strerror(ENOSPC)`.
             O::Repository(message) if message.contains("No space left on device") => Some((

@@ -124,7 +124,9 @@ fn a_bridged_mission_succeeded(home: &Path, id: &str, every_byte: &[u8], long: &
 }
 
 /// A tree the provider cannot keep (just-bash turns a symlink into a file and keeps no
-/// executable bit) fails staging with the files named: the agent never runs on, and the validator never judges, another tree.
+/// executable bit) fails staging with the files named: the agent never runs on, and the
+/// validator never judges, another tree. No attempt can do better, so none is charged: the run
+/// stops (exit 14) and the mission can be cancelled.
 #[test]
 fn a_tree_the_bridged_provider_changes_is_refused_at_staging() {
     if !berth_testkit::computesdk_bridge_installed() {
@@ -139,13 +141,16 @@ fn a_tree_the_bridged_provider_changes_is_refused_at_staging() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(14));
     let id = only_mission(home.path());
     let (_, doc) = json(home.path(), &["mission", "status", &id]);
-    let reason = doc["mission"]["tasks"][0]["attempts"][0]["status"]["reason"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let status = &doc["mission"]["tasks"][0]["attempts"][0]["status"];
+    assert_eq!(status["status"], "in_progress", "no verdict: {doc}");
+    let reason = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        reason.contains(&format!("berth mission cancel {id}")),
+        "{reason}"
+    );
     assert!(
         reason.contains("staging failed")
             && reason.contains("2 of 4 files differ")
@@ -166,6 +171,8 @@ fn a_tree_the_bridged_provider_changes_is_refused_at_staging() {
     for row in sandbox_rows(&ledger) {
         assert_eq!(row["state"], "verified_gone", "{row}");
     }
+    let (code, cancelled) = json(home.path(), &["mission", "cancel", &id]);
+    assert_eq!(code, 0, "{cancelled}");
 }
 
 /// Fallback is one rule for native and bridged providers: an unreachable native provider falls

@@ -366,3 +366,80 @@ fn a_mission_cancelled_while_its_daemon_is_away_says_what_it_could_not_remove() 
         .unwrap();
     assert!(left.stdout.is_empty(), "containers left: {}", text(&left));
 }
+
+/// An image the test builds, removed when the test ends however it ends.
+struct TestImage(&'static str);
+
+impl TestImage {
+    /// `berth/agent:bookworm` with `extra` (Dockerfile lines) on top, tagged as this image.
+    fn build(&self, extra: &str) {
+        use std::io::Write;
+        let mut build = Command::new("docker")
+            .args(["build", "-q", "-t", self.0, "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let dockerfile = format!("FROM berth/agent:bookworm\n{extra}\n");
+        build
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(dockerfile.as_bytes())
+            .unwrap();
+        let out = build.wait_with_output().unwrap();
+        assert!(out.status.success(), "docker build: {}", text(&out));
+    }
+}
+
+impl Drop for TestImage {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rmi", "-f", self.0]).output();
+    }
+}
+
+/// Staging runs before the agent, so its failure is no verdict on the attempt — and every
+/// later attempt would meet it (here an image without git). The run stops (exit 14) with
+/// nothing recorded and the sandbox removed; once the image is fixed under the same name,
+/// resume stages in a fresh sandbox and the mission succeeds with its one attempt. Before,
+/// the attempt was rejected, and the mission (allowed one) FAILED without its agent running.
+#[test]
+fn a_staging_failure_stops_the_run_and_resume_stages_in_a_fresh_sandbox() {
+    if !reference_image_ready() {
+        return;
+    }
+    let case = Case::new("mission-staging-failed");
+    let image = TestImage("berth-test/staging-no-git:latest");
+    image.build("RUN rm -f /usr/bin/git");
+    let file = case.docker_mission(0);
+    let mission = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("berth/agent:bookworm", image.0);
+    std::fs::write(&file, mission).unwrap();
+    let out = case.run(&["mission", "run", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(14), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("before its agent ran"), "{}", text(&out));
+    assert!(stderr.contains("staging failed"), "{}", text(&out));
+    assert!(stderr.contains("git"), "{}", text(&out));
+    let id = case.mission().unwrap();
+    assert!(
+        stderr.contains(&format!("berth mission resume {id}")),
+        "{}",
+        text(&out)
+    );
+    let doc = case.json(&["mission", "status", &id]);
+    let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{doc}");
+    assert_eq!(attempts[0]["status"]["status"], "in_progress", "{doc}");
+    let ledger = case.json(&["ledger", "list"]);
+    assert_eq!(
+        sandbox_rows(&ledger).len(),
+        0,
+        "the sandbox stays: {ledger}"
+    );
+    // The image is fixed under the same name; resume makes a fresh sandbox from it.
+    image.build("");
+    case.assert_resumed(&id);
+}

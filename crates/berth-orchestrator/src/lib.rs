@@ -109,6 +109,9 @@ pub enum OrchestratorError {
     /// A provider call a step needed failed for now: see [`Interrupted`].
     #[error(transparent)]
     Interrupted(Box<Interrupted>),
+    /// Staging the repository into the attempt's sandbox failed: see [`Staging`].
+    #[error(transparent)]
+    Staging(Box<Staging>),
     /// The mission has finished: there is nothing to cancel.
     #[error("mission `{mission}` has already finished ({state}): there is nothing to cancel")]
     Finished {
@@ -143,6 +146,20 @@ pub struct Interrupted {
     /// The provider's error.
     #[source]
     pub source: berth_contract::ProviderError,
+}
+
+/// Staging the repository into an attempt's sandbox failed before its agent ran: no verdict
+/// on the attempt (every later attempt would meet the same), so none is recorded. The sandbox
+/// was removed; `berth mission resume` makes a fresh one once the cause is fixed.
+#[derive(Debug, thiserror::Error)]
+#[error("mission `{mission}` stopped at attempt `{attempt}`, before its agent ran: {reason}")]
+pub struct Staging {
+    /// The mission.
+    pub mission: String,
+    /// The attempt whose sandbox could not be staged.
+    pub attempt: String,
+    /// What failed, as the sandbox said it.
+    pub reason: String,
 }
 
 /// Who is driving a mission now. A running mission without a runner stays where it is until

@@ -189,6 +189,36 @@ impl Attempt<'_, '_> {
                     ),
                 })
             }
+            // Staging runs before the agent: its failure (no git in the image, a full disk in
+            // the sandbox, a tree the transport cannot carry) is no verdict on the attempt,
+            // and every later attempt would meet it. The sandbox goes — resume makes a fresh
+            // one, from an image fixed meanwhile — and the run stops with nothing recorded.
+            Err(Failure::Reject(reason)) => {
+                match orch.ledger.row(&main.0).await {
+                    Ok(row) => {
+                        if row.state != LedgerState::VerifiedGone {
+                            if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
+                                let doing =
+                                    format!("removing sandbox `{main}` after staging failed");
+                                return self.fail(removal_failed(doing, e)?).await;
+                            }
+                        }
+                        orch.ledger.store().ledger_retire(&main.0).await?;
+                    }
+                    Err(berth_ledger::LedgerError::Store(e))
+                        if !matches!(e, berth_store::StoreError::NotFound(..)) =>
+                    {
+                        return Err(e.into())
+                    }
+                    // No row of ours: nothing to remove.
+                    Err(_) => {}
+                }
+                Err(OrchestratorError::Staging(Box::new(crate::Staging {
+                    mission: mission.clone(),
+                    attempt: key.0.clone(),
+                    reason,
+                })))
+            }
             Err(failure) => self.fail(failure).await,
         }
     }
