@@ -155,3 +155,55 @@ fn a_cancel_cut_short_is_finished_by_the_next() {
     let (_, open) = json(home.path(), &["ledger", "list"]);
     assert_eq!(sandbox_rows(&open).len(), 0, "{open}");
 }
+
+/// With `keep`, an accepted attempt's sandbox outlives the cancel, named as kept; the attempt
+/// in progress loses its own.
+#[test]
+fn a_cancel_keeps_what_the_mission_file_keeps() {
+    let home = home();
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    // The first task's agent is done at once; the second's works until it is stopped.
+    let agent = format!(
+        "if [ -e {m}/first ]; then echo $$ > {m}/agent; exec sleep 300; fi\ntouch {m}/first\n",
+        m = marks.display()
+    );
+    let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 1);
+    let text_of = std::fs::read_to_string(&file).unwrap();
+    let second = text_of[text_of.find("[[tasks]]").unwrap()..].replace("id = \"t\"", "id = \"t2\"");
+    let mission = format!("{text_of}\n{second}")
+        .replace("provider = \"host\"", "provider = \"host\"\nkeep = true");
+    std::fs::write(&file, mission).unwrap();
+    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(30))
+        .expect("the second task's agent never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let id = only_mission(home.path());
+    let (_, doc) = json(home.path(), &["mission", "status", &id]);
+    assert_eq!(
+        doc["mission"]["tasks"][0]["state"]["state"], "done",
+        "{doc}"
+    );
+    let (code, cancelled) = json(home.path(), &["mission", "cancel", &id]);
+    assert_eq!(code, 0, "{cancelled}");
+    let kept = cancelled["sandboxes"]["kept"].as_array().unwrap();
+    assert_eq!(kept.len(), 1, "{cancelled}");
+    let first = doc["mission"]["tasks"][0]["attempts"][0]["key"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("at-");
+    assert_eq!(kept[0], format!("bx-{first}"), "{cancelled}");
+    assert_eq!(cancelled["sandboxes"]["not_removed"], Value::Array(vec![]));
+    let (_, open) = json(home.path(), &["ledger", "list"]);
+    let open = sandbox_rows(&open);
+    assert_eq!(open.len(), 1, "only the kept one is open: {open:?}");
+    let out = run(home.path(), &["destroy", kept[0].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    drop_checkpoints(home.path());
+}

@@ -17,6 +17,7 @@
 
 mod agents;
 mod attempt_files;
+mod cancel;
 mod capture;
 pub mod follow;
 mod hostgit;
@@ -45,6 +46,7 @@ pub use agents::{
     agent_bin_dir, link_gateway, AgentLogs, AttemptLogs, GatewayLink, GatewayReach, Gateways,
     AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN_DIR, SANDBOX_GATEWAY_PORT,
 };
+pub use cancel::{NotRemoved, Teardown};
 pub use capture::SCRIPT as CAPTURE_SCRIPT;
 pub use memory::{LastStored, MissionLease, Providers, SettledAttempts};
 pub use pipeline::Step;
@@ -484,22 +486,8 @@ impl Orchestrator<'_> {
         self.drive(id, None, progress).await
     }
 
-    /// Ends a running mission where it stands ([`Event::Cancel`]) and removes every sandbox
-    /// its attempts hold (a finalized attempt's is kept when the mission file says `keep`),
-    /// as the mission's runner: a live runner holding it is [`OrchestratorError::Leased`],
-    /// and a mission that succeeded or failed is [`OrchestratorError::Finished`]; a cancelled
-    /// one is cancelled again (its teardown finished, the first reason kept). Checkpoints stay, under their
-    /// retention; evidence already published stays.
-    pub async fn cancel(
-        &self,
-        id: &str,
-        reason: &str,
-        progress: &mut (dyn FnMut(&Step) + Send),
-    ) -> Result<MissionState, OrchestratorError> {
-        self.drive(id, Some(reason), progress).await
-    }
-
-    async fn drive(
+    /// [`Orchestrator::run`], or with `cancel` its [`Orchestrator::cancel`].
+    pub(crate) async fn drive(
         &self,
         id: &str,
         cancel: Option<&str>,

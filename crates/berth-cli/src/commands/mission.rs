@@ -3,7 +3,7 @@
 use anyhow::Result;
 use berth_mission::authority::{AttemptStatus, MissionRecord, MissionState, TaskState};
 use berth_orchestrator::{Boundary, Orchestrator, Runner, Step};
-use berth_store::{LedgerStore as _, MissionStore};
+use berth_store::MissionStore;
 use serde_json::json;
 
 use crate::app::App;
@@ -104,58 +104,31 @@ async fn cancel(app: &App, id: &str, reason: &str) -> Result<i32> {
         )
         .into());
     }
-    let orch = orchestrator(app);
-    let state = orch.cancel(id, reason, &mut |_| {}).await?;
-    let (spec, _, _) = orch.load(id).await?;
-    let origin = format!("mission {id} ");
-    let rows = app
-        .ledger
-        .store()
-        .ledger_list(&berth_store::LedgerQuery {
-            owner: Some(app.ledger.owner().to_owned()),
-            run_id: None,
-            include_gone: true,
-        })
-        .await?;
-    let (mut gone, mut kept, mut left) = (0, Vec::new(), Vec::new());
-    for row in rows
-        .iter()
-        .filter(|r| r.origin.starts_with(&origin) && r.kind == berth_store::ResourceKind::Sandbox)
-    {
-        match row.state {
-            berth_store::LedgerState::VerifiedGone => gone += 1,
-            _ if spec.file.sandbox.keep && row.last_error.is_none() => kept.push(row),
-            _ => left.push(row),
-        }
-    }
+    let (state, teardown) = orchestrator(app).cancel(id, reason).await?;
     if app.json {
-        let names = |rows: &[&berth_store::LedgerRow]| {
-            rows.iter().map(|r| r.berth_id.clone()).collect::<Vec<_>>()
-        };
         emit(
             "mission cancel",
-            json!({ "mission": id, "state": state, "sandboxes": {
-                "verified_gone": gone, "kept": names(&kept), "not_removed": names(&left) } }),
+            json!({ "mission": id, "state": state, "sandboxes": teardown }),
         );
     } else {
         outln!(
             "mission {id}: {}",
             crate::human::printable(&describe(&state), true)
         );
-        outln!("  {gone} sandbox(es) verified gone");
-        for row in &kept {
-            outln!("  kept: {} (the mission file says `keep`)", row.berth_id);
+        outln!("  {} sandbox(es) verified gone", teardown.verified_gone);
+        for name in &teardown.kept {
+            outln!("  kept: {name} (the mission file says `keep`)");
         }
-        for row in &left {
-            let why = row.last_error.as_deref().unwrap_or("not removed yet");
+        for left in &teardown.not_removed {
+            let why = left.error.as_deref().unwrap_or("not removed yet");
             outln!(
                 "  NOT removed: {} ({}): `berth ledger sweep` removes it",
-                row.berth_id,
+                left.sandbox,
                 crate::human::printable(why, true)
             );
         }
     }
-    Ok(if left.is_empty() {
+    Ok(if teardown.not_removed.is_empty() {
         code::OK
     } else {
         code::CLEANUP_INCOMPLETE
