@@ -460,6 +460,12 @@ evidence = ["out.txt"]
     let (status, doc) = call(addr, "GET", "/v1/missions", &alice, None);
     assert_eq!(status, 200, "{doc}");
     assert!(doc.to_string().contains(&mission), "{doc}");
+    // A mission that succeeded is not cancelled: 409, with the way to see how it ended.
+    let (alice_exec, _) = token(&home, "alice", "exec");
+    let cancel = format!("/v1/missions/{mission}/cancel");
+    let (status, doc) = call(addr, "POST", &cancel, &alice_exec, Some(json!({})));
+    assert_eq!(status, 409, "{doc}");
+    assert_eq!(doc["error"]["kind"], "conflict", "{doc}");
 }
 
 #[test]
@@ -759,4 +765,87 @@ fn a_request_never_finished_is_cut_off() {
         waited >= Duration::from_secs(8) && waited < Duration::from_secs(25),
         "closed after {waited:?}"
     );
+}
+
+/// `POST /v1/missions/{id}/cancel` is `berth mission cancel` behind a token: scope `exec`,
+/// the owner's missions only, 409 once the mission has finished.
+#[test]
+fn a_mission_is_cancelled_over_the_api() {
+    let home = Home::new();
+    let repo = home.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    std::fs::write(repo.join("README"), "x\n").unwrap();
+    let marks = home.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let file = home.path().join("m.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"schema_version = 1
+name = "cancelled"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "host"
+[harness]
+kind = "script"
+command = "echo $$ > {}/agent; exec sleep 300"
+[[tasks]]
+id = "one"
+instructions = "never finishes"
+max_attempts = 1
+agent_timeout = "60s"
+[tasks.validator]
+command = "true"
+timeout = "30s"
+evidence = ["README"]
+"#,
+            marks.display()
+        ),
+    )
+    .unwrap();
+    let mut runner = home
+        .command("alice", &["mission", "run", &file.to_string_lossy()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
+        .expect("the agent never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let (_, listed) = home.json_as("alice", &["mission", "list"]);
+    let mission = listed["missions"][0]["id"].as_str().unwrap().to_owned();
+    let (reader, _) = token(&home, "alice", "read");
+    let (alice, _) = token(&home, "alice", "exec");
+    let (bob, _) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let path = format!("/v1/missions/{mission}/cancel");
+    let reason = serde_json::json!({ "reason": "over the API" });
+    assert_eq!(
+        call(addr, "POST", &path, &reader, Some(reason.clone())).0,
+        403
+    );
+    assert_eq!(call(addr, "POST", &path, &bob, Some(reason.clone())).0, 404);
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &path,
+        &alice,
+        Some(serde_json::json!({ "why": 1 })),
+    );
+    assert_eq!(status, 400, "{doc}");
+    let (status, doc) = call(addr, "POST", &path, &alice, Some(reason));
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["state"]["state"], "cancelled", "{doc}");
+    assert_eq!(doc["state"]["reason"], "over the API", "{doc}");
+    assert_eq!(doc["sandboxes"]["verified_gone"], 1, "{doc}");
+    let (_, ledger) = home.json_as("alice", &["ledger", "list"]);
+    assert_eq!(ledger["entries"].as_array().unwrap().len(), 0, "{ledger}");
+    // Cancelling it again changes nothing (and finishes a teardown a crash cut short).
+    let (status, doc) = call(addr, "POST", &path, &alice, Some(serde_json::json!({})));
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["state"]["reason"], "over the API", "{doc}");
 }

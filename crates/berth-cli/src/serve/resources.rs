@@ -287,6 +287,54 @@ pub(crate) async fn mission(
     .await
 }
 
+/// Why a mission is cancelled.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CancelBody {
+    /// Recorded with the mission (1 to 500 characters, no control characters).
+    reason: Option<String>,
+}
+
+/// End a mission where it stands and remove the sandboxes it holds (scope `exec`), as
+/// `berth mission cancel`: 409 while a run drives it or once it succeeded or failed.
+#[utoipa::path(post, path = "/v1/missions/{id}/cancel", tag = "missions", request_body = CancelBody,
+    security(("bearer" = [])), params(("id" = String, Path, description = "Mission id")),
+    responses((status = 200, description = "`mission cancel` document: `state`, `sandboxes` \
+        (`verified_gone`, `kept`, `not_removed`)", body = Document),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn cancel_mission(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<CancelBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let token = match authorize(&server, &headers, Scope::Exec, "mission cancel").await {
+        Ok(token) => token,
+        Err(response) => return response,
+    };
+    if let Err(response) = owned_mission(&server, &token, &id, "mission cancel").await {
+        return response;
+    }
+    let (reason, refused) = match body {
+        Ok(Json(body)) => (body.reason, None),
+        Err(rejected) => (None, Some(bad_body("mission cancel", rejected))),
+    };
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/missions/{id}/cancel",
+        "mission cancel",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_refusing(refused, |app| async move {
+        let reason = reason.unwrap_or_else(|| "cancelled through the HTTP API".into());
+        crate::commands::mission::run(&app, crate::cli::MissionCommand::Cancel { id, reason }).await
+    })
+    .await
+}
+
 /// The audit log of this token's owner (scope `admin`).
 #[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = [])),
     responses((status = 200, description = "`audit` document: `entries`", body = Document),

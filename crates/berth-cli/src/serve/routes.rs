@@ -55,6 +55,10 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             "/v1/missions/{id}/events",
             get(super::events::mission_events),
         )
+        .route(
+            "/v1/missions/{id}/cancel",
+            axum::routing::post(resources::cancel_mission),
+        )
         .route("/v1/audit", get(resources::audit))
         .route("/", get(|| async { axum::response::Redirect::to("/ui") }))
         .route("/ui", get(super::ui::missions))
@@ -115,9 +119,16 @@ pub(crate) struct ErrorBody {
         resources::missions,
         resources::mission,
         super::events::mission_events,
+        resources::cancel_mission,
         resources::audit
     ),
-    components(schemas(Document, ErrorBody, resources::CreateBody, resources::ExecBody)),
+    components(schemas(
+        Document,
+        ErrorBody,
+        resources::CreateBody,
+        resources::ExecBody,
+        resources::CancelBody
+    )),
     modifiers(&Bearer)
 )]
 struct ApiDoc;
