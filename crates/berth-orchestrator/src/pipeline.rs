@@ -67,6 +67,10 @@ pub(crate) enum Failure {
         /// The provider's error.
         source: ProviderError,
     },
+    /// The provider cannot take the sandbox for a reason another provider may not share (no
+    /// capacity, quota, a rate limit, unavailable), and no retry of its own is due: the next
+    /// fallback candidate is tried; with none left, the attempt is rejected with it.
+    Fallback(ProviderError),
 }
 
 impl From<String> for Failure {
@@ -273,9 +277,7 @@ pub(crate) async fn choose(
                 skipped.push(format!("{provider_id}: {source}"));
                 for_now = Some(source);
             }
-            Err(Failure::Reject(reason)) if reason.starts_with(FALLBACK_MARK) => {
-                skipped.push(format!("{provider_id}: {}", &reason[FALLBACK_MARK.len()..]));
-            }
+            Err(Failure::Fallback(source)) => skipped.push(format!("{provider_id}: {source}")),
             Err(failure) => return Ok(Err(failure)),
         }
     }
@@ -421,7 +423,7 @@ pub(crate) async fn ensure(
             }))
         }
         Err(LedgerError::Provider { source, .. }) if source.kind().allows_fallback() => {
-            Ok(Err(Failure::Reject(format!("{FALLBACK_MARK}{source}"))))
+            Ok(Err(Failure::Fallback(source)))
         }
         Err(LedgerError::Provider { source, .. }) => Ok(Err(source.to_string().into())),
         Err(e) => Ok(Err(e.to_string().into())),
@@ -439,9 +441,6 @@ pub(crate) async fn is_ready(provider: &dyn Provider, row: &berth_store::LedgerR
             })
         )
 }
-
-/// Prefix of an `ensure` failure that allows moving on to the next provider.
-pub(crate) const FALLBACK_MARK: &str = "fallback-eligible: ";
 
 /// Recovery: sandboxes of attempts that are over (rejected, or finalized and not kept) must be
 /// gone; a crash between an attempt's last event and its teardown leaves them, so every tick

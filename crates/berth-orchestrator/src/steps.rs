@@ -62,6 +62,7 @@ impl Attempt<'_, '_> {
         match failure {
             Failure::Reject(reason) => self.reject(reason).await,
             Failure::Retry { doing, source } => Err(self.interrupted(doing, source)),
+            Failure::Fallback(source) => self.reject(source.to_string()).await,
         }
     }
 

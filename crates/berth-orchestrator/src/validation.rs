@@ -54,9 +54,13 @@ impl Attempt<'_, '_> {
             Ok(id) => id,
             // No fallback for the validator: it runs where the attempt ran.
             Err(Failure::Reject(reason)) => {
-                let reason = reason.strip_prefix(FALLBACK_MARK).unwrap_or(&reason);
                 return self
                     .reject(format!("the validator's sandbox: {reason}"))
+                    .await;
+            }
+            Err(Failure::Fallback(source)) => {
+                return self
+                    .reject(format!("the validator's sandbox: {source}"))
                     .await;
             }
             Err(failure) => return self.fail(failure).await,
