@@ -400,6 +400,56 @@ fn the_dashboard_in_a_real_browser() {
     );
     assert!(running.wait().unwrap().success());
 
+    // A cancelled mission shows why, as text: the reason is whatever its canceller wrote.
+    let stuck = slow_mission(&home);
+    let text = std::fs::read_to_string(&stuck)
+        .unwrap()
+        .replace("name = \"slow\"", "name = \"stuck\"")
+        .replace("sleep 3 && echo done > out.txt", "sleep 300");
+    std::fs::write(&stuck, text).unwrap();
+    let mut runner = home
+        .command("alice", &["mission", "run", &stuck.to_string_lossy()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stuck_id = std::cell::RefCell::new(None);
+    wait_for("the stuck mission's agent to start", || {
+        let (_, list) = home.json_as("alice", &["mission", "list"]);
+        let Some(id) = list["missions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "stuck")
+            .and_then(|m| m["id"].as_str().map(str::to_owned))
+        else {
+            return false;
+        };
+        let (_, doc) = home.json_as("alice", &["mission", "status", &id]);
+        let staged = doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged";
+        *stuck_id.borrow_mut() = Some(id);
+        staged
+    });
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let stuck_id = stuck_id.into_inner().unwrap();
+    let reason = "<img src=x onerror=\"document.title='owned'\">";
+    let (code, doc) = home.json_as(
+        "alice",
+        &["mission", "cancel", &stuck_id, "--reason", reason],
+    );
+    assert_eq!(code, 0, "{doc}");
+    browser.open(&format!("{base}/ui/missions/{stuck_id}"));
+    browser.wait_until(
+        "the cancelled mission",
+        "return document.getElementById('mission-state').textContent === 'cancelled'",
+    );
+    let shown = browser.script("return document.getElementById('mission-reason').textContent");
+    assert_eq!(shown, json!(reason));
+    let images = browser.script("return document.querySelectorAll('img').length");
+    assert_eq!(images, json!(0), "the reason became markup");
+    browser.screenshot("mission-cancelled");
+
     // Ledger, catalog, benchmarks.
     browser.open(&format!("{base}/ui/ledger"));
     browser.wait_until("the ledger", "return !!document.getElementById('ledger')");

@@ -229,8 +229,13 @@ pub(crate) async fn mission(
         Err(response) => return response,
     };
     let record = &doc["mission"];
+    // Why it was cancelled is whatever the canceller wrote: escaped like the rest.
+    let why = match record["state"]["reason"].as_str() {
+        Some(reason) => format!(" (<span id=mission-reason>{}</span>)", esc(reason)),
+        None => String::new(),
+    };
     let mut body = format!(
-        "<p>state: <b class=\"{0}\" id=mission-state>{0}</b> · base commit <code>{1}</code></p>",
+        "<p>state: <b class=\"{0}\" id=mission-state>{0}</b>{why} · base commit <code>{1}</code></p>",
         esc(&text(&record["state"]["state"])),
         esc(&text(&doc["base_commit"]))
     );
