@@ -383,6 +383,11 @@ fn a_mission_is_watched_live_and_a_late_watcher_replays_from_the_start() {
     assert_eq!(outcomes.len(), 2, "{lines:#?}");
     assert!(outcomes[0].starts_with("rejected: validator"));
     assert_eq!(outcomes[1], "accepted");
+    // The last line says how the mission ended.
+    let last = lines.last().unwrap();
+    assert_eq!(last["kind"], "mission_finished", "{last}");
+    assert_eq!(last["mission"], id.as_str(), "{last}");
+    assert_eq!(last["state"]["state"], "succeeded", "{last}");
     let tool_calls = lines.iter().filter(|l| l["kind"] == "tool_call").count();
     assert!(tool_calls >= 3, "{lines:#?}");
     // Every stored event of the second attempt reached the live watcher, in order.

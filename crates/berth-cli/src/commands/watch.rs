@@ -10,7 +10,8 @@
 //! run stopped, or its runner is gone) is said to be `unattended`, with the resume that
 //! continues it, and `attended` again once a runner holds it. With `--json`, one JSON object a
 //! line: the events as Berth stored them, and the monitor's `heartbeat`, `stalled`,
-//! `replayed`, `unattended` and `attended` lines.
+//! `replayed`, `unattended` and `attended` lines, and `mission_finished` (with the mission's
+//! final state) last.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
@@ -367,7 +368,16 @@ pub async fn mission(app: &App, id: &str, args: &WatchArgs) -> Result<i32> {
             }
         }
         if record.state != MissionState::Running && !progressed {
-            if !app.json {
+            if app.json {
+                // The last line says how it ended, so a reader need not ask again.
+                monitor_line_on(
+                    true,
+                    "mission_finished",
+                    ("mission", id),
+                    json!({ "state": record.state }),
+                    String::new(),
+                );
+            } else {
                 outln!("mission {id}: {}", super::mission::describe(&record.state));
             }
             return Ok(code::OK);
