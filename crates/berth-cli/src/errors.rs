@@ -376,14 +376,14 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
                     )),
                 ))
             }
-            O::Staging(stopped) => Some((
+            O::BeforeAgent(stopped) => Some((
                 ErrorKind::Setup.as_str(),
                 code::SETUP,
                 Some(format!(
                     "the attempt was not judged and nothing was recorded; fix what the message \
-                     names (the image needs git, the sandbox room for the repository), then \
-                     `berth mission resume {m}` stages it again in a fresh sandbox — or \
-                     `berth mission cancel {m}`",
+                     names (an image without git, a full disk, an agent CLI not installed, a \
+                     login), then `berth mission resume {m}` goes on (a failed staging is redone \
+                     in a fresh sandbox) — or `berth mission cancel {m}`",
                     m = stopped.mission
                 )),
             )),

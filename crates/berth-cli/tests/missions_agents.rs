@@ -784,3 +784,49 @@ evidence = [".berth/verdict"]
         );
     }
 }
+
+/// An agent CLI that cannot be found is no verdict on the attempt: its agent never ran, and
+/// every later attempt would fail the same way. The run stops (exit 14) naming what to install,
+/// nothing is recorded, and a resume that finds the CLI runs the mission as if nothing happened
+/// (before, each attempt was rejected in turn and the mission FAILED without an agent running).
+#[test]
+fn an_agent_cli_not_found_stops_the_run_and_resume_goes_on() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let mission = host_example("claude-code", scratch.path());
+    let home = Home::new();
+    let empty = tempfile::tempdir().unwrap();
+    let out = home
+        .command("tester", &["mission", "run", mission.to_str().unwrap()])
+        .env("BERTH_AGENT_BIN_DIR", empty.path())
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(14), "{stderr}");
+    assert!(stderr.contains("before its agent ran"), "{stderr}");
+    assert!(stderr.contains("scripts/install-agent-clis"), "{stderr}");
+    let (_, list, _) = run_json(&home, &bin, &["mission", "list"]);
+    let id = list["missions"][0]["id"].as_str().unwrap().to_owned();
+    let (_, status, _) = run_json(&home, &bin, &["mission", "status", &id]);
+    let attempts = status["mission"]["tasks"][0]["attempts"]
+        .as_array()
+        .unwrap();
+    assert_eq!(attempts.len(), 1, "{status:#}");
+    assert_eq!(attempts[0]["status"]["status"], "in_progress", "{status:#}");
+    let (code, doc, stderr) = run_json(&home, &bin, &["mission", "resume", &id]);
+    assert_eq!(code, 0, "{doc:#}\n{stderr}");
+    let (_, status, _) = run_json(&home, &bin, &["mission", "status", &id]);
+    let attempts = status["mission"]["tasks"][0]["attempts"]
+        .as_array()
+        .unwrap();
+    // The example's own course: wrong first (rejected by the validator), right next.
+    assert_eq!(attempts.len(), 2, "{status:#}");
+    assert!(attempts[0]["status"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("validator"));
+    assert_eq!(attempts[1]["status"]["status"], "accepted", "{status:#}");
+}

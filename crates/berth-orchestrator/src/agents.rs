@@ -191,11 +191,11 @@ impl Attempt<'_, '_> {
             .and_then(GatewayReach::of)
         {
             Ok(reach) => reach,
-            Err(reason) => return self.reject(reason).await,
+            Err(reason) => return Err(self.before_agent(reason)),
         };
         let bin = match agent_bin_dir(&self.orch.config.env, reach, harness) {
             Ok(bin) => bin,
-            Err(reason) => return self.reject(reason).await,
+            Err(reason) => return Err(self.before_agent(reason)),
         };
         let logs = log_dir(self.orch, mission, &self.task.id, self.attempt.ordinal)
             .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
@@ -203,8 +203,10 @@ impl Attempt<'_, '_> {
         let link = match link_gateway(self.provider.as_ref(), &id, reach, &gateway.running).await {
             Ok(link) => link,
             Err(e) => {
-                let failure = Failure::of("the sandbox cannot reach the model gateway", e);
-                return self.fail(failure).await;
+                return match Failure::of("the sandbox cannot reach the model gateway", e) {
+                    Failure::Reject(reason) => Err(self.before_agent(reason)),
+                    failure => self.fail(failure).await,
+                };
             }
         };
         let timeout = parse_duration(&self.task.agent_timeout).expect("validated");
@@ -217,7 +219,7 @@ impl Attempt<'_, '_> {
                 };
                 match taken {
                     Ok(lease) => Some(lease),
-                    Err(why) => return self.reject(format!("harness.login: {why}")).await,
+                    Err(why) => return Err(self.before_agent(format!("harness.login: {why}"))),
                 }
             }
             None => None,
@@ -229,8 +231,10 @@ impl Attempt<'_, '_> {
             };
             if let Err(e) = staged {
                 let _ = self.keep_session(harness, &id, &logs).await;
-                let failure = Failure::of("harness.login: cannot stage the login", e);
-                return self.fail(failure).await;
+                return match Failure::of("harness.login: cannot stage the login", e) {
+                    Failure::Reject(reason) => Err(self.before_agent(reason)),
+                    failure => self.fail(failure).await,
+                };
             }
         }
         let journal = logs.join("gateway.jsonl");

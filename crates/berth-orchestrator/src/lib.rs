@@ -111,9 +111,9 @@ pub enum OrchestratorError {
     /// A provider call a step needed failed for now: see [`Interrupted`].
     #[error(transparent)]
     Interrupted(Box<Interrupted>),
-    /// Staging the repository into the attempt's sandbox failed: see [`Staging`].
+    /// The attempt could not be set up for its agent: see [`BeforeAgent`].
     #[error(transparent)]
-    Staging(Box<Staging>),
+    BeforeAgent(Box<BeforeAgent>),
     /// The mission has finished: there is nothing to cancel.
     #[error("mission `{mission}` has already finished ({state}): there is nothing to cancel")]
     Finished {
@@ -150,17 +150,20 @@ pub struct Interrupted {
     pub source: berth_contract::ProviderError,
 }
 
-/// Staging the repository into an attempt's sandbox failed before its agent ran: no verdict
-/// on the attempt (every later attempt would meet the same), so none is recorded. The sandbox
-/// was removed; `berth mission resume` makes a fresh one once the cause is fixed.
+/// What an attempt's agent needs could not be set up — the repository staged (no git in the
+/// image, a full disk in the sandbox, a tree the transport cannot keep), the agent CLI found,
+/// the model gateway reached, the login leased and staged: no verdict on the attempt (its
+/// agent never ran, and every later attempt would meet the same), so none is recorded. A
+/// sandbox whose staging failed was removed; `berth mission resume` goes on once the cause is
+/// fixed.
 #[derive(Debug, thiserror::Error)]
 #[error("mission `{mission}` stopped at attempt `{attempt}`, before its agent ran: {reason}")]
-pub struct Staging {
+pub struct BeforeAgent {
     /// The mission.
     pub mission: String,
-    /// The attempt whose sandbox could not be staged.
+    /// The attempt whose agent could not start.
     pub attempt: String,
-    /// What failed, as the sandbox said it.
+    /// What failed.
     pub reason: String,
 }
 

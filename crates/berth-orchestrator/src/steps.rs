@@ -66,6 +66,15 @@ impl Attempt<'_, '_> {
         }
     }
 
+    /// The run stops: what the attempt's agent needs could not be set up (`reason`).
+    pub(crate) fn before_agent(&self, reason: String) -> OrchestratorError {
+        OrchestratorError::BeforeAgent(Box::new(crate::BeforeAgent {
+            mission: self.record.id.clone(),
+            attempt: self.key.0.clone(),
+            reason,
+        }))
+    }
+
     /// The run stops: `doing` met the provider's retryable error `source`.
     pub(crate) fn interrupted(
         &self,
@@ -214,11 +223,7 @@ impl Attempt<'_, '_> {
                     // No row of ours: nothing to remove.
                     Err(_) => {}
                 }
-                Err(OrchestratorError::Staging(Box::new(crate::Staging {
-                    mission: mission.clone(),
-                    attempt: key.0.clone(),
-                    reason,
-                })))
+                Err(self.before_agent(reason))
             }
             Err(failure) => self.fail(failure).await,
         }
