@@ -2,7 +2,6 @@
 //! sandboxes removed — they were held for a resume that would never come.
 
 use serde_json::Value;
-use std::process::Stdio;
 mod missions_support;
 
 use missions_support::*;
@@ -23,13 +22,7 @@ fn a_cancelled_mission_ends_where_it_stands_and_leaves_no_sandbox() {
     std::fs::create_dir(&marks).unwrap();
     let agent = format!("echo $$ > {}/agent\nexec sleep 300\n", marks.display());
     let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 2);
-    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pids = berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
-        .expect("the agent never started");
+    let (mut runner, pids) = run_until_marked(home.path(), &file, &marks, &["agent"]);
     let id = only_mission(home.path());
 
     // A run drives it: cancelling is refused (exit 8) and changes nothing.
@@ -40,8 +33,7 @@ fn a_cancelled_mission_ends_where_it_stands_and_leaves_no_sandbox() {
     assert_eq!(doc["mission"]["state"]["state"], "running", "{doc}");
 
     // The run is stopped; its sandbox stays held for a resume.
-    runner.kill().unwrap();
-    runner.wait().unwrap();
+    kill_runner(&mut runner);
     assert!(berth_testkit::wait_all_gone(
         &pids,
         std::time::Duration::from_secs(5)
@@ -123,15 +115,8 @@ fn a_cancel_cut_short_is_finished_by_the_next() {
     std::fs::create_dir(&marks).unwrap();
     let agent = format!("echo $$ > {}/agent\nexec sleep 300\n", marks.display());
     let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 1);
-    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
-        .expect("the agent never started");
-    runner.kill().unwrap();
-    runner.wait().unwrap();
+    let (mut runner, _) = run_until_marked(home.path(), &file, &marks, &["agent"]);
+    kill_runner(&mut runner);
     let id = only_mission(home.path());
     let (_, doc) = json(home.path(), &["mission", "status", &id]);
     let cancel_event = doc["events"].as_i64().unwrap() + 1;
@@ -175,15 +160,8 @@ fn a_cancel_keeps_what_the_mission_file_keeps() {
     let mission = format!("{text_of}\n{second}")
         .replace("provider = \"host\"", "provider = \"host\"\nkeep = true");
     std::fs::write(&file, mission).unwrap();
-    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(30))
-        .expect("the second task's agent never started");
-    runner.kill().unwrap();
-    runner.wait().unwrap();
+    let (mut runner, _) = run_until_marked(home.path(), &file, &marks, &["agent"]);
+    kill_runner(&mut runner);
     let id = only_mission(home.path());
     let (_, doc) = json(home.path(), &["mission", "status", &id]);
     assert_eq!(

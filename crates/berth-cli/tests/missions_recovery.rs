@@ -166,19 +166,8 @@ fn a_killed_runner_leaves_no_agent_behind() {
         m = marks.display()
     );
     let file = write_mission(dir.path(), &agent, "true", "30s", "\"README\"", 1);
-    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pids = berth_testkit::wait_for_pids(
-        &marks,
-        &["agent", "detached"],
-        std::time::Duration::from_secs(10),
-    )
-    .expect("the agent never started");
-    runner.kill().unwrap();
-    runner.wait().unwrap();
+    let (mut runner, pids) = run_until_marked(home.path(), &file, &marks, &["agent", "detached"]);
+    kill_runner(&mut runner);
     assert!(
         berth_testkit::wait_all_gone(&pids, std::time::Duration::from_secs(5)),
         "the agent or its detached child {pids:?} outlived the killed runner"
@@ -267,16 +256,8 @@ fn an_interrupted_validation_resumes_in_a_fresh_sandbox() {
         "\".berth/verdict\"",
         1,
     );
-    let mut runner = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pids =
-        berth_testkit::wait_for_pids(&marks, &["validator"], std::time::Duration::from_secs(20))
-            .expect("the validator never started");
-    runner.kill().unwrap();
-    runner.wait().unwrap();
+    let (mut runner, pids) = run_until_marked(home.path(), &file, &marks, &["validator"]);
+    kill_runner(&mut runner);
     assert!(
         berth_testkit::wait_all_gone(&pids, std::time::Duration::from_secs(5)),
         "the validator {pids:?} outlived the killed runner"

@@ -299,3 +299,31 @@ pub fn reference_image_ready() -> bool {
     }
     panic!("docker engine or berth/agent:bookworm missing; run scripts/test (or set BERTH_SKIP_DOCKER=1)");
 }
+
+/// `mission run FILE` in the background until each of `names` has written its pid into
+/// `marks` (30 s at most; the runner is killed if not): the runner and those pids.
+pub fn run_until_marked(
+    home: &Path,
+    file: &Path,
+    marks: &Path,
+    names: &[&str],
+) -> (std::process::Child, Vec<i32>) {
+    let mut runner = berth(home, &["mission", "run", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    match berth_testkit::wait_for_pids(marks, names, std::time::Duration::from_secs(30)) {
+        Some(pids) => (runner, pids),
+        None => {
+            kill_runner(&mut runner);
+            panic!("{names:?} never started");
+        }
+    }
+}
+
+/// SIGKILLs a runner and reaps it.
+pub fn kill_runner(runner: &mut std::process::Child) {
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+}
