@@ -7,7 +7,7 @@ mod missions_support;
 
 use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -165,6 +165,31 @@ impl Case {
         file
     }
 
+    /// `mission run FILE` in the background until its attempt is staged (the agent at work):
+    /// the runner and the mission's status then.
+    fn run_until_staged(&self, file: &Path) -> (std::process::Child, Value) {
+        let mut runner = self
+            .berth(&["mission", "run", file.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        loop {
+            if started.elapsed() > Duration::from_secs(60) {
+                kill_runner(&mut runner);
+                panic!("never staged");
+            }
+            if let Some(id) = self.mission() {
+                let doc = self.json(&["mission", "status", &id]);
+                if doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged" {
+                    return (runner, doc);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(40));
+        }
+    }
+
     /// The interrupted run's output says what happened and the way on; the attempt is still
     /// open, with no verdict. `made_row`: the run recorded the attempt's sandbox (its cleanup
     /// keeps the row for the resume and says so).
@@ -267,28 +292,11 @@ fn a_daemon_gone_mid_attempt_stops_the_run_and_resume_finishes_it() {
     }
     let mut case = Case::new("mission-interrupted-mid-attempt");
     let file = case.docker_mission(4);
-    let runner = case
-        .berth(&["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Once the repository is staged the agent is at work: the daemon goes away then.
-    let started = Instant::now();
-    loop {
-        assert!(started.elapsed() < Duration::from_secs(60), "never staged");
-        if let Some(id) = case.mission() {
-            let doc = case.json(&["mission", "status", &id]);
-            if doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged" {
-                // The runner at work is named by its lease.
-                assert_eq!(doc["runner"]["state"], "holding", "{doc}");
-                let holder = doc["runner"]["holder"].as_str().unwrap();
-                assert!(holder.contains(&format!("pid {}", runner.id())), "{doc}");
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(40));
-    }
+    let (runner, doc) = case.run_until_staged(&file);
+    // The runner at work is named by its lease.
+    assert_eq!(doc["runner"]["state"], "holding", "{doc}");
+    let holder = doc["runner"]["holder"].as_str().unwrap();
+    assert!(holder.contains(&format!("pid {}", runner.id())), "{doc}");
     case.socket.down();
     let out = runner.wait_with_output().unwrap();
     let id = case.assert_interrupted(&out, true);
@@ -326,23 +334,8 @@ fn a_mission_cancelled_while_its_daemon_is_away_says_what_it_could_not_remove() 
     }
     let mut case = Case::new("mission-cancelled-daemon-away");
     let file = case.docker_mission(4);
-    let runner = case
-        .berth(&["mission", "run", file.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let id = loop {
-        assert!(started.elapsed() < Duration::from_secs(60), "never staged");
-        if let Some(id) = case.mission() {
-            let doc = case.json(&["mission", "status", &id]);
-            if doc["mission"]["tasks"][0]["attempts"][0]["status"]["phase"] == "staged" {
-                break id;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(40));
-    };
+    let (runner, doc) = case.run_until_staged(&file);
+    let id = doc["mission"]["id"].as_str().unwrap().to_owned();
     case.socket.down();
     let out = runner.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
