@@ -167,6 +167,8 @@ impl Case {
 
     /// `mission run FILE` in the background until its attempt is staged (the agent at work):
     /// the runner and the mission's status then.
+    // The runner is handed to the caller, who waits for it; clippy does not follow it there.
+    #[allow(clippy::zombie_processes)]
     fn run_until_staged(&self, file: &Path) -> (std::process::Child, Value) {
         let mut runner = self
             .berth(&["mission", "run", file.to_str().unwrap()])
