@@ -849,3 +849,101 @@ evidence = ["README"]
     assert_eq!(status, 200, "{doc}");
     assert_eq!(doc["state"]["reason"], "over the API", "{doc}");
 }
+
+/// Files in and out of a sandbox over the API: binary-safe, scope `exec`, the owner's sandboxes
+/// only, the file API's path rules (`..`, absolute, a symlink leading out: 400), bounded (8 MiB
+/// a file; the route takes bodies past the API's usual 1 MiB for it).
+#[test]
+fn files_go_in_and_out_over_the_api() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (reader, _) = token(&home, "alice", "read");
+    let (bob, _) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let id = create(addr, &alice);
+    let files = format!("/v1/sandboxes/{id}/files");
+    let every_byte: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
+    let put = |token: &str, path: &str, bytes: &[u8]| {
+        call(
+            addr,
+            "PUT",
+            &files,
+            token,
+            Some(json!({ "path": path, "content_base64": b64.encode(bytes) })),
+        )
+    };
+    let get =
+        |token: &str, path: &str| call(addr, "GET", &format!("{files}?path={path}"), token, None);
+
+    let (status, doc) = put(&alice, "dir/sub/blob.bin", &every_byte);
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(doc["bytes"], 4096, "{doc}");
+    let (status, doc) = get(&alice, "dir/sub/blob.bin");
+    assert_eq!(status, 200, "{doc}");
+    let back = b64.decode(doc["content_base64"].as_str().unwrap()).unwrap();
+    assert_eq!(back, every_byte);
+
+    // Scope and owner.
+    assert_eq!(get(&reader, "dir/sub/blob.bin").0, 403);
+    assert_eq!(put(&reader, "x", b"x").0, 403);
+    assert_eq!(get(&bob, "dir/sub/blob.bin").0, 404);
+    assert_eq!(put(&bob, "x", b"x").0, 404);
+
+    // Hostile paths, a missing file, a malformed request.
+    for path in ["../../etc/passwd", "/etc/passwd", "dir/../../x"] {
+        let (status, doc) = get(&alice, path);
+        assert_eq!(status, 400, "{path}: {doc}");
+        let (status, doc) = put(&alice, path, b"x");
+        assert_eq!(status, 400, "{path}: {doc}");
+    }
+    let link = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &alice,
+        Some(json!({ "shell": "ln -s /etc/passwd out && head -c 9437184 /dev/zero > big" })),
+    );
+    assert_eq!(link.0, 200, "{}", link.1);
+    assert_eq!(
+        get(&alice, "out").0,
+        400,
+        "a symlink leading out is followed"
+    );
+    let (status, doc) = get(&alice, "nothing-here");
+    assert_eq!(status, 404, "{doc}");
+    let (status, doc) = call(addr, "GET", &files, &alice, None);
+    assert_eq!(status, 400, "no path: {doc}");
+    let (status, doc) = call(
+        addr,
+        "PUT",
+        &files,
+        &alice,
+        Some(json!({ "path": "x", "content_base64": "not base64!" })),
+    );
+    assert_eq!(status, 400, "{doc}");
+
+    // Past the API's usual 1 MiB body; and past its 8 MiB a file, either way.
+    let two_mib = vec![7u8; 2 << 20];
+    let (status, doc) = put(&alice, "two", &two_mib);
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(
+        b64.decode(get(&alice, "two").1["content_base64"].as_str().unwrap())
+            .unwrap(),
+        two_mib
+    );
+    let (status, doc) = get(&alice, "big");
+    assert_eq!(status, 400, "{doc}");
+    assert!(
+        doc["error"]["message"].as_str().unwrap().contains("8 MiB"),
+        "{doc}"
+    );
+    let (status, doc) = put(&alice, "big2", &vec![0u8; 9 << 20]);
+    assert_eq!(status, 413, "{doc}");
+    assert_eq!(
+        call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None).0,
+        200
+    );
+}

@@ -245,3 +245,94 @@ pub async fn cp(app: &App, source: &str, destination: &str) -> Result<i32> {
     }
     Ok(code::OK)
 }
+
+/// The most of one file the HTTP API carries in a document (base64 in JSON, held in memory);
+/// a larger one goes through `berth cp`, streamed.
+pub const API_FILE_MAX: u64 = 8 << 20;
+
+/// A sink into memory that refuses what passes [`API_FILE_MAX`], and says that it did.
+struct HeldSink {
+    held: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    over: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Write for HeldSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if (held.len() + bytes.len()) as u64 > API_FILE_MAX {
+            self.over.store(true, std::sync::atomic::Ordering::Relaxed);
+            return Err(std::io::Error::other("over the API's file limit"));
+        }
+        held.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn too_large_for_the_api(path: &str, id: &str) -> anyhow::Error {
+    CliError::invalid(
+        format!(
+            "`{}` is larger than {} MiB, the most one API document carries",
+            path.escape_debug(),
+            API_FILE_MAX >> 20
+        ),
+        &format!("copy it with `berth cp {id}:PATH FILE`, streamed at any size"),
+    )
+    .into()
+}
+
+/// The HTTP API's file read: the document `file read` with the file's bytes in base64 (the
+/// same path rules and refusals as `cp`; at most [`API_FILE_MAX`]).
+pub async fn api_read(app: &App, id: &str, path: &str) -> Result<i32> {
+    use base64::Engine as _;
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let over = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sink = Box::new(HeldSink {
+        held: held.clone(),
+        over: over.clone(),
+    });
+    if let Err(e) = provider.require_files()?.read_to(&native, path, sink).await {
+        if over.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(too_large_for_the_api(path, id));
+        }
+        return Err(missing_file(e, id));
+    }
+    let bytes = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+    emit(
+        "file read",
+        json!({
+            "sandbox": id,
+            "path": path,
+            "bytes": bytes.len(),
+            "content_base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
+        }),
+    );
+    Ok(code::OK)
+}
+
+/// The HTTP API's file write: `bytes` as the whole file at `path` (the same path rules and
+/// refusals as `cp`; the file appears whole or keeps what it had).
+pub async fn api_write(app: &App, id: &str, path: &str, bytes: Vec<u8>) -> Result<i32> {
+    let len = bytes.len() as u64;
+    if len > API_FILE_MAX {
+        return Err(too_large_for_the_api(path, id));
+    }
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let source = berth_contract::FileSource {
+        reader: Box::new(std::io::Cursor::new(bytes)),
+        len,
+    };
+    provider
+        .require_files()?
+        .write_from(&native, path, source)
+        .await?;
+    emit(
+        "file write",
+        json!({ "sandbox": id, "path": path, "bytes": len }),
+    );
+    Ok(code::OK)
+}

@@ -3,7 +3,7 @@
 mod access;
 mod artifacts;
 pub mod catalog;
-mod copy;
+pub(crate) mod copy;
 mod demo;
 pub(crate) mod exec;
 pub mod gateway;

@@ -287,6 +287,114 @@ pub(crate) async fn mission(
     .await
 }
 
+/// Which file of a sandbox.
+#[derive(Debug, Deserialize, ToSchema, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileQuery {
+    /// Relative to the sandbox's workspace; `..`, absolute paths and symlinks leading out are
+    /// refused.
+    path: String,
+}
+
+/// A whole file for a sandbox.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileBody {
+    /// Relative to the sandbox's workspace (the same rules as reading).
+    path: String,
+    /// The file's bytes, base64 (standard alphabet, padded); at most 8 MiB decoded.
+    content_base64: String,
+}
+
+/// Read a file of a sandbox (scope `exec`, as running `cat` would be): the `file read`
+/// document, its bytes in `content_base64`; at most 8 MiB (`berth cp` streams any size).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "sandboxes",
+    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses((status = 200, description = "`file read` document: `path`, `bytes`, `content_base64`", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn read_file(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let (path, refused) = match query {
+        Ok(axum::extract::Query(query)) => (Some(query.path), None),
+        Err(rejected) => {
+            let refused = failure(
+                StatusCode::BAD_REQUEST,
+                "file read",
+                "invalid_request",
+                format!("query: {}", rejected.body_text()),
+                Some("name the file: `?path=RELATIVE/PATH`"),
+            );
+            (None, Some(refused))
+        }
+    };
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/sandboxes/{id}/files",
+        "file read",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_refusing(refused, |app| async move {
+        let path = path.expect("a refused query never runs");
+        crate::commands::copy::api_read(&app, &id, &path).await
+    })
+    .await
+}
+
+/// Write a whole file into a sandbox (scope `exec`), creating its directories: the `file
+/// write` document. The file appears whole or keeps what it had.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "sandboxes", request_body = FileBody,
+    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "`file write` document: `path`, `bytes`", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 413, body = ErrorBody)))]
+pub(crate) async fn write_file(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<FileBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    use base64::Engine as _;
+    let (file, refused) = match body {
+        Ok(Json(body)) => {
+            match base64::engine::general_purpose::STANDARD.decode(body.content_base64.as_bytes()) {
+                Ok(bytes) => (Some((body.path, bytes)), None),
+                Err(e) => {
+                    let refused = failure(
+                        StatusCode::BAD_REQUEST,
+                        "file write",
+                        "invalid_request",
+                        format!("content_base64: {e}"),
+                        Some("standard base64 with padding"),
+                    );
+                    (None, Some(refused))
+                }
+            }
+        }
+        Err(rejected) => (None, Some(bad_body("file write", rejected))),
+    };
+    call(
+        &server,
+        &headers,
+        Method::PUT,
+        "/v1/sandboxes/{id}/files",
+        "file write",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_refusing(refused, |app| async move {
+        let (path, bytes) = file.expect("a refused body never runs");
+        crate::commands::copy::api_write(&app, &id, &path, bytes).await
+    })
+    .await
+}
+
 /// Why a mission is cancelled.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

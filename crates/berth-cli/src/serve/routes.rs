@@ -41,6 +41,15 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             axum::routing::post(resources::exec_in_sandbox),
         )
         .route(
+            "/v1/sandboxes/{id}/files",
+            get(resources::read_file)
+                .put(resources::write_file)
+                .layer(DefaultBodyLimit::max(
+                    // A whole file of the API's largest, in base64, with room for the JSON around it.
+                    (crate::commands::copy::API_FILE_MAX as usize).div_ceil(3) * 4 + (64 << 10),
+                )),
+        )
+        .route(
             "/v1/sandboxes/{id}/execs",
             axum::routing::post(super::jobs::start),
         )
@@ -113,6 +122,8 @@ pub(crate) struct ErrorBody {
         resources::show_sandbox,
         resources::destroy_sandbox,
         resources::exec_in_sandbox,
+        resources::read_file,
+        resources::write_file,
         super::jobs::start,
         super::jobs::events,
         resources::ledger,
@@ -127,7 +138,8 @@ pub(crate) struct ErrorBody {
         ErrorBody,
         resources::CreateBody,
         resources::ExecBody,
-        resources::CancelBody
+        resources::CancelBody,
+        resources::FileBody
     )),
     modifiers(&Bearer)
 )]
