@@ -914,6 +914,18 @@ fn files_go_in_and_out_over_the_api() {
     );
     let (status, doc) = get(&alice, "nothing-here");
     assert_eq!(status, 404, "{doc}");
+    // A NUL (which a query and JSON can carry and no path can), an empty path, a directory.
+    for path in ["a%00b", "", "dir"] {
+        let (status, doc) = get(&alice, path);
+        assert_eq!(status, 400, "{path}: {doc}");
+    }
+    for path in ["a\u{0}b", "", "dir"] {
+        let (status, doc) = put(&alice, path, b"x");
+        assert_eq!(status, 400, "{path:?}: {doc}");
+    }
+    let (status, doc) = get(&alice, "dir/sub/blob.bin");
+    assert_eq!(status, 200, "the refused writes changed nothing: {doc}");
+    assert_eq!(doc["bytes"], 4096, "{doc}");
     let (status, doc) = call(addr, "GET", &files, &alice, None);
     assert_eq!(status, 400, "no path: {doc}");
     let (status, doc) = call(
