@@ -108,6 +108,12 @@ pub enum Command {
         /// Destination: `ID:path`, a local path, or `-` for stdout.
         destination: String,
     },
+    /// List a directory of a sandbox, sorted by name: `berth ls ID` (its workspace) or
+    /// `berth ls ID:path`. Symbolic links are shown, never followed.
+    Ls {
+        /// `ID` or `ID:path`.
+        target: String,
+    },
     /// Snapshot a sandbox's filesystem; prints the snapshot handle. The snapshot is a ledger
     /// row (its key is printed): `berth destroy KEY` deletes it.
     Snapshot {

@@ -228,6 +228,7 @@ impl Command {
             Command::Status { .. } => "status",
             Command::Exec(_) => "exec",
             Command::Cp { .. } => "cp",
+            Command::Ls { .. } => "ls",
             Command::Ps { .. } => "ps",
             Command::Logs { .. } => "logs",
             Command::Kill { .. } => "kill",

@@ -937,6 +937,68 @@ fn files_go_in_and_out_over_the_api() {
     );
     assert_eq!(status, 400, "{doc}");
 
+    // The directory as `berth ls` lists it: sorted, the link shown and not followed.
+    let (status, doc) = call(
+        addr,
+        "GET",
+        &format!("/v1/sandboxes/{id}/ls?path=."),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200, "{doc}");
+    let names: Vec<(&str, &str)> = doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [("big", "file"), ("dir", "dir"), ("out", "symlink")],
+        "{doc}"
+    );
+    let (status, doc) = call(
+        addr,
+        "GET",
+        &format!("/v1/sandboxes/{id}/ls?path=out"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 400, "a symlink is not listed through: {doc}");
+    assert_eq!(
+        call(
+            addr,
+            "GET",
+            &format!("/v1/sandboxes/{id}/ls?path=.."),
+            &alice,
+            None
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        call(
+            addr,
+            "GET",
+            &format!("/v1/sandboxes/{id}/ls?path=."),
+            &reader,
+            None
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        call(
+            addr,
+            "GET",
+            &format!("/v1/sandboxes/{id}/ls?path=."),
+            &bob,
+            None
+        )
+        .0,
+        404
+    );
+
     // Past the API's usual 1 MiB body; and past its 8 MiB a file, either way.
     let two_mib = vec![7u8; 2 << 20];
     let (status, doc) = put(&alice, "two", &two_mib);

@@ -46,8 +46,8 @@ fn missing_file(e: berth_contract::ProviderError, id: &str) -> anyhow::Error {
     CliError::not_found(
         e.to_string(),
         &format!(
-            "paths are relative to the sandbox's workspace: `berth exec {id} -- ls -la` shows \
-             what is there; `berth status {id}` shows whether the sandbox still is"
+            "paths are relative to the sandbox's workspace: `berth ls {id}` shows what is \
+             there; `berth status {id}` shows whether the sandbox still is"
         ),
     )
     .into()
@@ -334,5 +334,37 @@ pub async fn api_write(app: &App, id: &str, path: &str, bytes: Vec<u8>) -> Resul
         "file write",
         json!({ "sandbox": id, "path": path, "bytes": len }),
     );
+    Ok(code::OK)
+}
+
+/// `berth ls ID[:path]`: a directory of a sandbox, sorted by name (at most the file API's
+/// listing bound); names come from the sandbox, so a terminal gets them escaped.
+pub async fn ls(app: &App, id: &str, path: &str) -> Result<i32> {
+    let (_row, provider, native) = app.sandbox(id).await?;
+    let entries = provider
+        .require_files()?
+        .list(&native, path)
+        .await
+        .map_err(|e| missing_file(e, id))?;
+    if app.json {
+        emit(
+            "ls",
+            json!({ "sandbox": id, "path": path, "entries": entries }),
+        );
+        return Ok(code::OK);
+    }
+    for entry in &entries {
+        let kind = match entry.kind {
+            berth_contract::FileKind::File => "file",
+            berth_contract::FileKind::Dir => "dir",
+            berth_contract::FileKind::Symlink => "symlink",
+            berth_contract::FileKind::Other => "other",
+        };
+        outln!(
+            "{kind:<8} {:>12}  {}",
+            entry.size,
+            crate::human::printable(&entry.name, true)
+        );
+    }
     Ok(code::OK)
 }

@@ -70,6 +70,10 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             source,
             destination,
         } => copy::cp(&app, &source, &destination).await,
+        Command::Ls { target } => match target.split_once(':') {
+            Some((id, path)) => copy::ls(&app, id, path).await,
+            None => copy::ls(&app, &target, ".").await,
+        },
         Command::Ledger(LedgerCommand::List { all }) => ledger::list(&app, all).await,
         Command::Ledger(LedgerCommand::Sweep {
             run,

@@ -318,19 +318,7 @@ pub(crate) async fn read_file(
     query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
-    let (path, refused) = match query {
-        Ok(axum::extract::Query(query)) => (Some(query.path), None),
-        Err(rejected) => {
-            let refused = failure(
-                StatusCode::BAD_REQUEST,
-                "file read",
-                "invalid_request",
-                format!("query: {}", rejected.body_text()),
-                Some("name the file: `?path=RELATIVE/PATH`"),
-            );
-            (None, Some(refused))
-        }
-    };
+    let (path, refused) = file_query("file read", query);
     call(
         &server,
         &headers,
@@ -345,6 +333,55 @@ pub(crate) async fn read_file(
         crate::commands::copy::api_read(&app, &id, &path).await
     })
     .await
+}
+
+/// List a directory of a sandbox (scope `exec`), as `berth ls`: the `ls` document, `entries`
+/// sorted by name (`name`, `kind` — file, dir, symlink, other —, `size`); links not followed.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ls", tag = "sandboxes",
+    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id"), FileQuery),
+    responses((status = 200, description = "`ls` document: `path`, `entries`", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn list_dir(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let (path, refused) = file_query("ls", query);
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/sandboxes/{id}/ls",
+        "ls",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_refusing(refused, |app| async move {
+        let path = path.expect("a refused query never runs");
+        crate::commands::copy::ls(&app, &id, &path).await
+    })
+    .await
+}
+
+/// The path a file route names, or the 400 that answers a query without one.
+fn file_query(
+    command: &str,
+    query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
+) -> (Option<String>, Option<Response>) {
+    match query {
+        Ok(axum::extract::Query(query)) => (Some(query.path), None),
+        Err(rejected) => {
+            let refused = failure(
+                StatusCode::BAD_REQUEST,
+                command,
+                "invalid_request",
+                format!("query: {}", rejected.body_text()),
+                Some("name the path: `?path=RELATIVE/PATH`"),
+            );
+            (None, Some(refused))
+        }
+    }
 }
 
 /// Write a whole file into a sandbox (scope `exec`), creating its directories: the `file

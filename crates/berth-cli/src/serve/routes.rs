@@ -49,6 +49,7 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
                     (crate::commands::copy::API_FILE_MAX as usize).div_ceil(3) * 4 + (64 << 10),
                 )),
         )
+        .route("/v1/sandboxes/{id}/ls", get(resources::list_dir))
         .route(
             "/v1/sandboxes/{id}/execs",
             axum::routing::post(super::jobs::start),
@@ -124,6 +125,7 @@ pub(crate) struct ErrorBody {
         resources::exec_in_sandbox,
         resources::read_file,
         resources::write_file,
+        resources::list_dir,
         super::jobs::start,
         super::jobs::events,
         resources::ledger,
