@@ -618,3 +618,14 @@ fn a_sandbox_at_its_process_limit_says_so() {
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");
 }
+
+/// `berth ls` on docker: the same listing as on host (`tests/cli.rs`).
+#[test]
+fn ls_lists_a_docker_directory_and_never_follows_a_link() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let id = home.create_docker(&[]);
+    assert_ls_lists_and_never_follows_a_link(&home, &id);
+}

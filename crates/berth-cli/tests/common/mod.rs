@@ -411,3 +411,57 @@ pub fn assert_verdict_agrees(target: &Value) {
     };
     assert_eq!(target["met"], met, "{target}");
 }
+
+/// `berth ls` lists what the provider's file API sees of sandbox `id`, sorted: a symlink is
+/// shown as one and never listed through, a name with a control character reaches the terminal
+/// escaped, `..` and a missing directory are refused with their codes. Destroys the sandbox.
+pub fn assert_ls_lists_and_never_follows_a_link(home: &Home, id: &str) {
+    let made = home.sh(
+        id,
+        "mkdir -p d/e && printf abc > d/f && ln -s /etc d/l && touch \"d/$(printf 'x\\033[31my')\"",
+    );
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let (code, doc) = home.json(&["ls", &format!("{id}:d")]);
+    assert_eq!(code, 0, "{doc}");
+    let entries: Vec<(String, String, u64)> = doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e["kind"].as_str().unwrap().to_owned(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("e".into(), "dir".into(), 0),
+            ("f".into(), "file".into(), 3),
+            ("l".into(), "symlink".into(), 0),
+            ("x\u{1b}[31my".into(), "file".into(), 0),
+        ],
+        "{id}: {doc}"
+    );
+    let shown = home.run(&["ls", &format!("{id}:d")]);
+    assert!(shown.status.success());
+    let shown = text(&shown.stdout);
+    assert!(
+        !shown.contains('\u{1b}'),
+        "{id}: a raw escape reached the terminal: {shown:?}"
+    );
+    assert!(shown.contains("x\\u{1b}[31my"), "{id}: {shown}");
+    for (path, code) in [("d/l", 5), ("..", 5), ("d/../..", 5), ("nothing", 3)] {
+        let out = home.run(&["ls", &format!("{id}:{path}")]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{id}:{path}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = home.run(&["destroy", id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
