@@ -165,7 +165,7 @@ pub(crate) async fn start(
     headers: HeaderMap,
     body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let (body, refused) = super::resources::checked_exec_body("exec start", body);
+    let body = super::resources::checked_exec_body("exec start", body);
     let target = Some(id.clone());
     super::routes::call(
         &server,
@@ -176,10 +176,9 @@ pub(crate) async fn start(
         Scope::Exec,
         target,
     )
-    .run_refusing(refused, |app| {
+    .run_with(body, |app, body| {
         let server = server.clone();
         async move {
-            let body = body.expect("a refused body never runs");
             let spec = super::resources::command_spec(body);
             let request = crate::commands::exec::request(&app, &spec)?;
             let (_row, provider, native) = app.sandbox(&id).await?;

@@ -97,10 +97,9 @@ pub(crate) async fn create_sandbox(
     body: Result<Json<CreateBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     // A refused body is answered only once the caller is authorized (and then audited).
-    let (body, refused) = match body {
-        Ok(Json(body)) => (Some(body), None),
-        Err(rejected) => (None, Some(bad_body("create", rejected))),
-    };
+    let body = body
+        .map(|Json(body)| body)
+        .map_err(|rejected| bad_body("create", rejected));
     call(
         &server,
         &headers,
@@ -110,8 +109,7 @@ pub(crate) async fn create_sandbox(
         Scope::Exec,
         None,
     )
-    .run_refusing(refused, |app| async move {
-        let body = body.expect("a refused body never runs");
+    .run_with(body, |app, body| async move {
         let network = crate::cli::NetworkArg {
             network: body.network,
         };
@@ -196,7 +194,7 @@ pub(crate) async fn exec_in_sandbox(
     headers: HeaderMap,
     body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    let (body, refused) = checked_exec_body("exec", body);
+    let body = checked_exec_body("exec", body);
     call(
         &server,
         &headers,
@@ -206,8 +204,7 @@ pub(crate) async fn exec_in_sandbox(
         Scope::Exec,
         Some(id.clone()),
     )
-    .run_refusing(refused, |app| async move {
-        let body = body.expect("a refused body never runs");
+    .run_with(body, |app, body| async move {
         let spec = command_spec(body);
         let args = crate::cli::ExecArgs {
             id,
@@ -318,7 +315,7 @@ pub(crate) async fn read_file(
     query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
-    let (path, refused) = file_query("file read", query);
+    let path = file_query("file read", query);
     call(
         &server,
         &headers,
@@ -328,8 +325,7 @@ pub(crate) async fn read_file(
         Scope::Exec,
         Some(id.clone()),
     )
-    .run_refusing(refused, |app| async move {
-        let path = path.expect("a refused query never runs");
+    .run_with(path, |app, path| async move {
         crate::commands::copy::api_read(&app, &id, &path).await
     })
     .await
@@ -347,7 +343,7 @@ pub(crate) async fn list_dir(
     query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
-    let (path, refused) = file_query("ls", query);
+    let path = file_query("ls", query);
     call(
         &server,
         &headers,
@@ -357,30 +353,27 @@ pub(crate) async fn list_dir(
         Scope::Exec,
         Some(id.clone()),
     )
-    .run_refusing(refused, |app| async move {
-        let path = path.expect("a refused query never runs");
+    .run_with(path, |app, path| async move {
         crate::commands::copy::ls(&app, &id, &path).await
     })
     .await
 }
 
 /// The path a file route names, or the 400 that answers a query without one.
+#[allow(clippy::result_large_err)] // the error is the handler's answer, returned at once
 fn file_query(
     command: &str,
     query: Result<axum::extract::Query<FileQuery>, axum::extract::rejection::QueryRejection>,
-) -> (Option<String>, Option<Response>) {
+) -> Result<String, Response> {
     match query {
-        Ok(axum::extract::Query(query)) => (Some(query.path), None),
-        Err(rejected) => {
-            let refused = failure(
-                StatusCode::BAD_REQUEST,
-                command,
-                "invalid_request",
-                format!("query: {}", rejected.body_text()),
-                Some("name the path: `?path=RELATIVE/PATH`"),
-            );
-            (None, Some(refused))
-        }
+        Ok(axum::extract::Query(query)) => Ok(query.path),
+        Err(rejected) => Err(failure(
+            StatusCode::BAD_REQUEST,
+            command,
+            "invalid_request",
+            format!("query: {}", rejected.body_text()),
+            Some("name the path: `?path=RELATIVE/PATH`"),
+        )),
     }
 }
 
@@ -398,23 +391,20 @@ pub(crate) async fn write_file(
     body: Result<Json<FileBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     use base64::Engine as _;
-    let (file, refused) = match body {
+    let file = match body {
         Ok(Json(body)) => {
             match base64::engine::general_purpose::STANDARD.decode(body.content_base64.as_bytes()) {
-                Ok(bytes) => (Some((body.path, bytes)), None),
-                Err(e) => {
-                    let refused = failure(
-                        StatusCode::BAD_REQUEST,
-                        "file write",
-                        "invalid_request",
-                        format!("content_base64: {e}"),
-                        Some("standard base64 with padding"),
-                    );
-                    (None, Some(refused))
-                }
+                Ok(bytes) => Ok((body.path, bytes)),
+                Err(e) => Err(failure(
+                    StatusCode::BAD_REQUEST,
+                    "file write",
+                    "invalid_request",
+                    format!("content_base64: {e}"),
+                    Some("standard base64 with padding"),
+                )),
             }
         }
-        Err(rejected) => (None, Some(bad_body("file write", rejected))),
+        Err(rejected) => Err(bad_body("file write", rejected)),
     };
     call(
         &server,
@@ -425,8 +415,7 @@ pub(crate) async fn write_file(
         Scope::Exec,
         Some(id.clone()),
     )
-    .run_refusing(refused, |app| async move {
-        let (path, bytes) = file.expect("a refused body never runs");
+    .run_with(file, |app, (path, bytes)| async move {
         crate::commands::copy::api_write(&app, &id, &path, bytes).await
     })
     .await
@@ -460,10 +449,9 @@ pub(crate) async fn cancel_mission(
     if let Err(response) = owned_mission(&server, &token, &id, "mission cancel").await {
         return response;
     }
-    let (reason, refused) = match body {
-        Ok(Json(body)) => (body.reason, None),
-        Err(rejected) => (None, Some(bad_body("mission cancel", rejected))),
-    };
+    let reason = body
+        .map(|Json(body)| body.reason)
+        .map_err(|rejected| bad_body("mission cancel", rejected));
     call(
         &server,
         &headers,
@@ -473,7 +461,7 @@ pub(crate) async fn cancel_mission(
         Scope::Exec,
         Some(id.clone()),
     )
-    .run_refusing(refused, |app| async move {
+    .run_with(reason, |app, reason| async move {
         let reason = reason.unwrap_or_else(|| "cancelled through the HTTP API".into());
         crate::commands::mission::run(&app, crate::cli::MissionCommand::Cancel { id, reason }).await
     })
@@ -505,28 +493,24 @@ pub(crate) async fn audit(State(server): State<Arc<Server>>, headers: HeaderMap)
 
 /// An exec body, checked: environment names must be plain (values travel only as
 /// `NAME=VALUE`: a bare name would read the server's own environment).
+#[allow(clippy::result_large_err)] // the error is the handler's answer, returned at once
 pub(crate) fn checked_exec_body(
     command: &str,
     body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
-) -> (Option<ExecBody>, Option<Response>) {
-    match body {
-        Ok(Json(body)) => match body.env.keys().find(|name| !env_name_ok(name)) {
-            Some(bad) => {
-                let refused = failure(
-                    StatusCode::BAD_REQUEST,
-                    command,
-                    "invalid_request",
-                    format!(
-                        "environment variable name `{}` is not [A-Za-z_][A-Za-z0-9_]*",
-                        bad.escape_debug()
-                    ),
-                    None,
-                );
-                (None, Some(refused))
-            }
-            None => (Some(body), None),
-        },
-        Err(rejected) => (None, Some(bad_body(command, rejected))),
+) -> Result<ExecBody, Response> {
+    let Json(body) = body.map_err(|rejected| bad_body(command, rejected))?;
+    match body.env.keys().find(|name| !env_name_ok(name)) {
+        Some(bad) => Err(failure(
+            StatusCode::BAD_REQUEST,
+            command,
+            "invalid_request",
+            format!(
+                "environment variable name `{}` is not [A-Za-z_][A-Za-z0-9_]*",
+                bad.escape_debug()
+            ),
+            None,
+        )),
+        None => Ok(body),
     }
 }
 

@@ -331,24 +331,24 @@ impl Call<'_> {
         F: FnOnce(Arc<App>) -> Fut,
         Fut: Future<Output = anyhow::Result<i32>>,
     {
-        self.run_refusing(None, body).await
+        self.run_with(Ok(()), |app, ()| body(app)).await
     }
 
-    /// [`Call::run`], answering with `refused` (a rejected body) once the caller is authorized,
-    /// instead of running anything.
-    pub async fn run_refusing<F, Fut>(self, refused: Option<Response>, body: F) -> Response
+    /// [`Call::run`] with the request's parsed `input`: a refused one (its `Err`, a rejected
+    /// body or query) is the answer once the caller is authorized, and nothing runs.
+    pub async fn run_with<T, F, Fut>(self, input: Result<T, Response>, body: F) -> Response
     where
-        F: FnOnce(Arc<App>) -> Fut,
+        F: FnOnce(Arc<App>, T) -> Fut,
         Fut: Future<Output = anyhow::Result<i32>>,
     {
         let (token, (response, outcome)) =
             match authorize_as(self.server, self.headers, self.needed, self.command).await {
                 Err((response, None)) => return response,
                 Err((response, Some(token))) => (token, (response, "forbidden".to_owned())),
-                Ok(token) => match refused {
-                    Some(response) => (token, (response, "invalid_request".to_owned())),
-                    None => {
-                        let answered = self.answer(&token, body).await;
+                Ok(token) => match input {
+                    Err(response) => (token, (response, "invalid_request".to_owned())),
+                    Ok(input) => {
+                        let answered = self.answer(&token, |app| body(app, input)).await;
                         (token, answered)
                     }
                 },
