@@ -844,6 +844,21 @@ evidence = ["README"]
     assert_eq!(doc["sandboxes"]["verified_gone"], 1, "{doc}");
     let (_, ledger) = home.json_as("alice", &["ledger", "list"]);
     assert_eq!(ledger["entries"].as_array().unwrap().len(), 0, "{ledger}");
+    // Every cancel asked for is audited, the forbidden and refused ones too.
+    let (admin, _) = token(&home, "alice", "admin");
+    let (_, audit) = call(addr, "GET", "/v1/audit", &admin, None);
+    let statuses: Vec<u64> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["route"] == "/v1/missions/{id}/cancel")
+        .map(|e| e["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses.len(), 3, "{audit}");
+    for status in [403, 400, 200] {
+        assert!(statuses.contains(&status), "{status}: {audit}");
+    }
+
     // Cancelling it again changes nothing (and finishes a teardown a crash cut short).
     let (status, doc) = call(addr, "POST", &path, &alice, Some(serde_json::json!({})));
     assert_eq!(status, 200, "{doc}");
