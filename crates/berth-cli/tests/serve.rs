@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
+mod missions_support;
 
 use common::*;
 
@@ -772,39 +773,10 @@ fn a_request_never_finished_is_cut_off() {
 #[test]
 fn a_mission_is_cancelled_over_the_api() {
     let home = Home::new();
-    let repo = home.path().join("repo");
-    std::fs::create_dir_all(&repo).unwrap();
-    std::fs::write(repo.join("README"), "x\n").unwrap();
     let marks = home.path().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
-    let file = home.path().join("m.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"schema_version = 1
-name = "cancelled"
-[repository]
-path = "repo"
-base = "snapshot"
-[sandbox]
-provider = "host"
-[harness]
-kind = "script"
-command = "echo $$ > {}/agent; exec sleep 300"
-[[tasks]]
-id = "one"
-instructions = "never finishes"
-max_attempts = 1
-agent_timeout = "60s"
-[tasks.validator]
-command = "true"
-timeout = "30s"
-evidence = ["README"]
-"#,
-            marks.display()
-        ),
-    )
-    .unwrap();
+    let agent = format!("echo $$ > {}/agent; exec sleep 300\n", marks.display());
+    let file = missions_support::write_mission(home.path(), &agent, "true", "30s", "\"README\"", 1);
     let mut runner = home
         .command("alice", &["mission", "run", &file.to_string_lossy()])
         .stdout(std::process::Stdio::null())
