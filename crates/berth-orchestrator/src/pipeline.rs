@@ -335,6 +335,23 @@ pub(crate) fn removal_failed(doing: String, e: LedgerError) -> Result<Failure, O
     }
 }
 
+/// Destroys a row's sandbox (unless it is verified gone) and retires its name, so the attempt
+/// places again under it. A removal that fails is the step's failure (`doing`, in words).
+pub(crate) async fn retire(
+    orch: &Orchestrator<'_>,
+    provider: &dyn Provider,
+    row: &berth_store::LedgerRow,
+    doing: String,
+) -> Result<Result<(), Failure>, OrchestratorError> {
+    if row.state != LedgerState::VerifiedGone {
+        if let Err(e) = orch.ledger.destroy_row(provider, row).await {
+            return Ok(Err(removal_failed(doing, e)?));
+        }
+    }
+    orch.ledger.store().ledger_retire(&row.berth_id).await?;
+    Ok(Ok(()))
+}
+
 /// A sandbox that should exist for this attempt: found in the ledger and observed present.
 /// A rejection when it is provably gone; the run stops when the provider cannot say for now.
 pub(crate) async fn existing(

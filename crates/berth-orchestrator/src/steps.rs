@@ -7,8 +7,6 @@ use berth_mission::authority::{
     AttemptKey, AttemptRecord, AttemptStatus, Event, MissionRecord, Phase,
 };
 use berth_mission::file::{parse_duration, Task};
-use berth_store::LedgerState;
-use berth_store::LedgerStore as _;
 use serde_json::json;
 
 use crate::pipeline::*;
@@ -137,17 +135,8 @@ impl Attempt<'_, '_> {
         if let Some((_, name)) = &placed {
             if let Ok(row) = orch.ledger.row(&name.0).await {
                 if !is_ready(provider.as_ref(), &row).await {
-                    if row.state != LedgerState::VerifiedGone {
-                        if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
-                            return self
-                                .fail(removal_failed(
-                                    format!("removing the interrupted sandbox `{}`", name.0),
-                                    e,
-                                )?)
-                                .await;
-                        }
-                    }
-                    orch.ledger.store().ledger_retire(&name.0).await?;
+                    let doing = format!("removing the interrupted sandbox `{}`", name.0);
+                    or_fail!(self, retire(orch, provider.as_ref(), &row, doing).await?);
                     placed = None;
                 }
             }
@@ -206,14 +195,8 @@ impl Attempt<'_, '_> {
             Err(Failure::Reject(reason)) => {
                 match orch.ledger.row(&main.0).await {
                     Ok(row) => {
-                        if row.state != LedgerState::VerifiedGone {
-                            if let Err(e) = orch.ledger.destroy_row(provider.as_ref(), &row).await {
-                                let doing =
-                                    format!("removing sandbox `{main}` after staging failed");
-                                return self.fail(removal_failed(doing, e)?).await;
-                            }
-                        }
-                        orch.ledger.store().ledger_retire(&main.0).await?;
+                        let doing = format!("removing sandbox `{main}` after staging failed");
+                        or_fail!(self, retire(orch, provider.as_ref(), &row, doing).await?);
                     }
                     Err(berth_ledger::LedgerError::Store(e))
                         if !matches!(e, berth_store::StoreError::NotFound(..)) =>
