@@ -147,6 +147,9 @@ pub enum Command {
         #[command(flatten)]
         ttl: TtlArg,
     },
+    /// Move a sandbox's workspace to a new sandbox on another provider: checkpoint, create,
+    /// restore, verify, then destroy the source (kept whole if anything fails).
+    Move(MoveArgs),
     /// Stop a sandbox cold (processes gone, filesystem kept), where the provider supports it.
     Stop {
         /// Sandbox id.
@@ -238,6 +241,24 @@ pub struct CreateArgs {
     #[arg(long, value_delimiter = ',')]
     pub fallback: Vec<String>,
     /// Image or template, for providers that have them.
+    #[arg(long)]
+    pub image: Option<String>,
+    #[command(flatten)]
+    pub network: NetworkArg,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub ttl: TtlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct MoveArgs {
+    /// The sandbox to move.
+    pub id: String,
+    /// Provider to move to.
+    #[arg(long)]
+    pub to: String,
+    /// Image or template for the new sandbox, for providers that have them.
     #[arg(long)]
     pub image: Option<String>,
     #[command(flatten)]

@@ -226,6 +226,54 @@ fn classify_chain(err: &anyhow::Error) -> Classified {
         .unwrap_or(("internal", code::INTERNAL, None))
 }
 
+/// A move's failure: what a person does next differs by step.
+fn classify_move(e: &berth_portable::MoveError) -> Option<Classified> {
+    use berth_portable::MoveError as M;
+    let (kind, exit_code, hint) = match e {
+        M::Provider(inner) => return classify_one(inner),
+        M::Ledger(inner) => return classify_one(inner),
+        // The cause (next in the chain) decides; the message already says what became of the
+        // target.
+        M::Abandoned { .. } => return None,
+        M::Workspace(_) => (
+            "invalid_request",
+            code::INVALID,
+            "the source's own `tar` archives its workspace (at most 256 MiB, 200 000 entries);              nothing was changed",
+        ),
+        M::Restore(_) => (
+            "setup",
+            code::SETUP,
+            "the target needs `tar` in its image and room for the workspace; the source is kept",
+        ),
+        M::NotVerified { .. } => (
+            "verification_failed",
+            code::VERIFICATION_FAILED,
+            "the source is kept; the differences above are what the target changed or lacked",
+        ),
+        M::SourceChanged { .. } => (
+            "conflict",
+            code::CONFLICT,
+            "stop what still writes in the source's workspace, then move again; the source is kept",
+        ),
+        M::Busy { .. } => (
+            "conflict",
+            code::CONFLICT,
+            "wait for that move to end (or stop it), then run this one again",
+        ),
+        M::NotMovable { .. } => (
+            "conflict",
+            code::CONFLICT,
+            "`berth status ID` and `berth ledger list` show what it is",
+        ),
+        _ => (
+            "internal",
+            code::INTERNAL,
+            "the move's record under the Berth home could not be used; the message names it",
+        ),
+    };
+    Some((kind, exit_code, Some(hint.into())))
+}
+
 fn from_kind(kind: ErrorKind) -> Classified {
     let (name, code, hint) = for_kind(kind);
     (name, code, Some(hint.into()))
@@ -287,6 +335,9 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             // reaches them next.
             _ => None,
         };
+    }
+    if let Some(e) = cause.downcast_ref::<berth_portable::MoveError>() {
+        return classify_move(e);
     }
     if let Some(e) = cause.downcast_ref::<FallbackError>() {
         return match e {

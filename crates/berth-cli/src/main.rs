@@ -241,6 +241,7 @@ impl Command {
             Command::Snapshot { .. } => "snapshot",
             Command::Fork { .. } => "fork",
             Command::Restore { .. } => "restore",
+            Command::Move(_) => "move",
             Command::Stop { .. } => "stop",
             Command::Start { .. } => "start",
             Command::Suspend { .. } => "suspend",

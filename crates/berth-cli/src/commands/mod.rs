@@ -8,6 +8,7 @@ mod demo;
 pub(crate) mod exec;
 pub mod gateway;
 pub(crate) mod ledger;
+mod moving;
 pub(crate) mod mission;
 mod prompt;
 pub(crate) mod sandbox;
@@ -42,6 +43,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             ttl,
         } => sandbox::restore(&app, &handle, &provider, &ttl.ttl).await,
         Command::Destroy { ids } => sandbox::destroy(&app, &ids).await,
+        Command::Move(args) => moving::move_sandbox(&app, args).await,
         Command::Stop { id } => sandbox::power(&app, &id, sandbox::Power::Stop).await,
         Command::Start { id } => sandbox::power(&app, &id, sandbox::Power::Start).await,
         Command::Suspend { id } => sandbox::power(&app, &id, sandbox::Power::Suspend).await,

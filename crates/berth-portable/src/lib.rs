@@ -1,0 +1,91 @@
+//! Portable workspaces: a sandbox's workspace read as a [`Checkpoint`] with strict rules, and
+//! [`move_sandbox`] — checkpoint → create on the target → restore → verify → destroy the
+//! source — with every sandbox under the ledger and the move's commit point durable.
+//!
+//! What a move carries is the workspace (the sandbox's working directory: directories, regular
+//! files with their permission bits, symlinks). It does not carry running processes, files
+//! outside the workspace, owners, setuid bits, extended attributes or device nodes; what a
+//! checkpoint leaves out is listed in [`Moved::not_carried`], never dropped silently.
+//!
+//! Authority: this family owns the move's steps and its record; sandboxes stay the ledger's
+//! (created with `create_tracked`, removed with `destroy_row`), providers are handed in.
+
+mod checkpoint;
+mod moving;
+
+pub use checkpoint::{Checkpoint, Counts, Entry, EntryKind, ARCHIVE_SCRIPT, LIMIT, MAX_ENTRIES};
+pub use moving::{
+    move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA,
+};
+
+use berth_contract::ProviderError;
+use berth_ledger::LedgerError;
+
+/// Why a move did not finish.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MoveError {
+    /// A provider failed or lacks what a move needs (its kind says which).
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+    /// The ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The source's workspace cannot be carried as it is (too large, an archive that cannot
+    /// come from a directory, the sandbox's `tar` failed or is missing).
+    #[error("{0}")]
+    Workspace(String),
+    /// The target could not unpack the checkpoint.
+    #[error("the target could not restore the checkpoint: {0}")]
+    Restore(String),
+    /// The target's workspace is not the checkpoint.
+    #[error("the target's workspace is not the checkpoint: {}", .differences.join("; "))]
+    NotVerified {
+        /// How it differs, one line per path (bounded).
+        differences: Vec<String>,
+    },
+    /// The source's workspace changed while it was moved (something still writes there).
+    #[error("the source changed while it was moved: {}", .differences.join("; "))]
+    SourceChanged {
+        /// How it differs from the checkpoint (bounded).
+        differences: Vec<String>,
+    },
+    /// Another move of the same source is under way.
+    #[error("another `berth move` of `{source_id}` is under way")]
+    Busy {
+        /// The source.
+        source_id: String,
+    },
+    /// The source is no sandbox that can be moved (being destroyed, gone, a snapshot).
+    #[error("`{source_id}` cannot be moved: {reason}")]
+    NotMovable {
+        /// The source.
+        source_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The move's durable record could not be read or written.
+    #[error("move record {path}: {message}")]
+    Record {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+    /// The move stopped after its target was made: the target was removed (or says why not),
+    /// the source is as it was.
+    #[error("the move was abandoned and `{source_id}` kept; its target `{target}` {teardown}")]
+    Abandoned {
+        /// The source, untouched.
+        source_id: String,
+        /// The target made for the move.
+        target: String,
+        /// What happened to the target: "was removed (verified gone)", or why not.
+        teardown: String,
+        /// Whether the target is verified gone.
+        target_removed: bool,
+        /// Why the move stopped.
+        #[source]
+        cause: Box<MoveError>,
+    },
+}
