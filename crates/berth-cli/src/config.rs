@@ -4,7 +4,8 @@
 //!   `~/.local/share/berth`). Holds `berth.db` (SQLite) and `state/<provider>/`.
 //! - `BERTH_OWNER` — owner label on everything Berth creates (default `$USER@<hostname>`).
 //! - `BERTH_FAULT` — test hook: `panic-after-create`, `error-after-create`,
-//!   `kill-before-event:N`, `kill-after-event:N` or `kill-in-publication:N` (missions).
+//!   `kill-before-event:N`, `kill-after-event:N` or `kill-in-publication:N` (missions),
+//!   `kill-in-move:PHASE` (`berth move`).
 //!
 //! Everything else in the environment is passed to the factory as an opaque snapshot, from
 //! which adapters read only the credential variables their manifest names, and the gateway
@@ -91,11 +92,12 @@ impl Config {
         };
         let fault = match get("BERTH_FAULT").as_deref() {
             None => None,
-            // Mission boundaries are read by the mission command itself.
+            // Mission and move boundaries are read by those commands themselves.
             Some(f)
                 if f.starts_with("kill-before-event:")
                     || f.starts_with("kill-after-event:")
-                    || f.starts_with("kill-in-publication:") =>
+                    || f.starts_with("kill-in-publication:")
+                    || f.starts_with("kill-in-move:") =>
             {
                 None
             }

@@ -232,9 +232,8 @@ fn classify_move(e: &berth_portable::MoveError) -> Option<Classified> {
     let (kind, exit_code, hint) = match e {
         M::Provider(inner) => return classify_one(inner),
         M::Ledger(inner) => return classify_one(inner),
-        // The cause (next in the chain) decides; the message already says what became of the
-        // target.
-        M::Abandoned { .. } => return None,
+        // The cause decides; the message already says what became of the target.
+        M::Abandoned { cause, .. } => return classify_move(cause),
         M::Workspace(_) => (
             "invalid_request",
             code::INVALID,

@@ -3,6 +3,7 @@
 //! mission resume` runs the step again once the provider answers. Real dockerd, reached
 //! through a socket this test takes away and brings back (as a daemon restart does).
 
+mod common;
 mod missions_support;
 
 use std::net::Shutdown;
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::TestImage;
 use missions_support::*;
 use serde_json::Value;
 
@@ -360,38 +362,6 @@ fn a_mission_cancelled_while_its_daemon_is_away_says_what_it_could_not_remove() 
         .output()
         .unwrap();
     assert!(left.stdout.is_empty(), "containers left: {}", text(&left));
-}
-
-/// An image the test builds, removed when the test ends however it ends.
-struct TestImage(&'static str);
-
-impl TestImage {
-    /// `berth/agent:bookworm` with `extra` (Dockerfile lines) on top, tagged as this image.
-    fn build(&self, extra: &str) {
-        use std::io::Write;
-        let mut build = Command::new("docker")
-            .args(["build", "-q", "-t", self.0, "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let dockerfile = format!("FROM berth/agent:bookworm\n{extra}\n");
-        build
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(dockerfile.as_bytes())
-            .unwrap();
-        let out = build.wait_with_output().unwrap();
-        assert!(out.status.success(), "docker build: {}", text(&out));
-    }
-}
-
-impl Drop for TestImage {
-    fn drop(&mut self) {
-        let _ = Command::new("docker").args(["rmi", "-f", self.0]).output();
-    }
 }
 
 /// Staging runs before the agent, so its failure is no verdict on the attempt — and every

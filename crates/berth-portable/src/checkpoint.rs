@@ -203,7 +203,12 @@ fn what_differs(want: &Entry, found: &Entry) -> String {
 /// A path from a sandbox, shown escaped and cut.
 pub(crate) fn shown(path: &[u8]) -> String {
     let text = String::from_utf8_lossy(path);
-    let mut out: String = text.chars().take(200).collect::<String>().escape_debug().to_string();
+    let mut out: String = text
+        .chars()
+        .take(200)
+        .collect::<String>()
+        .escape_debug()
+        .to_string();
     if text.chars().nth(200).is_some() {
         out.push('…');
     }
@@ -258,7 +263,10 @@ fn manifest_path(raw: &[u8]) -> Result<Option<Vec<u8>>, String> {
             b"." if i == 0 => continue,
             b"." | b".." => return Err(format!("`{}`: `.` or `..` inside the path", shown(raw))),
             _ if part.len() > MAX_NAME => {
-                return Err(format!("`{}`: a name longer than {MAX_NAME} bytes", shown(raw)))
+                return Err(format!(
+                    "`{}`: a name longer than {MAX_NAME} bytes",
+                    shown(raw)
+                ))
             }
             _ if part.contains(&0) => return Err(format!("`{}`: a NUL in the path", shown(raw))),
             _ => parts.push(part),
@@ -275,7 +283,8 @@ fn parent(path: &[u8]) -> Option<&[u8]> {
 /// path escaping, an entry beneath something that is not a directory, a path twice) fail the
 /// whole checkpoint: they cannot come from archiving a directory.
 pub fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
-    let bad = |why: String| MoveError::Workspace(format!("the workspace's archive is refused: {why}"));
+    let bad =
+        |why: String| MoveError::Workspace(format!("the workspace's archive is refused: {why}"));
     if archive.len() > LIMIT {
         return Err(bad(format!("larger than {} MiB", LIMIT >> 20)));
     }
@@ -368,7 +377,10 @@ pub fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
                     .map(|t| t.into_owned())
                     .unwrap_or_default();
                 if target.is_empty() || target.len() > MAX_PATH || target.contains(&0) {
-                    return Err(bad(format!("`{}`: a symlink without a usable target", shown(&path))));
+                    return Err(bad(format!(
+                        "`{}`: a symlink without a usable target",
+                        shown(&path)
+                    )));
                 }
                 contents.insert(path.clone(), (Rc::default(), mtime));
                 Entry {
@@ -419,7 +431,7 @@ fn file_entry(data: &[u8], raw_mode: u32) -> Entry {
             sha256: Sha256::digest(data).into(),
             size: data.len() as u64,
         },
-        mode: (raw_mode & 0o777) as u32,
+        mode: raw_mode & 0o777,
     }
 }
 

@@ -14,9 +14,7 @@ mod checkpoint;
 mod moving;
 
 pub use checkpoint::{Checkpoint, Counts, Entry, EntryKind, ARCHIVE_SCRIPT, LIMIT, MAX_ENTRIES};
-pub use moving::{
-    move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA,
-};
+pub use moving::{move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA};
 
 use berth_contract::ProviderError;
 use berth_ledger::LedgerError;

@@ -283,8 +283,8 @@ async fn restore_and_verify(
             },
         )
         .await?;
-    let unpack = ExecRequest::argv(["sh", "-c", RESTORE_SCRIPT, "sh", &name])
-        .with_timeout(RESTORE_TIMEOUT);
+    let unpack =
+        ExecRequest::argv(["sh", "-c", RESTORE_SCRIPT, "sh", &name]).with_timeout(RESTORE_TIMEOUT);
     let out = target.exec(&native, &unpack).await?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(out.stderr.as_deref().unwrap_or_default());
@@ -360,7 +360,10 @@ async fn abandon(
 
 /// Targets of earlier moves of `source_id` cut short before their commit: never verified,
 /// they go before a new one is made.
-async fn remove_leftovers(req: &MoveRequest<'_>, source_id: &str) -> Result<Vec<String>, MoveError> {
+async fn remove_leftovers(
+    req: &MoveRequest<'_>,
+    source_id: &str,
+) -> Result<Vec<String>, MoveError> {
     let origin = format!("move:{source_id}");
     let mut removed = Vec::new();
     for row in req.ledger.owned_rows(None, false).await? {

@@ -25,7 +25,11 @@ fn crash_after(phase: Phase) {
 /// `berth move ID --to PROVIDER`.
 pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
     let ttl = duration::parse(&args.ttl.ttl)?;
-    let (source, _) = app.row(&args.id).await?;
+    // A source already gone is still asked about: its move's record says where it went.
+    let source = match app.ledger.row(&args.id).await {
+        Ok(row) => row,
+        Err(_) => app.row(&args.id).await?.0,
+    };
     let target = app.provider(&args.to)?;
     let lookup = app.registry.bind(&app.provider_config);
     let records = app.config.state_dir().join("moves");
@@ -62,7 +66,20 @@ pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
         for line in &moved.removed_leftovers {
             errln!("removed {line}, the unverified target of an earlier move cut short");
         }
-        if moved.finished_earlier_move {
+        let already_gone = matches!(
+            moved.source_teardown,
+            DestroyOutcome::VerifiedGone {
+                already_absent: true
+            }
+        );
+        if moved.finished_earlier_move && already_gone {
+            errln!(
+                "{} was already moved to {} ({}) by an earlier `berth move`",
+                moved.source,
+                moved.target.berth_id,
+                moved.target.provider
+            );
+        } else if moved.finished_earlier_move {
             errln!(
                 "{} was moved to {} ({}) by an earlier `berth move` that was cut short after \
                  verifying it; finished removing the source",

@@ -465,3 +465,35 @@ pub fn assert_ls_lists_and_never_follows_a_link(home: &Home, id: &str) {
     let out = home.run(&["destroy", id]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// An image the test builds, removed when the test ends however it ends.
+pub struct TestImage(pub &'static str);
+
+impl TestImage {
+    /// `berth/agent:bookworm` with `extra` (Dockerfile lines) on top, tagged as this image.
+    pub fn build(&self, extra: &str) {
+        use std::io::Write;
+        let mut build = Command::new("docker")
+            .args(["build", "-q", "-t", self.0, "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let dockerfile = format!("FROM berth/agent:bookworm\n{extra}\n");
+        build
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(dockerfile.as_bytes())
+            .unwrap();
+        let out = build.wait_with_output().unwrap();
+        assert!(out.status.success(), "docker build: {}", text(&out.stderr));
+    }
+}
+
+impl Drop for TestImage {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rmi", "-f", self.0]).output();
+    }
+}

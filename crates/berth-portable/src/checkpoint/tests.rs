@@ -2,7 +2,10 @@ use super::*;
 
 /// Raw archive bytes with entries written exactly as given (no checks of the builder's own:
 /// a hostile sandbox writes what it likes).
-fn raw(entries: &[(&[u8], tar::EntryType, &[u8], Option<&[u8]>, u32)]) -> Vec<u8> {
+/// One raw entry: path, type, content, link target, mode.
+type RawEntry<'a> = (&'a [u8], tar::EntryType, &'a [u8], Option<&'a [u8]>, u32);
+
+fn raw(entries: &[RawEntry]) -> Vec<u8> {
     let mut out = Vec::new();
     for (path, kind, data, link, mode) in entries {
         let mut header = tar::Header::new_old();
@@ -27,7 +30,10 @@ use tar::EntryType::{Directory as D, Fifo, Link as H, Regular as F, Symlink as L
 
 fn refused(archive: &[u8]) -> String {
     match parse(archive) {
-        Ok(c) => panic!("accepted: {:?}", c.entries.keys().map(|k| shown(k)).collect::<Vec<_>>()),
+        Ok(c) => panic!(
+            "accepted: {:?}",
+            c.entries.keys().map(|k| shown(k)).collect::<Vec<_>>()
+        ),
         Err(e) => e.to_string(),
     }
 }
@@ -48,7 +54,8 @@ fn a_workspace_round_trips_through_the_rebuilt_archive() {
     let first = parse(&archive).unwrap();
     assert_eq!(first.entries.len(), 8, "{:?}", first.entries.keys());
     assert_eq!(
-        first.entries[b"bin/run".as_slice()].mode, 0o755,
+        first.entries[b"bin/run".as_slice()].mode,
+        0o755,
         "permission bits are carried"
     );
     assert_eq!(
@@ -157,8 +164,16 @@ fn special_entries_and_high_bits_are_named_not_carried() {
     .unwrap();
     assert_eq!(c.entries.len(), 1);
     assert_eq!(c.entries[b"tool".as_slice()].mode, 0o755);
-    assert!(c.not_carried.iter().any(|n| n.contains("pipe: a FIFO")), "{:?}", c.not_carried);
-    assert!(c.not_carried.iter().any(|n| n.contains("setuid")), "{:?}", c.not_carried);
+    assert!(
+        c.not_carried.iter().any(|n| n.contains("pipe: a FIFO")),
+        "{:?}",
+        c.not_carried
+    );
+    assert!(
+        c.not_carried.iter().any(|n| n.contains("setuid")),
+        "{:?}",
+        c.not_carried
+    );
 }
 
 #[test]
@@ -166,8 +181,7 @@ fn hard_links_cannot_multiply_what_is_held() {
     // One 1 MiB file and 300 links to it: 301 MiB held as copies, over the limit.
     let big = vec![7u8; 1 << 20];
     let names: Vec<Vec<u8>> = (0..300).map(|i| format!("h{i}").into_bytes()).collect();
-    let mut entries: Vec<(&[u8], tar::EntryType, &[u8], Option<&[u8]>, u32)> =
-        vec![(b"big", F, &big, None, 0o644)];
+    let mut entries: Vec<RawEntry> = vec![(b"big", F, &big, None, 0o644)];
     for name in &names {
         entries.push((name, H, b"", Some(b"big"), 0o644));
     }

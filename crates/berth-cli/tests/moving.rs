@@ -1,0 +1,430 @@
+//! `berth move` end to end on real providers: host and bwrap here, docker where its engine is
+//! (a hostile `tar` in the source, a target image that is not empty, a target without `tar`),
+//! kills at each durable step, a source still written, two moves of one source at once.
+
+use serde_json::Value;
+use std::process::Stdio;
+mod common;
+
+use common::*;
+
+/// The workspace every move test starts from: modes, nesting, links in and out, all 256 byte
+/// values, a hard link, a FIFO, a `.git` directory and an empty directory.
+const POPULATE: &str = "mkdir -p src/deep empty .git && printf '#!/bin/sh\\necho ran\\n' > run.sh \
+    && chmod 755 run.sh && echo secret > src/deep/private && chmod 600 src/deep/private \
+    && ln -s src/deep/private inside && ln -s /etc/passwd outside && mkfifo pipe \
+    && ln src/deep/private hard && echo 'ref: refs/heads/main' > .git/HEAD \
+    && i=0; while [ $i -lt 256 ]; do printf \"\\\\$(printf %o $i)\"; i=$((i+1)); done > bytes";
+
+/// What a populated workspace looks like from inside, as one line per entry.
+const DESCRIBE: &str =
+    "for f in run.sh src src/deep src/deep/private hard empty .git/HEAD bytes; do \
+    printf '%s %s\\n' \"$f\" \"$(stat -c %a \"$f\")\"; done; readlink inside; readlink outside; \
+    cksum < bytes; ./run.sh; [ -e pipe ] && echo pipe-here || echo no-pipe";
+
+fn describe(home: &Home, owner: &str, id: &str) -> String {
+    let out = home.run_as(owner, &["exec", id, "--", "sh", "-c", DESCRIBE]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+fn populated(home: &Home, owner: &str, provider: &str) -> String {
+    let (code, doc) = home.json_as(owner, &["create", "-p", provider]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let out = home.run_as(owner, &["exec", &id, "--", "sh", "-c", POPULATE]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    id
+}
+
+/// The owner's sandboxes not verified gone: (id, origin).
+fn open_rows(home: &Home, owner: &str) -> Vec<(String, String)> {
+    let (_, doc) = home.json_as(owner, &["ledger", "list"]);
+    doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "sandbox")
+        .map(|e| {
+            (
+                e["berth_id"].as_str().unwrap().to_owned(),
+                e["origin"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn moved(home: &Home, owner: &str, args: &[&str]) -> Value {
+    let mut full = vec!["move"];
+    full.extend_from_slice(args);
+    let (code, doc) = home.json_as(owner, &full);
+    assert_eq!(code, 0, "{doc}");
+    doc["move"].clone()
+}
+
+#[test]
+fn a_workspace_moves_to_bwrap_and_back_whole_and_the_source_goes() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    let before = describe(&home, me, &source);
+    assert!(
+        before.contains("pipe-here") && before.contains("ran"),
+        "{before}"
+    );
+
+    let there = moved(&home, me, &["--to", "bwrap", &source]);
+    let target = there["target"]["berth_id"].as_str().unwrap().to_owned();
+    assert_eq!(there["target"]["provider"], "bwrap");
+    assert_eq!(
+        there["counts"],
+        serde_json::json!({"files": 5, "dirs": 4, "symlinks": 2, "bytes": 19 + 7 + 7 + 21 + 256})
+    );
+    let not_carried: Vec<&str> = there["not_carried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        not_carried.iter().any(|n| n.starts_with("pipe: a FIFO")),
+        "{not_carried:?}"
+    );
+    assert!(
+        not_carried.iter().any(|n| n.contains("hard link")),
+        "{not_carried:?}"
+    );
+    assert_eq!(there["source_teardown"]["outcome"], "verified_gone");
+    assert_eq!(home.ledger_state(me, &source), "verified_gone");
+    assert_eq!(
+        open_rows(&home, me),
+        vec![(target.clone(), format!("move:{source}"))]
+    );
+    // Inside the target: everything but the FIFO, modes and links as they were.
+    let after = describe(&home, me, &target);
+    assert_eq!(after, before.replace("pipe-here", "no-pipe"));
+
+    // Back to the host: the same checkpoint, by digest, from another provider's `tar`.
+    let back = moved(&home, me, &["--to", "host", &target]);
+    assert_eq!(back["checkpoint"], there["checkpoint"]);
+    let home_again = back["target"]["berth_id"].as_str().unwrap();
+    assert_eq!(describe(&home, me, home_again), after);
+    assert_eq!(open_rows(&home, me).len(), 1);
+    // A move of a source already moved says so and changes nothing.
+    let again = home.run_as(me, &["move", "--to", "host", &target]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&again.stdout).trim(), home_again);
+    assert!(
+        text(&again.stderr).contains("already moved"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(open_rows(&home, me).len(), 1);
+}
+
+/// `berth move` killed after `phase` (`BERTH_FAULT=kill-in-move:PHASE`).
+fn killed_after(home: &Home, owner: &str, phase: &str, source: &str) {
+    let out = home
+        .command(owner, &["move", "--to", "host", source])
+        .env("BERTH_FAULT", format!("kill-in-move:{phase}"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "not killed after {phase}: {}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_move_killed_before_its_commit_keeps_the_source_and_the_next_removes_its_target() {
+    for phase in ["target-created", "restored"] {
+        let home = Home::new();
+        let me = "mover";
+        let source = populated(&home, me, "host");
+        let before = describe(&home, me, &source);
+        killed_after(&home, me, phase, &source);
+        let rows = open_rows(&home, me);
+        assert_eq!(rows.len(), 2, "{phase}: {rows:?}");
+        let (half_made, origin) = rows.iter().find(|r| r.0 != source).unwrap().clone();
+        assert_eq!(origin, format!("move:{source}"));
+        assert_eq!(
+            describe(&home, me, &source),
+            before,
+            "{phase}: the source is untouched"
+        );
+
+        let out = home.run_as(me, &["move", "--to", "host", &source]);
+        assert!(out.status.success(), "{phase}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(&format!("removed {half_made}, the unverified target")),
+            "{phase}: {}",
+            text(&out.stderr)
+        );
+        let target = text(&out.stdout).trim().to_owned();
+        assert_ne!(target, half_made);
+        assert_eq!(home.ledger_state(me, &half_made), "verified_gone");
+        assert_eq!(home.ledger_state(me, &source), "verified_gone");
+        assert_eq!(
+            open_rows(&home, me),
+            vec![(target, format!("move:{source}"))]
+        );
+    }
+}
+
+#[test]
+fn a_move_killed_after_its_commit_is_finished_by_the_next_not_made_again() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    let before = describe(&home, me, &source);
+    killed_after(&home, me, "committed", &source);
+    let rows = open_rows(&home, me);
+    let (target, _) = rows.iter().find(|r| r.0 != source).unwrap().clone();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    // Asked again, even for another provider: the verified target is the answer.
+    let out = home.run_as(me, &["move", "--to", "bwrap", &source]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), target);
+    assert!(
+        text(&out.stderr).contains("cut short after verifying it; finished removing the source"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(home.ledger_state(me, &source), "verified_gone");
+    assert_eq!(
+        open_rows(&home, me),
+        vec![(target.clone(), format!("move:{source}"))]
+    );
+    assert_eq!(
+        describe(&home, me, &target),
+        before.replace("pipe-here", "no-pipe")
+    );
+}
+
+#[test]
+fn a_source_still_being_written_is_not_moved() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    let workspace = home.sandbox_dir(&source).join("workspace");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                std::fs::write(workspace.join("log"), n.to_string()).unwrap();
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        })
+    };
+    let out = home.run_as(me, &["--json", "move", "--to", "host", &source]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Caught when the source is read again after the target was verified (8), or by the
+    // sandbox's own `tar` reading a file that changed under it (5).
+    let code = out.status.code().unwrap();
+    assert!(code == 8 || code == 5, "{code}: {doc}");
+    if code == 8 {
+        let message = doc["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("the source changed while it was moved"),
+            "{message}"
+        );
+        assert!(message.contains("was removed (verified gone)"), "{message}");
+    }
+    assert_eq!(
+        open_rows(&home, me),
+        vec![(source.clone(), "create".to_owned())]
+    );
+    assert!(describe(&home, me, &source).contains("pipe-here"));
+}
+
+#[test]
+fn two_moves_of_one_source_at_once_make_one_target() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            home.command(me, &["move", "--to", "host", &source])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let codes: Vec<i32> = outs.iter().map(|o| o.status.code().unwrap()).collect();
+    assert!(codes.iter().all(|c| *c == 0 || *c == 8), "{codes:?}");
+    assert!(codes.contains(&0), "{codes:?}");
+    for out in outs.iter().filter(|o| o.status.code() == Some(8)) {
+        assert!(
+            text(&out.stderr).contains("under way"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let rows = open_rows(&home, me);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(home.ledger_state(me, &source), "verified_gone");
+}
+
+#[test]
+fn what_cannot_be_moved_is_refused_before_anything_is_made() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    // No such provider, no such sandbox, a snapshot: clear errors, nothing made.
+    let out = home.run_as(me, &["move", "--to", "nowhere", &source]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let out = home.run_as(me, &["move", "--to", "host", "bx-000000000000"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    // Another owner's sandbox is not this owner's to move.
+    let out = home.run_as("someone-else", &["move", "--to", "host", &source]);
+    assert_eq!(out.status.code(), Some(11), "{}", text(&out.stderr));
+    // More than a move carries: refused by size before any target exists.
+    let big = home.run_as(
+        me,
+        &[
+            "exec",
+            &source,
+            "--",
+            "sh",
+            "-c",
+            "head -c 300000000 /dev/zero > big",
+        ],
+    );
+    assert!(big.status.success(), "{}", text(&big.stderr));
+    let out = home.run_as(me, &["move", "--to", "host", &source]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("larger than 256 MiB"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(open_rows(&home, me), vec![(source, "create".to_owned())]);
+}
+
+/// A docker sandbox whose own `tar` (first on its PATH) prints `archive`, an archive its real
+/// `tar` made from a crafted tree: what a root agent can do.
+fn lying_source(home: &Home, owner: &str, craft: &str) -> String {
+    let image = test_image();
+    let (code, doc) = home.json_as(owner, &["create", "-p", "docker", "--image", &image]);
+    assert_eq!(code, 0, "{doc}");
+    let id = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let script = format!(
+        "set -e; echo precious > keep; mkdir -p /tmp/e && cd /tmp/e && {craft}; \
+         printf '#!/bin/sh\\ncat /tmp/evil.tar\\n' > /usr/local/bin/tar; chmod 755 /usr/local/bin/tar"
+    );
+    let out = home.run_as(owner, &["exec", &id, "--", "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    id
+}
+
+#[test]
+fn a_source_whose_tar_lies_moves_nothing() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("mover-lying-{}", std::process::id());
+    for (craft, why) in [
+        (
+            // A link to /etc, then a file through it.
+            "ln -s /etc link && /usr/bin/tar -cf /tmp/evil.tar link && rm link && mkdir link \
+             && echo x > link/passwd && /usr/bin/tar -rf /tmp/evil.tar link/passwd",
+            "is not beneath a directory the archive made before it",
+        ),
+        (
+            "/usr/bin/tar -cPf /tmp/evil.tar /etc/hostname",
+            "an absolute path",
+        ),
+        ("echo not-an-archive > /tmp/evil.tar", "refused"),
+    ] {
+        let source = lying_source(&home, &me, craft);
+        let out = home.run_as(&me, &["move", "--to", "host", &source]);
+        assert_eq!(out.status.code(), Some(5), "{craft}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(why),
+            "{craft}: {}",
+            text(&out.stderr)
+        );
+        // Nothing was made, the source is as it was.
+        assert_eq!(
+            open_rows(&home, &me),
+            vec![(source.clone(), "create".to_owned())]
+        );
+        let kept = home.run_as(&me, &["exec", &source, "--", "cat", "keep"]);
+        assert_eq!(text(&kept.stdout), "precious\n");
+        let out = home.run_as(&me, &["destroy", &source]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn a_target_that_is_not_the_checkpoint_is_removed_and_the_source_kept() {
+    if !docker_ready() {
+        return;
+    }
+    let home = Home::new();
+    let me = format!("mover-target-{}", std::process::id());
+    let source = populated(&home, &me, "host");
+    let before = describe(&home, &me, &source);
+    let image = TestImage("berth-test/move-target:latest");
+
+    // An image whose workspace is not empty: the target is not the checkpoint.
+    image.build("RUN mkdir -p /workspace && echo stale > /workspace/stale");
+    let out = home.run_as(
+        &me,
+        &["move", "--to", "docker", "--image", image.0, &source],
+    );
+    assert_eq!(out.status.code(), Some(12), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains("stale: not in the checkpoint"), "{said}");
+    assert!(said.contains("was removed (verified gone)"), "{said}");
+    assert_eq!(
+        open_rows(&home, &me),
+        vec![(source.clone(), "create".to_owned())]
+    );
+
+    // An image without `tar`: the target cannot restore; a setup error, the target removed.
+    image.build("RUN rm -f /bin/tar /usr/bin/tar");
+    let out = home.run_as(
+        &me,
+        &["move", "--to", "docker", "--image", image.0, &source],
+    );
+    assert_eq!(out.status.code(), Some(14), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("could not restore"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        open_rows(&home, &me),
+        vec![(source.clone(), "create".to_owned())]
+    );
+    assert_eq!(describe(&home, &me, &source), before);
+
+    // The reference image: there and back, whole.
+    let there = moved(
+        &home,
+        &me,
+        &["--to", "docker", "--image", &test_image(), &source],
+    );
+    let target = there["target"]["berth_id"].as_str().unwrap().to_owned();
+    let expected = before.replace("pipe-here", "no-pipe");
+    assert_eq!(describe(&home, &me, &target), expected);
+    let back = moved(&home, &me, &["--to", "host", &target]);
+    assert_eq!(back["checkpoint"], there["checkpoint"]);
+    let last = back["target"]["berth_id"].as_str().unwrap();
+    assert_eq!(describe(&home, &me, last), expected);
+    assert_eq!(open_rows(&home, &me).len(), 1);
+}
