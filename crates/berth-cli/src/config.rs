@@ -5,7 +5,7 @@
 //! - `BERTH_OWNER` — owner label on everything Berth creates (default `$USER@<hostname>`).
 //! - `BERTH_FAULT` — test hook: `panic-after-create`, `error-after-create`,
 //!   `kill-before-event:N`, `kill-after-event:N` or `kill-in-publication:N` (missions),
-//!   `kill-in-move:PHASE` (`berth move`).
+//!   `kill-in-move:PHASE` or `term-in-move:PHASE` (`berth move`).
 //!
 //! Everything else in the environment is passed to the factory as an opaque snapshot, from
 //! which adapters read only the credential variables their manifest names, and the gateway
@@ -97,7 +97,8 @@ impl Config {
                 if f.starts_with("kill-before-event:")
                     || f.starts_with("kill-after-event:")
                     || f.starts_with("kill-in-publication:")
-                    || f.starts_with("kill-in-move:") =>
+                    || f.starts_with("kill-in-move:")
+                    || f.starts_with("term-in-move:") =>
             {
                 None
             }

@@ -254,6 +254,16 @@ fn classify_move(e: &berth_portable::MoveError) -> Option<Classified> {
             code::CONFLICT,
             "stop what still writes in the source's workspace, then move again; the source is kept",
         ),
+        M::SourceNotRemoved { source_id, .. } => {
+            return Some((
+                "cleanup_incomplete",
+                code::CLEANUP_INCOMPLETE,
+                Some(format!(
+                    "the move is done; `berth move {source_id} --to …` again or `berth destroy \
+                     {source_id}` finishes removing the source"
+                )),
+            ))
+        }
         M::Busy { .. } => (
             "conflict",
             code::CONFLICT,

@@ -428,3 +428,43 @@ fn a_target_that_is_not_the_checkpoint_is_removed_and_the_source_kept() {
     assert_eq!(describe(&home, &me, last), expected);
     assert_eq!(open_rows(&home, &me).len(), 1);
 }
+
+#[test]
+fn a_move_interrupted_after_its_commit_keeps_the_target_its_cleanup_would_take() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    let before = describe(&home, me, &source);
+    // SIGTERM once the record is written: the run's must-fire cleanup removes what the run
+    // made — but not the target that may now be the only copy.
+    let out = home
+        .command(me, &["move", "--to", "host", &source])
+        .env("BERTH_FAULT", "term-in-move:committed")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("handed over"),
+        "{}",
+        text(&out.stderr)
+    );
+    let rows = open_rows(&home, me);
+    let target = rows
+        .iter()
+        .find(|r| r.1 == format!("move:{source}"))
+        .unwrap_or_else(|| panic!("the target was swept: {rows:?}"))
+        .0
+        .clone();
+    assert_eq!(
+        describe(&home, me, &target),
+        before.replace("pipe-here", "no-pipe")
+    );
+    let out = home.run_as(me, &["move", "--to", "host", &source]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), target);
+    assert_eq!(home.ledger_state(me, &source), "verified_gone");
+    assert_eq!(
+        open_rows(&home, me),
+        vec![(target, format!("move:{source}"))]
+    );
+}

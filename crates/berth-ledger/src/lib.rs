@@ -86,6 +86,9 @@ pub struct Ledger {
     sign_of_life_every: Duration,
     /// This run's claim to be live, taken before its first intent and shared by the clones.
     claim: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<berth_store::RunClaim>>>,
+    /// Sandboxes this run made and handed over to their user ([`Ledger::hand_over`]), shared
+    /// by the clones.
+    handed_over: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -125,7 +128,27 @@ impl Ledger {
             run_id: run_id.into(),
             sign_of_life_every: SIGN_OF_LIFE_EVERY,
             claim: Default::default(),
+            handed_over: Default::default(),
         }
+    }
+
+    /// Hands a sandbox this run made over to its user: this run's must-fire cleanup
+    /// ([`Ledger::cleanup_run`], on a failure or a signal later in the run) keeps it, as it
+    /// keeps what a command returned. A sweep asked for by name still removes it. Used where
+    /// the sandbox becomes the only copy of something before the run ends (a committed move's
+    /// target, once its source may be destroyed).
+    pub fn hand_over(&self, berth_id: &str) {
+        self.handed_over
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(berth_id.to_owned());
+    }
+
+    fn is_handed_over(&self, berth_id: &str) -> bool {
+        self.handed_over
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(berth_id)
     }
 
     /// This ledger with its calls' signs of life every `every` instead of about every 30 s

@@ -201,6 +201,19 @@ impl Ledger {
         // it: `berth mission resume` continues with it (a finished mission's rows are swept).
         let mut kept = Vec::new();
         for row in std::mem::take(&mut rows) {
+            let own_cleanup = scope.run_id.as_deref() == Some(self.run_id.as_str());
+            if own_cleanup && self.is_handed_over(&row.berth_id) {
+                kept.push(SweepEntry {
+                    berth_id: row.berth_id.clone(),
+                    provider: row.provider.clone(),
+                    action: SweepAction::Held {
+                        reason: "handed over by this run (the target of a committed move); \
+                                 `berth destroy` removes it"
+                            .into(),
+                    },
+                });
+                continue;
+            }
             let kept_as = match self.running_mission_of(&row).await? {
                 Some(mission) => Some(SweepAction::Held {
                     reason: format!(

@@ -314,6 +314,36 @@ async fn cleanup_run_touches_only_this_run() {
         .unwrap();
 }
 
+/// What a run hands over is kept by its own must-fire cleanup (reported as held), and still
+/// removed by a sweep asked for by this owner.
+#[tokio::test]
+async fn cleanup_run_keeps_what_the_run_handed_over() {
+    let w = world().await;
+    let run = ledger(&w, "alice", "run-1").await;
+    let handed = create(&run, &w.host).await;
+    let made = create(&run, &w.host).await;
+    run.clone().hand_over(&handed);
+    let report = run.cleanup_run(&w.registry.bind(&w.config)).await.unwrap();
+    assert!(present(&w.host, &handed).await);
+    assert!(!present(&w.host, &made).await);
+    let held = report
+        .entries
+        .iter()
+        .find(|e| e.berth_id == handed)
+        .unwrap();
+    assert!(
+        matches!(&held.action, SweepAction::Held { reason } if reason.contains("handed over")),
+        "{held:?}"
+    );
+    drop(run); // the run is over: its rows are no longer held for it
+    let other = ledger(&w, "alice", "run-2").await;
+    other
+        .sweep(&w.registry.bind(&w.config), &SweepScope::default())
+        .await
+        .unwrap();
+    assert!(!present(&w.host, &handed).await);
+}
+
 /// Snapshots are ledger rows named by their key: a snapshot whose handle was never recorded
 /// (a crash between the provider's answer and the store) is still deleted by its key, and a
 /// retried tracked snapshot reuses the row instead of making a duplicate.

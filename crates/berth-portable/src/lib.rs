@@ -70,6 +70,18 @@ pub enum MoveError {
         /// What failed.
         message: String,
     },
+    /// The move is done — the target verified, the record written — but the source could not
+    /// be removed.
+    #[error("the workspace is in `{target}`, moved and verified, but the source `{source_id}` could not be removed")]
+    SourceNotRemoved {
+        /// The source, still in the ledger.
+        source_id: String,
+        /// The verified target.
+        target: String,
+        /// Why the source's teardown failed.
+        #[source]
+        cause: Box<LedgerError>,
+    },
     /// The move stopped after its target was made: the target was removed (or says why not),
     /// the source is as it was.
     #[error("the move was abandoned and `{source_id}` kept; its target `{target}` {teardown}")]

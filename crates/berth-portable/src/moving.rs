@@ -237,11 +237,22 @@ pub async fn move_sandbox(
     if let Err(err) = write_record(&record_path, &record) {
         return Err(abandon(req.ledger, req.target.as_ref(), &source_id, &target, err).await);
     }
+    // From here the target may be the only copy: this run's cleanup after a failure or a
+    // signal keeps it.
+    req.ledger.hand_over(&target.berth_id);
     times.to_resumable_ms = ms(started);
     phase(Phase::Committed);
 
     let at = Instant::now();
-    let source_teardown = req.ledger.destroy_row(source.as_ref(), &source_row).await?;
+    let source_teardown = req
+        .ledger
+        .destroy_row(source.as_ref(), &source_row)
+        .await
+        .map_err(|cause| MoveError::SourceNotRemoved {
+            source_id: source_id.clone(),
+            target: target.berth_id.clone(),
+            cause: Box::new(cause),
+        })?;
     times.destroy_ms = ms(at);
     phase(Phase::SourceDestroyed);
     times.total_ms = ms(started);

@@ -12,14 +12,19 @@ use crate::errors::code;
 use crate::human::printable;
 use crate::output::emit;
 
-/// `BERTH_FAULT=kill-in-move:PHASE`: SIGKILL this process once the move has passed PHASE
-/// (crash tests).
+/// `BERTH_FAULT=kill-in-move:PHASE` (`term-in-move:PHASE`): SIGKILL (SIGTERM) this process
+/// once the move has passed PHASE (crash and interruption tests).
 fn crash_after(phase: Phase) {
-    if std::env::var("BERTH_FAULT").ok().as_deref()
-        == Some(&format!("kill-in-move:{}", phase.as_str()))
-    {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
-    }
+    use nix::sys::signal::Signal;
+    let Ok(fault) = std::env::var("BERTH_FAULT") else {
+        return;
+    };
+    let signal = match fault.split_once(':') {
+        Some(("kill-in-move", at)) if at == phase.as_str() => Signal::SIGKILL,
+        Some(("term-in-move", at)) if at == phase.as_str() => Signal::SIGTERM,
+        _ => return,
+    };
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), signal);
 }
 
 /// `berth move ID --to PROVIDER`.
