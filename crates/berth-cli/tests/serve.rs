@@ -1008,3 +1008,98 @@ fn files_go_in_and_out_over_the_api() {
         200
     );
 }
+
+/// `POST /v1/sandboxes/{id}/move` is `berth move` behind a token: scope `exec`, the owner's
+/// sandboxes only, a body checked before anything is made, every request audited.
+#[test]
+fn a_sandbox_is_moved_over_the_api() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (reader, _) = token(&home, "alice", "read");
+    let (bob, _) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let source = create(addr, &alice);
+    let (status, doc) = call(
+        addr,
+        "PUT",
+        &format!("/v1/sandboxes/{source}/files"),
+        &alice,
+        Some(json!({ "path": "work/notes", "content_base64": b64.encode(b"moved over http\n") })),
+    );
+    assert_eq!(status, 200, "{doc}");
+    let path = format!("/v1/sandboxes/{source}/move");
+    let to_host = json!({ "to": "host" });
+    assert_eq!(
+        call(addr, "POST", &path, &reader, Some(to_host.clone())).0,
+        403
+    );
+    assert_eq!(
+        call(addr, "POST", &path, &bob, Some(to_host.clone())).0,
+        404
+    );
+    for bad in [
+        json!({ "to": "host", "why": 1 }),
+        json!({}),
+        json!({ "to": "host", "network": "everywhere" }),
+        json!({ "to": "host", "ttl": "forever" }),
+    ] {
+        let (status, doc) = call(addr, "POST", &path, &alice, Some(bad.clone()));
+        assert_eq!(status, 400, "{bad}: {doc}");
+    }
+    let (_, ledger) = home.json_as("alice", &["ledger", "list"]);
+    assert_eq!(ledger["entries"].as_array().unwrap().len(), 1, "{ledger}");
+
+    let (status, doc) = call(addr, "POST", &path, &alice, Some(to_host.clone()));
+    assert_eq!(status, 200, "{doc}");
+    let target = doc["move"]["target"]["berth_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        doc["move"]["source_teardown"]["outcome"], "verified_gone",
+        "{doc}"
+    );
+    let (status, read) = call(
+        addr,
+        "GET",
+        &format!("/v1/sandboxes/{target}/files?path=work/notes"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(
+        b64.decode(read["content_base64"].as_str().unwrap())
+            .unwrap(),
+        b"moved over http\n"
+    );
+    // Asked again: the source was already moved, to that target.
+    let (status, again) = call(addr, "POST", &path, &alice, Some(to_host));
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(
+        again["move"]["target"]["berth_id"],
+        target.as_str(),
+        "{again}"
+    );
+    assert_eq!(again["move"]["finished_earlier_move"], true, "{again}");
+
+    // Each owner's audit log has its own requests, the refused ones too.
+    let moves_audited = |owner: &str| {
+        let (admin, _) = token(&home, owner, "admin");
+        let (_, audit) = call(addr, "GET", "/v1/audit", &admin, None);
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["route"] == "/v1/sandboxes/{id}/move")
+            .map(|e| e["status"].as_u64().unwrap())
+            .collect::<Vec<u64>>()
+    };
+    assert_eq!(
+        moves_audited("alice"),
+        vec![403, 400, 400, 400, 400, 200, 200]
+    );
+    assert_eq!(moves_audited("bob"), vec![404]);
+}

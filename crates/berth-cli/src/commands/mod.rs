@@ -9,7 +9,7 @@ pub(crate) mod exec;
 pub mod gateway;
 pub(crate) mod ledger;
 pub(crate) mod mission;
-mod moving;
+pub(crate) mod moving;
 mod prompt;
 pub(crate) mod sandbox;
 pub mod scaffold;

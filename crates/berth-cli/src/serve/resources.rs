@@ -1,5 +1,5 @@
-//! The API's resource routes: sandboxes (list, create, show, destroy, exec), the ledger,
-//! missions and the audit log. Each runs the CLI's own command through `routes::Call`.
+//! The API's resource routes: sandboxes (list, create, show, destroy, exec, files, move), the
+//! ledger, missions and the audit log. Each runs the CLI's own command through `routes::Call`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,6 +46,27 @@ fn default_network() -> String {
 }
 fn default_ttl() -> String {
     "24h".into()
+}
+
+/// A body's network, as the CLI's flag takes it.
+fn checked_network(network: String) -> anyhow::Result<crate::cli::NetworkArg> {
+    if !["none", "bridge", "host"].contains(&network.as_str()) {
+        return Err(crate::errors::CliError::invalid(
+            format!("unknown network `{}`", network.escape_debug()),
+            "network is none, bridge or host",
+        )
+        .into());
+    }
+    Ok(crate::cli::NetworkArg { network })
+}
+
+/// The API sets no resource limits (the provider's defaults apply).
+fn no_limits() -> crate::cli::LimitArgs {
+    crate::cli::LimitArgs {
+        cpus: None,
+        memory_mib: None,
+        pids: None,
+    }
 }
 
 /// Run a command in a sandbox: `argv` or `shell`.
@@ -110,26 +131,13 @@ pub(crate) async fn create_sandbox(
         None,
     )
     .run_with(body, |app, body| async move {
-        let network = crate::cli::NetworkArg {
-            network: body.network,
-        };
-        if !["none", "bridge", "host"].contains(&network.network.as_str()) {
-            return Err(crate::errors::CliError::invalid(
-                format!("unknown network `{}`", network.network),
-                "network is none, bridge or host",
-            )
-            .into());
-        }
+        let network = checked_network(body.network)?;
         let args = crate::cli::CreateArgs {
             provider: body.provider,
             fallback: body.fallback,
             image: body.image,
             network,
-            limits: crate::cli::LimitArgs {
-                cpus: None,
-                memory_mib: None,
-                pids: None,
-            },
+            limits: no_limits(),
             ttl: crate::cli::TtlArg { ttl: body.ttl },
         };
         crate::commands::sandbox::create(&app, args).await
@@ -459,6 +467,65 @@ pub(crate) async fn cancel_mission(
     .run_with(reason, |app, reason| async move {
         let reason = reason.unwrap_or_else(|| "cancelled through the HTTP API".into());
         crate::commands::mission::run(&app, crate::cli::MissionCommand::Cancel { id, reason }).await
+    })
+    .await
+}
+
+/// Move a sandbox's workspace to a new sandbox.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MoveBody {
+    /// Provider to move to.
+    to: String,
+    /// Image or template for the new sandbox, for providers that have them.
+    image: Option<String>,
+    /// `none` (default), `bridge` or `host`.
+    #[serde(default = "default_network")]
+    network: String,
+    /// The new sandbox's expiry (`30m`, `24h`, `7d`; default `24h`).
+    #[serde(default = "default_ttl")]
+    ttl: String,
+}
+
+/// Move a sandbox's workspace to a new sandbox on another provider (scope `exec`), as `berth
+/// move`: checkpoint, create, restore, verify, then destroy the source, which is kept whole if
+/// anything fails (422 when the target is not the checkpoint; 409 when the source was written
+/// to meanwhile or another move of it is under way).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/move", tag = "sandboxes", request_body = MoveBody,
+    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "`move` document: `move` (`target`, `checkpoint`, \
+        `counts`, `not_carried`, `source_teardown`, `times`)", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(crate) async fn move_sandbox(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<MoveBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let body = body
+        .map(|Json(body)| body)
+        .map_err(|rejected| bad_body("move", rejected));
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/sandboxes/{id}/move",
+        "move",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_with(body, |app, body| async move {
+        let network = checked_network(body.network)?;
+        let args = crate::cli::MoveArgs {
+            id,
+            to: body.to,
+            image: body.image,
+            network,
+            limits: no_limits(),
+            ttl: crate::cli::TtlArg { ttl: body.ttl },
+        };
+        crate::commands::moving::move_sandbox(&app, args).await
     })
     .await
 }

@@ -51,6 +51,10 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         )
         .route("/v1/sandboxes/{id}/ls", get(resources::list_dir))
         .route(
+            "/v1/sandboxes/{id}/move",
+            axum::routing::post(resources::move_sandbox),
+        )
+        .route(
             "/v1/sandboxes/{id}/execs",
             axum::routing::post(super::jobs::start),
         )
@@ -126,6 +130,7 @@ pub(crate) struct ErrorBody {
         resources::read_file,
         resources::write_file,
         resources::list_dir,
+        resources::move_sandbox,
         super::jobs::start,
         super::jobs::events,
         resources::ledger,
@@ -141,6 +146,7 @@ pub(crate) struct ErrorBody {
         resources::CreateBody,
         resources::ExecBody,
         resources::CancelBody,
+        resources::MoveBody,
         resources::FileBody
     )),
     modifiers(&Bearer)
@@ -307,6 +313,8 @@ fn status_for(exit_code: i32) -> StatusCode {
         code::UNAVAILABLE => StatusCode::SERVICE_UNAVAILABLE,
         code::AUTH => StatusCode::BAD_GATEWAY,
         code::CONFLICT => StatusCode::CONFLICT,
+        // A check the request's subject failed (a moved workspace that is not its checkpoint).
+        code::VERIFICATION_FAILED => StatusCode::UNPROCESSABLE_ENTITY,
         code::TIMEOUT => StatusCode::GATEWAY_TIMEOUT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
