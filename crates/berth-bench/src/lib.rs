@@ -10,6 +10,7 @@
 //!   throughput.
 //! - [`artifacts`] — `berth bench artifacts`: publishing a 1,000-file, 200 MB bundle against a
 //!   raw copy of the same bytes.
+//! - [`moving`] — `berth bench move FROM TO`: a move against the same steps without its checks.
 //! - [`bridge`] — `berth bench bridge`: the ComputeSDK bridge against the same ComputeSDK
 //!   provider driven directly from Node.
 //! - [`stats`] — the one percentile helper every figure goes through.
@@ -23,6 +24,7 @@ pub mod gateway;
 pub mod lifecycle;
 pub mod mission;
 pub mod monitor;
+pub mod moving;
 pub mod raw;
 pub mod serve;
 pub mod stats;

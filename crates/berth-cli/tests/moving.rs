@@ -468,3 +468,40 @@ fn a_move_interrupted_after_its_commit_keeps_the_target_its_cleanup_would_take()
         vec![(target, format!("move:{source}"))]
     );
 }
+
+/// `berth bench move`: both measurements in the same run, the baseline labelled, every sandbox
+/// verified gone; a request that names no pair is refused.
+#[test]
+fn the_move_benchmark_reports_both_figures_and_leaves_nothing() {
+    let home = Home::new();
+    let me = "bencher";
+    let (code, doc) = home.json_as(me, &["bench", "move", "host", "bwrap", "--iterations", "2"]);
+    assert_eq!(code, 0, "{doc}");
+    for figure in ["source_verified_gone", "first_command_in_target"] {
+        let c = &doc[figure];
+        assert_eq!(c["berth"]["n"], 2, "{doc}");
+        assert_eq!(c["raw"]["n"], 2, "{doc}");
+        let ratio = c["ratio_median"].as_f64().unwrap();
+        assert!(ratio.is_finite() && ratio > 0.0, "{doc}");
+    }
+    assert!(
+        doc["baseline"]
+            .as_str()
+            .unwrap()
+            .contains("without its checks"),
+        "{doc}"
+    );
+    assert!(doc["target"].is_null(), "{doc}");
+    assert!(
+        open_rows(&home, me).is_empty(),
+        "{:?}",
+        open_rows(&home, me)
+    );
+    let out = home.run_as(me, &["bench", "move", "host"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("name the two providers"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -114,6 +114,17 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             )
             .await?,
         ),
+        Command::Bench(args) if args.providers.first().is_some_and(|p| p == "move") => report(
+            &app,
+            "bench",
+            berth_bench::moving::bench(
+                &app.bench_context()?,
+                &args.providers[1..],
+                args.image.as_deref(),
+                args.iterations,
+            )
+            .await?,
+        ),
         Command::Bench(args) if args.providers.first().is_some_and(|p| p == "monitor") => report(
             &app,
             "bench",
