@@ -5,6 +5,7 @@
 use serde_json::Value;
 use std::process::Stdio;
 mod common;
+mod missions_support;
 
 use common::*;
 
@@ -504,4 +505,43 @@ fn the_move_benchmark_reports_both_figures_and_leaves_nothing() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A mission's sandbox is the mission's: it adopts it by name on resume and judges what it
+/// holds, so a move is refused and changes nothing.
+#[test]
+fn a_missions_sandbox_is_not_moved() {
+    let home = Home::new();
+    let marks = home.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let agent = format!("echo $$ > {}/agent; exec sleep 300\n", marks.display());
+    let file = missions_support::write_mission(home.path(), &agent, "true", "30s", "\"README\"", 1);
+    let mut runner = home
+        .command("alice", &["mission", "run", &file.to_string_lossy()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
+        .expect("the agent never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let rows = open_rows(&home, "alice");
+    let (sandbox, origin) = rows
+        .iter()
+        .find(|r| r.1.starts_with("mission "))
+        .unwrap_or_else(|| panic!("{rows:?}"))
+        .clone();
+    let out = home.run_as("alice", &["move", "--to", "host", &sandbox]);
+    assert_eq!(out.status.code(), Some(8), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("belongs to mission"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(open_rows(&home, "alice"), rows, "{origin}");
+    let (_, listed) = home.json_as("alice", &["mission", "list"]);
+    let mission = listed["missions"][0]["id"].as_str().unwrap().to_owned();
+    let out = home.run_as("alice", &["mission", "cancel", &mission]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }

@@ -77,6 +77,23 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Reads the workspace of sandbox `id` through `provider`'s exec.
     pub async fn read(provider: &dyn Provider, id: &NativeId) -> Result<Checkpoint, MoveError> {
+        Self::read_as(provider, id, Keep::Archive).await
+    }
+
+    /// [`Checkpoint::read`] for comparison only: the same rules, the manifest alone (no archive
+    /// is rebuilt, no content held).
+    pub async fn read_manifest(
+        provider: &dyn Provider,
+        id: &NativeId,
+    ) -> Result<Checkpoint, MoveError> {
+        Self::read_as(provider, id, Keep::Manifest).await
+    }
+
+    async fn read_as(
+        provider: &dyn Provider,
+        id: &NativeId,
+        keep: Keep,
+    ) -> Result<Checkpoint, MoveError> {
         let mut req = ExecRequest::shell(ARCHIVE_SCRIPT).with_timeout(ARCHIVE_TIMEOUT);
         req.max_output_bytes = LIMIT + 1;
         let out = provider.exec(id, &req).await?;
@@ -94,7 +111,7 @@ impl Checkpoint {
                 first_line(stderr)
             )));
         }
-        let mut checkpoint = parse(&out.stdout)?;
+        let mut checkpoint = parse_as(&out.stdout, keep)?;
         checkpoint.not_carried.extend(sandbox_warnings(stderr));
         Ok(checkpoint)
     }
@@ -279,10 +296,24 @@ fn parent(path: &[u8]) -> Option<&[u8]> {
     path.iter().rposition(|b| *b == b'/').map(|at| &path[..at])
 }
 
-/// Reads an archive the sandbox wrote and rebuilds it. Malformed or impossible archives (a
+/// Reads an archive the sandbox wrote (and rebuilds it, for a checkpoint). Malformed or impossible archives (a
 /// path escaping, an entry beneath something that is not a directory, a path twice) fail the
 /// whole checkpoint: they cannot come from archiving a directory.
-pub fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
+#[cfg(test)]
+fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
+    parse_as(archive, Keep::Archive)
+}
+
+/// What a read keeps besides the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// The rebuilt archive (a checkpoint to restore).
+    Archive,
+    /// Nothing (a read to compare): the same rules, no content held.
+    Manifest,
+}
+
+fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, MoveError> {
     let bad =
         |why: String| MoveError::Workspace(format!("the workspace's archive is refused: {why}"));
     if archive.len() > LIMIT {
@@ -335,6 +366,9 @@ pub fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
                     .read_to_end(&mut data)
                     .map_err(|e| bad(format!("unreadable: {e}")))?;
                 let entry = file_entry(&data, raw_mode);
+                if keep == Keep::Manifest {
+                    data = Vec::new();
+                }
                 contents.insert(path.clone(), (Rc::new(data), mtime));
                 entry
             }
@@ -417,7 +451,12 @@ pub fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
             "setuid, setgid and sticky bits of {high_bits} entries (a move carries permission bits 0777)"
         ));
     }
-    let archive = rebuild(&entries, &contents).map_err(|e| bad(format!("cannot rebuild: {e}")))?;
+    let archive = match keep {
+        Keep::Archive => {
+            rebuild(&entries, &contents).map_err(|e| bad(format!("cannot rebuild: {e}")))?
+        }
+        Keep::Manifest => Vec::new(),
+    };
     Ok(Checkpoint {
         entries,
         not_carried,

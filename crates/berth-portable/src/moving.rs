@@ -178,6 +178,18 @@ pub async fn move_sandbox(
     if source_row.kind != ResourceKind::Sandbox {
         return Err(not_movable(&source_id, "it is a snapshot, not a sandbox"));
     }
+    if let Some(mission) = source_row
+        .origin
+        .strip_prefix("mission ")
+        .and_then(|rest| rest.split_whitespace().next())
+    {
+        // A mission adopts its sandboxes by name on resume and judges what they hold: one
+        // moved from under it would be lost to it, or judged after a change it did not make.
+        return Err(not_movable(
+            &source_id,
+            &format!("it belongs to mission `{mission}`, which manages its own sandboxes"),
+        ));
+    }
     if source_row.state != LedgerState::Created {
         return Err(not_movable(
             &source_id,
@@ -310,12 +322,12 @@ async fn restore_and_verify(
     phase(Phase::Restored);
 
     let at = Instant::now();
-    let restored = Checkpoint::read(target, &native).await?;
+    let restored = Checkpoint::read_manifest(target, &native).await?;
     let differences = checkpoint.differences(&restored, SHOWN_DIFFERENCES);
     if !differences.is_empty() {
         return Err(MoveError::NotVerified { differences });
     }
-    let again = Checkpoint::read(source, source_native).await?;
+    let again = Checkpoint::read_manifest(source, source_native).await?;
     let differences = checkpoint.differences(&again, SHOWN_DIFFERENCES);
     if !differences.is_empty() {
         return Err(MoveError::SourceChanged { differences });

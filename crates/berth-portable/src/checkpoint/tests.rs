@@ -87,6 +87,28 @@ fn a_workspace_round_trips_through_the_rebuilt_archive() {
 }
 
 #[test]
+fn a_read_to_compare_applies_the_same_rules_and_holds_nothing() {
+    let good = raw(&[
+        (b"d/", D, b"", None, 0o755),
+        (b"d/f", F, b"content", None, 0o640),
+        (b"h", H, b"", Some(b"d/f"), 0o640),
+    ]);
+    let carried = parse(&good).unwrap();
+    let compared = parse_as(&good, Keep::Manifest).unwrap();
+    assert_eq!(compared.entries, carried.entries);
+    assert_eq!(compared.digest(), carried.digest());
+    assert!(compared.archive.is_empty() && !carried.archive.is_empty());
+    let bad = raw(&[
+        (b"l", L, b"", Some(b"/"), 0o777),
+        (b"l/x", F, b"x", None, 0o644),
+    ]);
+    assert_eq!(
+        parse_as(&bad, Keep::Manifest).unwrap_err().to_string(),
+        parse(&bad).unwrap_err().to_string()
+    );
+}
+
+#[test]
 fn differences_name_each_path_and_are_bounded() {
     let a = parse(&raw(&[
         (b"a", F, b"1", None, 0o644),
