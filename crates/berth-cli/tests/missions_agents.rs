@@ -816,9 +816,29 @@ fn an_agent_cli_not_found_stops_the_run_and_resume_goes_on() {
         .unwrap();
     assert_eq!(attempts.len(), 1, "{status:#}");
     assert_eq!(attempts[0]["status"]["status"], "in_progress", "{status:#}");
+    // Why it stopped outlives the run's output: `mission status` says so, text and JSON.
+    assert_eq!(status["stopped"]["stop"], "before_agent", "{status:#}");
+    assert_eq!(
+        status["stopped"]["attempt"], attempts[0]["key"],
+        "{status:#}"
+    );
+    assert!(
+        status["stopped"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("was found neither in BERTH_AGENT_BIN_DIR nor on PATH"),
+        "{status:#}"
+    );
+    let text = home.run(&["mission", "status", &id]);
+    let said = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        said.contains("the last run stopped before the agent of") && said.contains("resume"),
+        "{said}"
+    );
     let (code, doc, stderr) = run_json(&home, &bin, &["mission", "resume", &id]);
     assert_eq!(code, 0, "{doc:#}\n{stderr}");
     let (_, status, _) = run_json(&home, &bin, &["mission", "status", &id]);
+    assert!(status["stopped"].is_null(), "{status:#}");
     let attempts = status["mission"]["tasks"][0]["attempts"]
         .as_array()
         .unwrap();

@@ -226,8 +226,11 @@ impl Case {
         let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
         assert_eq!(attempts.len(), 1, "{doc}");
         assert_eq!(attempts[0]["status"]["status"], "in_progress", "{doc}");
-        // Nothing drives it now, and status says so with the way on.
+        // Nothing drives it now, and status says so with the way on, and why it stopped.
         assert_eq!(doc["runner"]["state"], "none", "{doc}");
+        assert_eq!(doc["stopped"]["stop"], "interrupted", "{doc}");
+        assert_eq!(doc["stopped"]["error_kind"], "unavailable", "{doc}");
+        assert_eq!(doc["stopped"]["attempt"], attempts[0]["key"], "{doc}");
         let said = self.run(&["mission", "status", &id]);
         assert!(
             String::from_utf8_lossy(&said.stdout).contains(&format!(
@@ -398,6 +401,14 @@ fn a_staging_failure_stops_the_run_and_resume_stages_in_a_fresh_sandbox() {
     let attempts = doc["mission"]["tasks"][0]["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 1, "{doc}");
     assert_eq!(attempts[0]["status"]["status"], "in_progress", "{doc}");
+    assert_eq!(doc["stopped"]["stop"], "before_agent", "{doc}");
+    assert!(
+        doc["stopped"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("staging failed"),
+        "{doc}"
+    );
     let ledger = case.json(&["ledger", "list"]);
     assert_eq!(
         sandbox_rows(&ledger).len(),

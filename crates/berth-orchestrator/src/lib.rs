@@ -555,12 +555,47 @@ impl Orchestrator<'_> {
             done = work => done,
             lost = keep => lost,
         };
+        if let Err(stop) = &outcome {
+            self.note_stop(id, fence, stop).await;
+        }
         self.lease.0.store(0, std::sync::atomic::Ordering::SeqCst);
         self.last_stored.forget();
         let released = self.store.mission_lease_release(id, fence).await;
         let state = outcome?;
         released?;
         Ok(state)
+    }
+
+    /// Why a run stopped with its attempt in progress, as a fact of that attempt (kind
+    /// `run_stopped`; no event: it is no verdict), so `mission status` can say so after the
+    /// run's own output is gone. Best effort: the stop is reported to the caller regardless.
+    async fn note_stop(&self, id: &str, fence: i64, stop: &OrchestratorError) {
+        let (attempt, detail) = match stop {
+            OrchestratorError::BeforeAgent(stopped) => (
+                &stopped.attempt,
+                serde_json::json!({ "stop": "before_agent", "reason": stopped.reason }),
+            ),
+            OrchestratorError::Interrupted(stopped) => (
+                &stopped.attempt,
+                serde_json::json!({
+                    "stop": "interrupted",
+                    "reason": format!("{}: {}", stopped.doing, stopped.source),
+                    "error_kind": stopped.source.kind().as_str(),
+                }),
+            ),
+            _ => return,
+        };
+        // The reason may quote the sandbox's own words: masked as every durable byte is.
+        let mut bytes = detail.to_string().into_bytes();
+        if let Ok((spec, _, _)) = self.load(id).await {
+            publication::redactor(self, &spec).redact(&mut bytes);
+        }
+        let detail = String::from_utf8_lossy(&bytes);
+        // A store that cannot take it fails the next command too; the caller has the stop.
+        let _ = self
+            .store
+            .attempt_fact_add(id, fence, attempt, "run_stopped", &detail)
+            .await;
     }
 
     async fn run_ticks(

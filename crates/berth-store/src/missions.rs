@@ -133,4 +133,14 @@ pub trait MissionStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<(i64, String, DateTime<Utc>)>, StoreError>;
     /// A mission's attempt facts, in order.
     async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError>;
+    /// Records a fact about an attempt without an event (what a run met that is no verdict: why
+    /// it stopped), only while `fence` holds the mission's lease; false when it no longer does.
+    async fn attempt_fact_add(
+        &self,
+        mission: &str,
+        fence: i64,
+        attempt_key: &str,
+        kind: &str,
+        detail_json: &str,
+    ) -> Result<bool, StoreError>;
 }

@@ -140,6 +140,7 @@ async fn status(app: &App, id: &str) -> Result<i32> {
     let (spec, record, seq) = orch.load(id).await?;
     let runner = orch.runner(id).await?;
     let facts = app.ledger.store().attempt_facts(id).await?;
+    let stopped = last_stop(app, id, &record, &runner, &facts).await?;
     if app.json {
         let facts: Vec<_> = facts
             .iter()
@@ -150,7 +151,7 @@ async fn status(app: &App, id: &str) -> Result<i32> {
             .collect();
         emit(
             "mission status",
-            json!({ "mission": record, "events": seq, "base_commit": spec.base_commit, "runner": runner, "facts": facts }),
+            json!({ "mission": record, "events": seq, "base_commit": spec.base_commit, "runner": runner, "stopped": stopped, "facts": facts }),
         );
         return Ok(code::OK);
     }
@@ -169,6 +170,25 @@ async fn status(app: &App, id: &str) -> Result<i32> {
         };
         outln!("  {}", crate::human::printable(&line, true));
     }
+    if let Some(stop) = &stopped {
+        let line = match stop["stop"].as_str() {
+            Some("before_agent") => format!(
+                "the last run stopped before the agent of {} ran ({}): {}; once that is fixed, \
+                 `berth mission resume {id}`",
+                stop["attempt"].as_str().unwrap_or("?"),
+                stop["at"].as_str().unwrap_or("?"),
+                stop["reason"].as_str().unwrap_or("?")
+            ),
+            _ => format!(
+                "the last run stopped at {} ({}): {}; `berth mission resume {id}` runs that step \
+                 again",
+                stop["attempt"].as_str().unwrap_or("?"),
+                stop["at"].as_str().unwrap_or("?"),
+                stop["reason"].as_str().unwrap_or("?")
+            ),
+        };
+        outln!("  {}", crate::human::printable(&line, false));
+    }
     for fact in facts
         .iter()
         .filter(|f| f.kind == "agent" || f.kind == "validator")
@@ -183,6 +203,30 @@ async fn status(app: &App, id: &str) -> Result<i32> {
         );
     }
     Ok(code::OK)
+}
+
+/// Why the last run stopped with an attempt in progress, while that is still the news: the
+/// mission is running, nothing drives it, and nothing was appended since the stop.
+async fn last_stop(
+    app: &App,
+    id: &str,
+    record: &MissionRecord,
+    runner: &Runner,
+    facts: &[berth_store::AttemptFact],
+) -> Result<Option<serde_json::Value>> {
+    if record.state != MissionState::Running || matches!(runner, Runner::Holding { .. }) {
+        return Ok(None);
+    }
+    let Some(stop) = facts.iter().rev().find(|f| f.kind == "run_stopped") else {
+        return Ok(None);
+    };
+    if stop.at < app.ledger.store().mission_get(id).await?.updated_at {
+        return Ok(None);
+    }
+    let mut detail: serde_json::Value = serde_json::from_str(&stop.detail_json).unwrap_or_default();
+    detail["attempt"] = json!(stop.attempt_key);
+    detail["at"] = json!(stop.at);
+    Ok(Some(detail))
 }
 
 fn print_record(record: &MissionRecord, base: &str, events: i64) {

@@ -350,6 +350,33 @@ impl MissionStore for Store {
     }
 
     /// Every fact of a mission's attempts, in order.
+    async fn attempt_fact_add(
+        &self,
+        mission: &str,
+        fence: i64,
+        attempt_key: &str,
+        kind: &str,
+        detail_json: &str,
+    ) -> Result<bool, StoreError> {
+        let at = now();
+        let added = self.direct().run("add an attempt fact", |conn| {
+            conn.prepare_cached(
+                "INSERT INTO attempt_facts (mission_id, attempt_key, kind, detail_json, at) \
+                 SELECT id, ?2, ?3, ?4, ?5 FROM missions \
+                 WHERE id = ?1 AND lease_fence = ?6 AND lease_holder IS NOT NULL",
+            )?
+            .execute(rusqlite::params![
+                mission,
+                attempt_key,
+                kind,
+                detail_json,
+                at,
+                fence
+            ])
+        })?;
+        Ok(added == 1)
+    }
+
     async fn attempt_facts(&self, mission: &str) -> Result<Vec<AttemptFact>, StoreError> {
         let rows = sqlx::query("SELECT attempt_key, kind, detail_json, at FROM attempt_facts WHERE mission_id = ? ORDER BY rowid")
             .bind(mission)
@@ -494,6 +521,48 @@ mod tests {
             store.mission_get("nope").await,
             Err(StoreError::NotFound(..))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_fact_without_an_event_is_added_only_under_the_lease() {
+        use std::time::Duration;
+        let (_dir, store) = store_with_m1().await;
+        // No lease held: nothing is added.
+        assert!(!store
+            .attempt_fact_add("m1", 1, "k1", "run_stopped", "{}")
+            .await
+            .unwrap());
+        let ttl = Duration::from_secs(30);
+        let fence = store
+            .mission_lease_acquire("m1", "a", ttl, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!store
+            .attempt_fact_add("m1", fence + 1, "k1", "run_stopped", "{}")
+            .await
+            .unwrap());
+        assert!(store
+            .attempt_fact_add("m1", fence, "k1", "run_stopped", "{\"reason\":\"r\"}")
+            .await
+            .unwrap());
+        assert!(!store
+            .attempt_fact_add("nope", fence, "k1", "run_stopped", "{}")
+            .await
+            .unwrap());
+        store.mission_lease_release("m1", fence).await.unwrap();
+        assert!(!store
+            .attempt_fact_add("m1", fence, "k1", "run_stopped", "{}")
+            .await
+            .unwrap());
+        let facts = store.attempt_facts("m1").await.unwrap();
+        assert_eq!(facts.len(), 1);
+        assert_eq!(
+            (facts[0].attempt_key.as_str(), facts[0].kind.as_str()),
+            ("k1", "run_stopped")
+        );
+        // The mission itself did not move: no event, same sequence.
+        assert_eq!(store.mission_get("m1").await.unwrap().seq, 0);
     }
 
     #[tokio::test]
