@@ -240,6 +240,13 @@ pub struct CreateArgs {
     /// Providers to try next, in order, if the first is unavailable, at capacity or out of quota.
     #[arg(long, value_delimiter = ',')]
     pub fallback: Vec<String>,
+    #[command(flatten)]
+    pub shape: ShapeArgs,
+}
+
+/// What a new sandbox is made with (`create`, and the target of `move`).
+#[derive(Debug, Args)]
+pub struct ShapeArgs {
     /// Image or template, for providers that have them.
     #[arg(long)]
     pub image: Option<String>,
@@ -258,15 +265,9 @@ pub struct MoveArgs {
     /// Provider to move to.
     #[arg(long)]
     pub to: String,
-    /// Image or template for the new sandbox, for providers that have them.
-    #[arg(long)]
-    pub image: Option<String>,
+    /// The new sandbox's image, network, limits and expiry.
     #[command(flatten)]
-    pub network: NetworkArg,
-    #[command(flatten)]
-    pub limits: LimitArgs,
-    #[command(flatten)]
-    pub ttl: TtlArg,
+    pub shape: ShapeArgs,
 }
 
 #[derive(Debug, Args)]

@@ -516,16 +516,7 @@ fn a_missions_sandbox_is_not_moved() {
     std::fs::create_dir_all(&marks).unwrap();
     let agent = format!("echo $$ > {}/agent; exec sleep 300\n", marks.display());
     let file = missions_support::write_mission(home.path(), &agent, "true", "30s", "\"README\"", 1);
-    let mut runner = home
-        .command("alice", &["mission", "run", &file.to_string_lossy()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    berth_testkit::wait_for_pids(&marks, &["agent"], std::time::Duration::from_secs(20))
-        .expect("the agent never started");
-    runner.kill().unwrap();
-    runner.wait().unwrap();
+    let mission = mission_left_running(&home, "alice", &file, &marks);
     let rows = open_rows(&home, "alice");
     let (sandbox, origin) = rows
         .iter()
@@ -540,8 +531,6 @@ fn a_missions_sandbox_is_not_moved() {
         text(&out.stderr)
     );
     assert_eq!(open_rows(&home, "alice"), rows, "{origin}");
-    let (_, listed) = home.json_as("alice", &["mission", "list"]);
-    let mission = listed["missions"][0]["id"].as_str().unwrap().to_owned();
     let out = home.run_as("alice", &["mission", "cancel", &mission]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }

@@ -29,7 +29,7 @@ fn crash_after(phase: Phase) {
 
 /// `berth move ID --to PROVIDER`.
 pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
-    let ttl = duration::parse(&args.ttl.ttl)?;
+    let ttl = duration::parse(&args.shape.ttl.ttl)?;
     // A source already gone is still asked about: its move's record says where it went.
     let source = match app.ledger.row(&args.id).await {
         Ok(row) => row,
@@ -38,7 +38,8 @@ pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
     let target = app.provider(&args.to)?;
     let lookup = app.registry.bind(&app.provider_config);
     let records = app.config.state_dir().join("moves");
-    let (image, network, resources) = (args.image, args.network.mode(), args.limits.resources());
+    let shape = args.shape;
+    let (image, network, resources) = (shape.image, shape.network.mode(), shape.limits.resources());
     let progress = crate::human::Progress::new(app.json);
     let mut on_phase = |phase: Phase| {
         progress.show(&format!("move {}: {}", source.berth_id, phase.as_str()));

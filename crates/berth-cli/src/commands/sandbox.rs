@@ -25,12 +25,12 @@ fn print_tracked(app: &App, command: &str, tracked: &Tracked, extra: serde_json:
 
 /// `berth create`.
 pub async fn create(app: &App, args: CreateArgs) -> Result<i32> {
-    let ttl = duration::parse(&args.ttl.ttl)?;
+    let ttl = duration::parse(&args.shape.ttl.ttl)?;
     let mut order = vec![args.provider.clone()];
     order.extend(args.fallback.iter().cloned());
-    let image = args.image.clone();
-    let network = args.network.mode();
-    let resources = args.limits.resources();
+    let image = args.shape.image.clone();
+    let network = args.shape.network.mode();
+    let resources = args.shape.limits.resources();
     // A ledger failure is Berth's, not the provider's: the loop stops on it (it is no fallback
     // reason), and the user is told what failed, not that the provider did.
     let ledger_failure = std::sync::Mutex::new(None);

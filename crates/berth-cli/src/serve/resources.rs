@@ -48,8 +48,13 @@ fn default_ttl() -> String {
     "24h".into()
 }
 
-/// A body's network, as the CLI's flag takes it.
-fn checked_network(network: String) -> anyhow::Result<crate::cli::NetworkArg> {
+/// A new sandbox's shape from a body, as the CLI's flags take it (the network checked as clap
+/// checks the flag). The API sets no resource limits: the provider's defaults apply.
+fn shape(
+    image: Option<String>,
+    network: String,
+    ttl: String,
+) -> anyhow::Result<crate::cli::ShapeArgs> {
     if !["none", "bridge", "host"].contains(&network.as_str()) {
         return Err(crate::errors::CliError::invalid(
             format!("unknown network `{}`", network.escape_debug()),
@@ -57,16 +62,16 @@ fn checked_network(network: String) -> anyhow::Result<crate::cli::NetworkArg> {
         )
         .into());
     }
-    Ok(crate::cli::NetworkArg { network })
-}
-
-/// The API sets no resource limits (the provider's defaults apply).
-fn no_limits() -> crate::cli::LimitArgs {
-    crate::cli::LimitArgs {
-        cpus: None,
-        memory_mib: None,
-        pids: None,
-    }
+    Ok(crate::cli::ShapeArgs {
+        image,
+        network: crate::cli::NetworkArg { network },
+        limits: crate::cli::LimitArgs {
+            cpus: None,
+            memory_mib: None,
+            pids: None,
+        },
+        ttl: crate::cli::TtlArg { ttl },
+    })
 }
 
 /// Run a command in a sandbox: `argv` or `shell`.
@@ -131,14 +136,10 @@ pub(crate) async fn create_sandbox(
         None,
     )
     .run_with(body, |app, body| async move {
-        let network = checked_network(body.network)?;
         let args = crate::cli::CreateArgs {
             provider: body.provider,
             fallback: body.fallback,
-            image: body.image,
-            network,
-            limits: no_limits(),
-            ttl: crate::cli::TtlArg { ttl: body.ttl },
+            shape: shape(body.image, body.network, body.ttl)?,
         };
         crate::commands::sandbox::create(&app, args).await
     })
@@ -516,14 +517,10 @@ pub(crate) async fn move_sandbox(
         Some(id.clone()),
     )
     .run_with(body, |app, body| async move {
-        let network = checked_network(body.network)?;
         let args = crate::cli::MoveArgs {
             id,
             to: body.to,
-            image: body.image,
-            network,
-            limits: no_limits(),
-            ttl: crate::cli::TtlArg { ttl: body.ttl },
+            shape: shape(body.image, body.network, body.ttl)?,
         };
         crate::commands::moving::move_sandbox(&app, args).await
     })

@@ -497,3 +497,21 @@ impl Drop for TestImage {
         let _ = Command::new("docker").args(["rmi", "-f", self.0]).output();
     }
 }
+
+/// `berth mission run FILE` as `owner`, killed once its agent has written its pid to
+/// `marks/agent`: the mission is left running with its attempt in progress and its sandbox held.
+/// The mission's id.
+pub fn mission_left_running(home: &Home, owner: &str, file: &Path, marks: &Path) -> String {
+    let mut runner = home
+        .command(owner, &["mission", "run", &file.to_string_lossy()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    berth_testkit::wait_for_pids(marks, &["agent"], Duration::from_secs(20))
+        .expect("the agent never started");
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let (_, listed) = home.json_as(owner, &["mission", "list"]);
+    listed["missions"][0]["id"].as_str().unwrap().to_owned()
+}
