@@ -534,3 +534,44 @@ fn a_missions_sandbox_is_not_moved() {
     let out = home.run_as("alice", &["mission", "cancel", &mission]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// A record never lets a source go for a target that is gone: a move committed, its target
+/// then destroyed by hand before the source was, moves the source again; a source moved whose
+/// target was destroyed since says so.
+#[test]
+fn a_record_whose_target_is_gone_never_costs_the_source() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    let before = describe(&home, me, &source);
+    killed_after(&home, me, "committed", &source);
+    let (first_target, _) = open_rows(&home, me)
+        .into_iter()
+        .find(|r| r.0 != source)
+        .unwrap();
+    let out = home.run_as(me, &["destroy", &first_target]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The source is whole and its record stale: it moves again.
+    let out = home.run_as(me, &["move", "--to", "host", &source]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let target = text(&out.stdout).trim().to_owned();
+    assert_ne!(target, first_target);
+    assert_eq!(
+        describe(&home, me, &target),
+        before.replace("pipe-here", "no-pipe")
+    );
+    assert_eq!(home.ledger_state(me, &source), "verified_gone");
+    // Moved, and its target destroyed since: said, exit 8, nothing made.
+    let out = home.run_as(me, &["destroy", &target]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = home.run_as(me, &["move", "--to", "host", &source]);
+    assert_eq!(out.status.code(), Some(8), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "it was moved to `{target}` (host), which is verified_gone since"
+        )),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(open_rows(&home, me).is_empty());
+}

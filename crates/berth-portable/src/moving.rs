@@ -173,7 +173,38 @@ pub async fn move_sandbox(
     let source_row = req.ledger.row(&source_id).await?;
     let record_path = req.records.join(format!("{source_id}.json"));
     if let Some(record) = read_record(&record_path)? {
-        return finish_committed(&req, &source_row, record, started, phase).await;
+        check_record(&record_path, &record, &source_id)?;
+        let target_row = req.ledger.row(&record.target).await?;
+        match (target_row.state, source_row.state) {
+            (LedgerState::Created, _) => {
+                return finish_committed(&req, &source_row, &target_row, record, started, phase)
+                    .await
+            }
+            (_, LedgerState::VerifiedGone) => {
+                return Err(not_movable(
+                    &source_id,
+                    &format!(
+                        "it was moved to `{}` ({}), which is {} since",
+                        record.target, record.target_provider, target_row.state
+                    ),
+                ))
+            }
+            // The recorded target is gone and the source whole (the target was removed
+            // before the source was): the record is stale, and the source moves again.
+            (_, LedgerState::Created) => {
+                std::fs::remove_file(&record_path).map_err(|e| record_error(&record_path, e))?
+            }
+            (target_state, source_state) => {
+                return Err(MoveError::Record {
+                    path: record_path.display().to_string(),
+                    message: format!(
+                        "it names target `{}`, which is {target_state}, and the source is \
+                         {source_state}: nothing was done",
+                        record.target
+                    ),
+                })
+            }
+        }
     }
     if source_row.kind != ResourceKind::Sandbox {
         return Err(not_movable(&source_id, "it is a snapshot, not a sandbox"));
@@ -247,6 +278,12 @@ pub async fn move_sandbox(
         verified_at: chrono::Utc::now().to_rfc3339(),
     };
     if let Err(err) = write_record(&record_path, &record) {
+        // A record that may be in place names this target: it must not be removed then.
+        let _ = std::fs::remove_file(&record_path);
+        if record_path.exists() {
+            req.ledger.hand_over(&target.berth_id);
+            return Err(err);
+        }
         return Err(abandon(req.ledger, req.target.as_ref(), &source_id, &target, err).await);
     }
     // From here the target may be the only copy: this run's cleanup after a failure or a
@@ -400,30 +437,31 @@ async fn remove_leftovers(
     Ok(removed)
 }
 
-/// A move committed earlier and cut short before its source's teardown finished: finish it.
+/// A record is of this schema and of this source.
+fn check_record(path: &Path, record: &MoveRecord, source_id: &str) -> Result<(), MoveError> {
+    if record.schema == RECORD_SCHEMA && record.source == source_id {
+        return Ok(());
+    }
+    Err(MoveError::Record {
+        path: path.display().to_string(),
+        message: format!(
+            "schema `{}` for source `{}`, expected {RECORD_SCHEMA} for `{source_id}`",
+            record.schema.escape_debug(),
+            record.source.escape_debug(),
+        ),
+    })
+}
+
+/// A move committed earlier (its target alive) and cut short before its source's teardown
+/// finished: finish it.
 async fn finish_committed(
     req: &MoveRequest<'_>,
     source_row: &LedgerRow,
+    target_row: &LedgerRow,
     record: MoveRecord,
     started: Instant,
     phase: &mut (dyn FnMut(Phase) + Send),
 ) -> Result<Moved, MoveError> {
-    if record.schema != RECORD_SCHEMA || record.source != source_row.berth_id {
-        return Err(MoveError::Record {
-            path: req
-                .records
-                .join(format!("{}.json", source_row.berth_id))
-                .display()
-                .to_string(),
-            message: format!(
-                "schema `{}` for source `{}`, expected {RECORD_SCHEMA} for `{}`",
-                record.schema.escape_debug(),
-                record.source.escape_debug(),
-                source_row.berth_id
-            ),
-        });
-    }
-    let target_row = req.ledger.row(&record.target).await?;
     let source = req.providers.provider(&source_row.provider)?;
     let at = Instant::now();
     let source_teardown = match source_row.state {
@@ -438,7 +476,7 @@ async fn finish_committed(
         target: Tracked {
             berth_id: target_row.berth_id.clone(),
             provider: target_row.provider.clone(),
-            native_id: berth_ledger::native_id(&target_row).0,
+            native_id: berth_ledger::native_id(target_row).0,
             raw_state: target_row.state.to_string(),
         },
         checkpoint: record.checkpoint,
