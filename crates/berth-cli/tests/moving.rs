@@ -575,3 +575,32 @@ fn a_record_whose_target_is_gone_never_costs_the_source() {
     );
     assert!(open_rows(&home, me).is_empty());
 }
+
+/// The first and the last steps: killed after the checkpoint, nothing was made and the next
+/// move starts clean; killed after the source's teardown, the move is done and the next says
+/// so.
+#[test]
+fn a_move_killed_at_its_first_or_last_step_needs_nothing_undone() {
+    let home = Home::new();
+    let me = "mover";
+    let source = populated(&home, me, "host");
+    killed_after(&home, me, "checkpointed", &source);
+    assert_eq!(
+        open_rows(&home, me),
+        vec![(source.clone(), "create".to_owned())]
+    );
+    killed_after(&home, me, "source-destroyed", &source);
+    let rows = open_rows(&home, me);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (target, origin) = rows[0].clone();
+    assert_eq!(origin, format!("move:{source}"));
+    assert_eq!(home.ledger_state(me, &source), "verified_gone");
+    let out = home.run_as(me, &["move", "--to", "host", &source]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), target);
+    assert!(
+        text(&out.stderr).contains("already moved"),
+        "{}",
+        text(&out.stderr)
+    );
+}
