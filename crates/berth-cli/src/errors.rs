@@ -227,8 +227,8 @@ fn classify_chain(err: &anyhow::Error) -> Classified {
 }
 
 /// A move's failure: what a person does next differs by step.
-fn classify_move(e: &berth_portable::MoveError) -> Option<Classified> {
-    use berth_portable::MoveError as M;
+fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
+    use berth_portable::PortableError as M;
     let (kind, exit_code, hint) = match e {
         M::Provider(inner) => return classify_one(inner),
         M::Ledger(inner) => return classify_one(inner),
@@ -345,7 +345,7 @@ fn classify_one(cause: &(dyn std::error::Error + 'static)) -> Option<Classified>
             _ => None,
         };
     }
-    if let Some(e) = cause.downcast_ref::<berth_portable::MoveError>() {
+    if let Some(e) = cause.downcast_ref::<berth_portable::PortableError>() {
         return classify_move(e);
     }
     if let Some(e) = cause.downcast_ref::<FallbackError>() {

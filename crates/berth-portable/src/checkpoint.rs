@@ -16,7 +16,7 @@ use std::time::Duration;
 use berth_contract::{ExecRequest, NativeId, Provider};
 use sha2::{Digest, Sha256};
 
-use crate::MoveError;
+use crate::PortableError;
 
 /// Run in the sandbox's workspace (its default working directory), a constant: the whole
 /// workspace as a tar archive on stdout. Hard links are archived as links (resolved here).
@@ -76,7 +76,7 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Reads the workspace of sandbox `id` through `provider`'s exec.
-    pub async fn read(provider: &dyn Provider, id: &NativeId) -> Result<Checkpoint, MoveError> {
+    pub async fn read(provider: &dyn Provider, id: &NativeId) -> Result<Checkpoint, PortableError> {
         Self::read_as(provider, id, Keep::Archive).await
     }
 
@@ -85,7 +85,7 @@ impl Checkpoint {
     pub async fn read_manifest(
         provider: &dyn Provider,
         id: &NativeId,
-    ) -> Result<Checkpoint, MoveError> {
+    ) -> Result<Checkpoint, PortableError> {
         Self::read_as(provider, id, Keep::Manifest).await
     }
 
@@ -93,19 +93,19 @@ impl Checkpoint {
         provider: &dyn Provider,
         id: &NativeId,
         keep: Keep,
-    ) -> Result<Checkpoint, MoveError> {
+    ) -> Result<Checkpoint, PortableError> {
         let mut req = ExecRequest::shell(ARCHIVE_SCRIPT).with_timeout(ARCHIVE_TIMEOUT);
         req.max_output_bytes = LIMIT + 1;
         let out = provider.exec(id, &req).await?;
         if out.stdout_truncated() || out.stdout.len() > LIMIT {
-            return Err(MoveError::Workspace(format!(
+            return Err(PortableError::Workspace(format!(
                 "the workspace is larger than {} MiB, the limit for a move",
                 LIMIT >> 20
             )));
         }
         let stderr = out.stderr.as_deref().unwrap_or_default();
         if !out.status.success() {
-            return Err(MoveError::Workspace(format!(
+            return Err(PortableError::Workspace(format!(
                 "the sandbox's `tar` could not archive its workspace ({}){}",
                 out.status,
                 first_line(stderr)
@@ -300,7 +300,7 @@ fn parent(path: &[u8]) -> Option<&[u8]> {
 /// path escaping, an entry beneath something that is not a directory, a path twice) fail the
 /// whole checkpoint: they cannot come from archiving a directory.
 #[cfg(test)]
-fn parse(archive: &[u8]) -> Result<Checkpoint, MoveError> {
+fn parse(archive: &[u8]) -> Result<Checkpoint, PortableError> {
     parse_as(archive, Keep::Archive)
 }
 
@@ -313,9 +313,10 @@ enum Keep {
     Manifest,
 }
 
-fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, MoveError> {
-    let bad =
-        |why: String| MoveError::Workspace(format!("the workspace's archive is refused: {why}"));
+fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, PortableError> {
+    let bad = |why: String| {
+        PortableError::Workspace(format!("the workspace's archive is refused: {why}"))
+    };
     if archive.len() > LIMIT {
         return Err(bad(format!("larger than {} MiB", LIMIT >> 20)));
     }

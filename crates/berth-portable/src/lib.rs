@@ -12,6 +12,7 @@
 
 mod checkpoint;
 mod moving;
+mod restore;
 
 pub use checkpoint::{Checkpoint, Counts, Entry, EntryKind, ARCHIVE_SCRIPT, LIMIT, MAX_ENTRIES};
 pub use moving::{move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA};
@@ -19,10 +20,10 @@ pub use moving::{move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes
 use berth_contract::ProviderError;
 use berth_ledger::LedgerError;
 
-/// Why a move did not finish.
+/// Why a move, a checkpoint or a restore from one did not finish.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum MoveError {
+pub enum PortableError {
     /// A provider failed or lacks what a move needs (its kind says which).
     #[error(transparent)]
     Provider(#[from] ProviderError),
@@ -96,6 +97,6 @@ pub enum MoveError {
         target_removed: bool,
         /// Why the move stopped.
         #[source]
-        cause: Box<MoveError>,
+        cause: Box<PortableError>,
     },
 }

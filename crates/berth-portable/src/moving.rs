@@ -12,26 +12,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use berth_contract::{
-    CreateRequest, DestroyOutcome, ExecRequest, FileSource, Provider, ProviderExt, ProviderLookup,
-};
+use berth_contract::{CreateRequest, DestroyOutcome, Provider, ProviderExt, ProviderLookup};
 use berth_ledger::{Ledger, Tracked};
 use berth_store::{LedgerRow, LedgerState, ResourceKind};
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{Checkpoint, Counts};
-use crate::MoveError;
+use crate::PortableError;
 
 /// The schema of a move record.
 pub const RECORD_SCHEMA: &str = "berth.move/v1";
 
-/// Run in the target's workspace: unpack the checkpoint Berth wrote (`$1`, a name Berth chose)
-/// keeping permission bits but not owners, then remove it whatever happened.
-const RESTORE_SCRIPT: &str = "tar -x -p -o -f \"$1\"; s=$?; rm -f -- \"$1\"; exit $s";
-/// How long the target's `tar` may take.
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
-/// How many differences an error names.
-const SHOWN_DIFFERENCES: usize = 10;
 /// The largest move record read back.
 const MAX_RECORD_BYTES: u64 = 64 << 10;
 
@@ -163,7 +154,7 @@ fn ms(since: Instant) -> f64 {
 pub async fn move_sandbox(
     req: MoveRequest<'_>,
     phase: &mut (dyn FnMut(Phase) + Send),
-) -> Result<Moved, MoveError> {
+) -> Result<Moved, PortableError> {
     let started = Instant::now();
     let source_id = req.source.berth_id.clone();
     check_record_name(&source_id)?;
@@ -195,7 +186,7 @@ pub async fn move_sandbox(
                 std::fs::remove_file(&record_path).map_err(|e| record_error(&record_path, e))?
             }
             (target_state, source_state) => {
-                return Err(MoveError::Record {
+                return Err(PortableError::Record {
                     path: record_path.display().to_string(),
                     message: format!(
                         "it names target `{}`, which is {target_state}, and the source is \
@@ -297,7 +288,7 @@ pub async fn move_sandbox(
         .ledger
         .destroy_row(source.as_ref(), &source_row)
         .await
-        .map_err(|cause| MoveError::SourceNotRemoved {
+        .map_err(|cause| PortableError::SourceNotRemoved {
             source_id: source_id.clone(),
             target: target.berth_id.clone(),
             cause: Box::new(cause),
@@ -328,61 +319,22 @@ async fn restore_and_verify(
     (checkpoint, archive): (&Checkpoint, Vec<u8>),
     times: &mut PhaseTimes,
     phase: &mut (dyn FnMut(Phase) + Send),
-) -> Result<(), MoveError> {
+) -> Result<(), PortableError> {
     let native = berth_contract::NativeId(tracked.native_id.clone());
     let at = Instant::now();
-    let name = archive_name(checkpoint);
-    target
-        .require_files()?
-        .write_from(
-            &native,
-            &name,
-            FileSource {
-                len: archive.len() as u64,
-                reader: Box::new(std::io::Cursor::new(archive)),
-            },
-        )
-        .await?;
-    let unpack =
-        ExecRequest::argv(["sh", "-c", RESTORE_SCRIPT, "sh", &name]).with_timeout(RESTORE_TIMEOUT);
-    let out = target.exec(&native, &unpack).await?;
-    if !out.status.success() {
-        let said = String::from_utf8_lossy(out.stderr.as_deref().unwrap_or_default());
-        let said: String = said.trim().chars().take(500).collect();
-        return Err(MoveError::Restore(format!(
-            "its `tar` {}: {}",
-            out.status,
-            said.escape_debug()
-        )));
-    }
+    crate::restore::unpack(target, &native, checkpoint, archive).await?;
     times.restore_ms = ms(at);
     phase(Phase::Restored);
 
     let at = Instant::now();
-    let restored = Checkpoint::read_manifest(target, &native).await?;
-    let differences = checkpoint.differences(&restored, SHOWN_DIFFERENCES);
-    if !differences.is_empty() {
-        return Err(MoveError::NotVerified { differences });
-    }
+    crate::restore::verify(target, &native, checkpoint).await?;
     let again = Checkpoint::read_manifest(source, source_native).await?;
-    let differences = checkpoint.differences(&again, SHOWN_DIFFERENCES);
+    let differences = checkpoint.differences(&again, crate::restore::SHOWN_DIFFERENCES);
     if !differences.is_empty() {
-        return Err(MoveError::SourceChanged { differences });
+        return Err(PortableError::SourceChanged { differences });
     }
     times.verify_ms = ms(at);
     Ok(())
-}
-
-/// A name for the archive in the target's workspace that no carried path has.
-fn archive_name(checkpoint: &Checkpoint) -> String {
-    loop {
-        let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).expect("the OS random source works");
-        let name = format!(".berth-move-{}.tar", hex::encode(nonce));
-        if !checkpoint.entries.contains_key(name.as_bytes()) {
-            return name;
-        }
-    }
 }
 
 /// Removes the target a failed move made; the error says what became of it.
@@ -391,8 +343,8 @@ async fn abandon(
     provider: &dyn Provider,
     source_id: &str,
     target: &Tracked,
-    cause: MoveError,
-) -> MoveError {
+    cause: PortableError,
+) -> PortableError {
     let removed = match ledger.row(&target.berth_id).await {
         Ok(row) => ledger.destroy_row(provider, &row).await,
         Err(err) => Err(err),
@@ -409,7 +361,7 @@ async fn abandon(
             false,
         ),
     };
-    MoveError::Abandoned {
+    PortableError::Abandoned {
         source_id: source_id.to_owned(),
         target: target.berth_id.clone(),
         teardown,
@@ -423,7 +375,7 @@ async fn abandon(
 async fn remove_leftovers(
     req: &MoveRequest<'_>,
     source_id: &str,
-) -> Result<Vec<String>, MoveError> {
+) -> Result<Vec<String>, PortableError> {
     let origin = format!("move:{source_id}");
     let mut removed = Vec::new();
     for row in req.ledger.owned_rows(None, false).await? {
@@ -438,11 +390,11 @@ async fn remove_leftovers(
 }
 
 /// A record is of this schema and of this source.
-fn check_record(path: &Path, record: &MoveRecord, source_id: &str) -> Result<(), MoveError> {
+fn check_record(path: &Path, record: &MoveRecord, source_id: &str) -> Result<(), PortableError> {
     if record.schema == RECORD_SCHEMA && record.source == source_id {
         return Ok(());
     }
-    Err(MoveError::Record {
+    Err(PortableError::Record {
         path: path.display().to_string(),
         message: format!(
             "schema `{}` for source `{}`, expected {RECORD_SCHEMA} for `{source_id}`",
@@ -461,7 +413,7 @@ async fn finish_committed(
     record: MoveRecord,
     started: Instant,
     phase: &mut (dyn FnMut(Phase) + Send),
-) -> Result<Moved, MoveError> {
+) -> Result<Moved, PortableError> {
     let source = req.providers.provider(&source_row.provider)?;
     let at = Instant::now();
     let source_teardown = match source_row.state {
@@ -493,22 +445,22 @@ async fn finish_committed(
     })
 }
 
-fn not_movable(source_id: &str, reason: &str) -> MoveError {
-    MoveError::NotMovable {
+fn not_movable(source_id: &str, reason: &str) -> PortableError {
+    PortableError::NotMovable {
         source_id: source_id.to_owned(),
         reason: reason.to_owned(),
     }
 }
 
-fn record_error(path: &Path, err: impl std::fmt::Display) -> MoveError {
-    MoveError::Record {
+fn record_error(path: &Path, err: impl std::fmt::Display) -> PortableError {
+    PortableError::Record {
         path: path.display().to_string(),
         message: err.to_string(),
     }
 }
 
 /// A ledger id is Berth's own, but it becomes a file name here: only plain names pass.
-fn check_record_name(id: &str) -> Result<(), MoveError> {
+fn check_record_name(id: &str) -> Result<(), PortableError> {
     let plain = !id.is_empty()
         && id.len() <= 128
         && !id.starts_with('.')
@@ -524,7 +476,7 @@ fn check_record_name(id: &str) -> Result<(), MoveError> {
 
 /// One move of a source at a time: an exclusive lock the process holds (a killed move frees
 /// it).
-fn lock(records: &Path, source_id: &str) -> Result<std::fs::File, MoveError> {
+fn lock(records: &Path, source_id: &str) -> Result<std::fs::File, PortableError> {
     let path = records.join(format!("{source_id}.lock"));
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -534,14 +486,14 @@ fn lock(records: &Path, source_id: &str) -> Result<std::fs::File, MoveError> {
         .map_err(|e| record_error(&path, e))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(MoveError::Busy {
+        Err(std::fs::TryLockError::WouldBlock) => Err(PortableError::Busy {
             source_id: source_id.to_owned(),
         }),
         Err(std::fs::TryLockError::Error(e)) => Err(record_error(&path, e)),
     }
 }
 
-fn read_record(path: &Path) -> Result<Option<MoveRecord>, MoveError> {
+fn read_record(path: &Path) -> Result<Option<MoveRecord>, PortableError> {
     use std::io::Read;
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
@@ -562,7 +514,7 @@ fn read_record(path: &Path) -> Result<Option<MoveRecord>, MoveError> {
 
 /// Writes the record whole under its name and flushes it (file and directory) before the
 /// source's destroy may be asked for.
-fn write_record(path: &Path, record: &MoveRecord) -> Result<(), MoveError> {
+fn write_record(path: &Path, record: &MoveRecord) -> Result<(), PortableError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let temp: PathBuf = path.with_extension("json.tmp");
     let written = (|| -> std::io::Result<()> {
