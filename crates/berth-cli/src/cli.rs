@@ -124,8 +124,20 @@ pub enum Command {
         #[arg(long)]
         ttl: Option<String>,
     },
-    /// Delete what nothing holds any more: sandboxes past their TTL, snapshots past their
-    /// retention, sandboxes and snapshots a crash left half-made (intent rows whose call has
+    /// Keep a sandbox's workspace as a checkpoint of Berth's own, restorable on any provider
+    /// (`berth restore ck-… --provider P`); prints its id (`ck-…`, from its content).
+    Checkpoint {
+        /// Sandbox id.
+        id: String,
+        /// Retention: after it, `berth gc` deletes the checkpoint (default: kept until
+        /// `berth destroy ck-…`).
+        #[arg(long)]
+        ttl: Option<String>,
+    },
+    /// This owner's stored checkpoints.
+    Checkpoints,
+    /// Delete what nothing holds any more: sandboxes past their TTL, snapshots and checkpoints
+    /// past their retention, sandboxes, snapshots and checkpoints a crash left half-made (intent rows whose call has
     /// shown no sign of life for 2 minutes) and what killed calls left that no row names,
     /// never what a running mission will adopt or an unexpired row of a run still live in
     /// another berth process.
@@ -137,13 +149,17 @@ pub enum Command {
         #[command(flatten)]
         ttl: TtlArg,
     },
-    /// Create a new sandbox from a snapshot handle.
+    /// Create a new sandbox from a snapshot handle, or from a checkpoint (`ck-…`) on any
+    /// provider.
     Restore {
-        /// Snapshot handle (e.g. `sha256:…`).
+        /// Snapshot handle (e.g. `sha256:…`) or checkpoint id (`ck-…`).
         handle: String,
-        /// Provider that holds the snapshot.
+        /// Provider that holds the snapshot (for a checkpoint: the provider to restore on).
         #[arg(long, short, default_value = "host")]
         provider: String,
+        /// For a checkpoint: the new sandbox's image, for providers that have them.
+        #[arg(long)]
+        image: Option<String>,
         #[command(flatten)]
         ttl: TtlArg,
     },

@@ -226,7 +226,7 @@ fn classify_chain(err: &anyhow::Error) -> Classified {
         .unwrap_or(("internal", code::INTERNAL, None))
 }
 
-/// A move's failure: what a person does next differs by step.
+/// A move's or a checkpoint's failure: what a person does next differs by step.
 fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
     use berth_portable::PortableError as M;
     let (kind, exit_code, hint) = match e {
@@ -264,6 +264,11 @@ fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
                 )),
             ))
         }
+        M::NoCheckpoint { .. } => (
+            "not_found",
+            code::NOT_FOUND,
+            "`berth checkpoints` lists this owner's checkpoints",
+        ),
         M::Busy { .. } => (
             "conflict",
             code::CONFLICT,

@@ -242,6 +242,8 @@ impl Command {
             Command::Fork { .. } => "fork",
             Command::Restore { .. } => "restore",
             Command::Move(_) => "move",
+            Command::Checkpoint { .. } => "checkpoint",
+            Command::Checkpoints => "checkpoints",
             Command::Stop { .. } => "stop",
             Command::Start { .. } => "start",
             Command::Suspend { .. } => "suspend",

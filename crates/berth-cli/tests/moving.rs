@@ -604,3 +604,174 @@ fn a_move_killed_at_its_first_or_last_step_needs_nothing_undone() {
         text(&out.stderr)
     );
 }
+
+fn checkpoint_of(home: &Home, owner: &str, id: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["checkpoint", id];
+    args.extend_from_slice(extra);
+    let (code, doc) = home.json_as(owner, &args);
+    assert_eq!(code, 0, "{doc}");
+    doc["checkpoint"].clone()
+}
+
+fn restored(home: &Home, owner: &str, args: &[&str]) -> String {
+    let mut full = vec!["restore"];
+    full.extend_from_slice(args);
+    let (code, doc) = home.json_as(owner, &full);
+    assert_eq!(code, 0, "{doc}");
+    doc["restore"]["sandbox"]["berth_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// A checkpoint outlives its sandbox and its provider: restored on bwrap and on the host, whole;
+/// the same workspace is the same checkpoint; another owner cannot reach it; a stored archive
+/// changed on disk is refused before anything is made.
+#[test]
+fn a_checkpoint_is_restored_on_any_provider_whole() {
+    let home = Home::new();
+    let me = "keeper";
+    let source = populated(&home, me, "host");
+    let expected = describe(&home, me, &source).replace("pipe-here", "no-pipe");
+    let stored = checkpoint_of(&home, me, &source, &[]);
+    let id = stored["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("ck-") && id.len() == 67, "{stored}");
+    assert!(stored["expires_at"].is_null(), "{stored}");
+    assert!(
+        stored["not_carried"].to_string().contains("FIFO"),
+        "{stored}"
+    );
+    // The same content is the same checkpoint.
+    assert_eq!(checkpoint_of(&home, me, &source, &[])["id"], id.as_str());
+    let out = home.run_as(me, &["destroy", &source]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    for provider in ["bwrap", "host"] {
+        let sandbox = restored(&home, me, &[&id, "--provider", provider]);
+        assert_eq!(describe(&home, me, &sandbox), expected, "{provider}");
+        let rows = open_rows(&home, me);
+        assert!(
+            rows.contains(&(sandbox.clone(), format!("checkpoint:{id}"))),
+            "{rows:?}"
+        );
+    }
+    let (_, listed) = home.json_as(me, &["checkpoints"]);
+    assert_eq!(
+        listed["checkpoints"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+
+    // Another owner sees none of it.
+    let (_, theirs) = home.json_as("other", &["checkpoints"]);
+    assert_eq!(
+        theirs["checkpoints"].as_array().unwrap().len(),
+        0,
+        "{theirs}"
+    );
+    for args in [vec!["restore", &id, "-p", "host"], vec!["destroy", &id]] {
+        let out = home.run_as("other", &args);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // Ids that are no checkpoint's: refused, nothing touched.
+    for bad in ["ck-../../etc/passwd", "ck-", "ck-ABC"] {
+        let out = home.run_as(me, &["restore", bad, "-p", "host"]);
+        assert_eq!(out.status.code(), Some(3), "{bad}: {}", text(&out.stderr));
+    }
+    let out = home.run_as(me, &["restore", "sha256:00", "-p", "host", "--image", "x"]);
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+
+    // A stored archive changed on disk: refused, no sandbox made.
+    let stored_tar = walk(home.path())
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_string_lossy() == format!("{id}.tar"))
+        .unwrap();
+    let mut bytes = std::fs::read(&stored_tar).unwrap();
+    let at = bytes.windows(7).position(|w| w == b"secret\n").unwrap();
+    bytes[at] = b'S';
+    std::fs::write(&stored_tar, &bytes).unwrap();
+    let before = open_rows(&home, me);
+    let out = home.run_as(me, &["restore", &id, "-p", "host"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not the checkpoint its name says"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(open_rows(&home, me), before);
+    // Deleted by its id; then gone.
+    let out = home.run_as(me, &["destroy", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = home.run_as(me, &["destroy", &id]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+}
+
+/// `berth gc` deletes checkpoints past their retention and what a crash left of one (a
+/// temporary file, an archive without its record) once it is old, never a fresh one.
+#[test]
+fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
+    let home = Home::new();
+    let me = "keeper";
+    let source = populated(&home, me, "host");
+    let kept = checkpoint_of(&home, me, &source, &[]);
+    let out = home.run_as(me, &["exec", &source, "--", "sh", "-c", "echo more > more"]);
+    assert!(out.status.success());
+    let expiring = checkpoint_of(&home, me, &source, &["--ttl", "1s"]);
+    let dir = walk(home.path())
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "tar"))
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+    let plant = |name: &str, aged: bool| {
+        let path = dir.join(name);
+        std::fs::write(&path, b"partial").unwrap();
+        if aged {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        path
+    };
+    let orphan_tmp = plant(".tmp-0123456789abcdef", true);
+    let fresh_tmp = plant(".tmp-fedcba9876543210", false);
+    let lone = format!("ck-{}", "ab".repeat(32));
+    let lone_tar = plant(&format!("{lone}.tar"), true);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (code, doc) = home.json_as(me, &["gc"]);
+    assert_eq!(code, 0, "{doc}");
+    let collected: Vec<&str> = doc["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(collected.len(), 3, "{doc}");
+    for name in [
+        expiring["id"].as_str().unwrap(),
+        ".tmp-0123456789abcdef",
+        &lone,
+    ] {
+        assert!(collected.contains(&name), "{name}: {doc}");
+    }
+    assert!(!orphan_tmp.exists() && !lone_tar.exists());
+    assert!(fresh_tmp.exists(), "a write under way is never taken");
+    let (_, listed) = home.json_as(me, &["checkpoints"]);
+    let ids: Vec<&Value> = listed["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["id"])
+        .collect();
+    assert_eq!(ids, vec![&kept["id"]], "{listed}");
+}

@@ -190,7 +190,7 @@ impl Checkpoint {
 }
 
 /// Entry counts of a checkpoint.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counts {
     /// Regular files.
     pub files: u64,
@@ -306,14 +306,14 @@ fn parse(archive: &[u8]) -> Result<Checkpoint, PortableError> {
 
 /// What a read keeps besides the manifest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Keep {
+pub(crate) enum Keep {
     /// The rebuilt archive (a checkpoint to restore).
     Archive,
     /// Nothing (a read to compare): the same rules, no content held.
     Manifest,
 }
 
-fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, PortableError> {
+pub(crate) fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, PortableError> {
     let bad = |why: String| {
         PortableError::Workspace(format!("the workspace's archive is refused: {why}"))
     };

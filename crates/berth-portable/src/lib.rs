@@ -1,6 +1,8 @@
-//! Portable workspaces: a sandbox's workspace read as a [`Checkpoint`] with strict rules, and
+//! Portable workspaces: a sandbox's workspace read as a [`Checkpoint`] with strict rules;
 //! [`move_sandbox`] — checkpoint → create on the target → restore → verify → destroy the
-//! source — with every sandbox under the ledger and the move's commit point durable.
+//! source — with every sandbox under the ledger and the move's commit point durable; and
+//! checkpoints kept apart from any provider ([`CheckpointStore`], a local directory backend),
+//! restorable on any of them ([`restore_checkpoint`]).
 //!
 //! What a move carries is the workspace (the sandbox's working directory: directories, regular
 //! files with their permission bits, symlinks). It does not carry running processes, files
@@ -13,9 +15,14 @@
 mod checkpoint;
 mod moving;
 mod restore;
+mod stored;
 
 pub use checkpoint::{Checkpoint, Counts, Entry, EntryKind, ARCHIVE_SCRIPT, LIMIT, MAX_ENTRIES};
 pub use moving::{move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA};
+pub use stored::{
+    restore_checkpoint, take_checkpoint, CheckpointStore, Collected, Restored, StoredCheckpoint,
+    CHECKPOINT_PREFIX, CHECKPOINT_SCHEMA,
+};
 
 use berth_contract::ProviderError;
 use berth_ledger::LedgerError;
@@ -83,13 +90,21 @@ pub enum PortableError {
         #[source]
         cause: Box<LedgerError>,
     },
-    /// The move stopped after its target was made: the target was removed (or says why not),
-    /// the source is as it was.
-    #[error("the move was abandoned and `{source_id}` kept; its target `{target}` {teardown}")]
+    /// No such stored checkpoint (or not an id of one).
+    #[error("checkpoint `{id}`: {reason}")]
+    NoCheckpoint {
+        /// The id asked for (escaped).
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The move (or restore) stopped after its new sandbox was made: that sandbox was removed
+    /// (or says why not), the source is as it was.
+    #[error("stopped with `{source_id}` kept as it was; the new sandbox `{target}` {teardown}")]
     Abandoned {
-        /// The source, untouched.
+        /// The source (a sandbox, or a stored checkpoint), untouched.
         source_id: String,
-        /// The target made for the move.
+        /// The sandbox made for the move or restore.
         target: String,
         /// What happened to the target: "was removed (verified gone)", or why not.
         teardown: String,

@@ -337,8 +337,8 @@ async fn restore_and_verify(
     Ok(())
 }
 
-/// Removes the target a failed move made; the error says what became of it.
-async fn abandon(
+/// Removes the sandbox a failed move (or restore) made; the error says what became of it.
+pub(crate) async fn abandon(
     ledger: &Ledger,
     provider: &dyn Provider,
     source_id: &str,

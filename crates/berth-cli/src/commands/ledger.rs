@@ -148,17 +148,27 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
             },
         )
         .await?;
+    // `gc` also deletes this owner's checkpoints past their retention and what a crash left of
+    // one; a sweep keeps checkpoints (they are kept until deleted or expired, as snapshots).
+    let checkpoints = if expired {
+        super::moving::collect_checkpoints(app)?
+    } else {
+        Vec::new()
+    };
     if app.json {
         emit(
             "ledger sweep",
-            json!({ "owner": app.ledger.owner(), "complete": report.complete(), "entries": report.entries }),
+            json!({ "owner": app.ledger.owner(), "complete": report.complete(), "entries": report.entries, "checkpoints": checkpoints }),
         );
     } else {
-        if report.entries.is_empty() {
+        if report.entries.is_empty() && checkpoints.is_empty() {
             outln!("sweep: nothing to do for owner {}", app.ledger.owner());
         }
         for entry in &report.entries {
             outln!("{}", sweep_line(entry));
+        }
+        for collected in &checkpoints {
+            outln!("{}: deleted ({})", collected.name, collected.reason);
         }
     }
     Ok(if report.complete() {

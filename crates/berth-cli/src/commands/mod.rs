@@ -40,8 +40,30 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Restore {
             handle,
             provider,
+            image,
             ttl,
-        } => sandbox::restore(&app, &handle, &provider, &ttl.ttl).await,
+        } if handle.starts_with(berth_portable::CHECKPOINT_PREFIX) => {
+            moving::restore_checkpoint(&app, &handle, &provider, image, &ttl.ttl).await
+        }
+        Command::Restore {
+            handle,
+            provider,
+            image,
+            ttl,
+        } => {
+            if image.is_some() {
+                return Err(crate::errors::CliError::invalid(
+                    "`--image` is for restoring a checkpoint (`ck-…`); a provider's snapshot is \
+                     its own image"
+                        .to_owned(),
+                    "leave `--image` out",
+                )
+                .into());
+            }
+            sandbox::restore(&app, &handle, &provider, &ttl.ttl).await
+        }
+        Command::Checkpoint { id, ttl } => moving::checkpoint(&app, &id, ttl.as_deref()).await,
+        Command::Checkpoints => moving::checkpoints(&app).await,
         Command::Destroy { ids } => sandbox::destroy(&app, &ids).await,
         Command::Move(args) => moving::move_sandbox(&app, args).await,
         Command::Stop { id } => sandbox::power(&app, &id, sandbox::Power::Stop).await,

@@ -126,3 +126,133 @@ pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
         code::CLEANUP_INCOMPLETE
     })
 }
+
+/// This owner's checkpoint store.
+fn checkpoint_store(app: &App) -> berth_portable::CheckpointStore {
+    berth_portable::CheckpointStore::new(
+        &app.config.state_dir().join("checkpoints"),
+        app.ledger.owner(),
+    )
+}
+
+/// `berth checkpoint ID [--ttl D]`.
+pub async fn checkpoint(app: &App, id: &str, ttl: Option<&str>) -> Result<i32> {
+    let retention = ttl.map(duration::parse).transpose()?;
+    let (row, provider, native) = app.sandbox(id).await?;
+    let progress = crate::human::Progress::new(app.json);
+    progress.show(&format!("checkpoint {id}: reading its workspace"));
+    let stored = berth_portable::take_checkpoint(
+        &checkpoint_store(app),
+        provider.as_ref(),
+        &row.berth_id,
+        &native,
+        retention,
+    )
+    .await;
+    progress.clear();
+    let stored = stored?;
+    if app.json {
+        emit("checkpoint", json!({ "checkpoint": stored }));
+    } else {
+        outln!("{}", stored.id);
+        errln!(
+            "{} files, {} directories, {} symlinks, {} bytes{}; `berth restore {} --provider P` \
+             makes a sandbox of it, `berth destroy {}` deletes it",
+            stored.counts.files,
+            stored.counts.dirs,
+            stored.counts.symlinks,
+            stored.counts.bytes,
+            stored
+                .expires_at
+                .map(|t| format!(", kept until {}", t.format("%Y-%m-%d %H:%M UTC")))
+                .unwrap_or_default(),
+            stored.id,
+            stored.id
+        );
+        for line in &stored.not_carried {
+            errln!("not carried: {}", printable(line, false));
+        }
+    }
+    Ok(code::OK)
+}
+
+/// `berth checkpoints`.
+pub async fn checkpoints(app: &App) -> Result<i32> {
+    let stored = checkpoint_store(app).list()?;
+    if app.json {
+        emit("checkpoints", json!({ "checkpoints": stored }));
+        return Ok(code::OK);
+    }
+    if stored.is_empty() {
+        outln!("no checkpoints for owner {}", app.ledger.owner());
+        return Ok(code::OK);
+    }
+    let mut table =
+        crate::human::Table::new(&["ID", "SOURCE", "FILES", "BYTES", "TAKEN", "KEPT UNTIL"]);
+    for c in &stored {
+        table.styled_row(
+            [
+                c.id.clone(),
+                format!("{} ({})", c.source, c.source_provider),
+                c.counts.files.to_string(),
+                c.counts.bytes.to_string(),
+                c.created_at.format("%Y-%m-%d %H:%M").to_string(),
+                c.expires_at
+                    .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                    .unwrap_or_else(|| "deleted".into()),
+            ]
+            .into_iter()
+            .map(|cell| (cell, crate::human::Style::Plain))
+            .collect(),
+        );
+    }
+    out!(
+        "{}",
+        table.render(crate::human::colour_on_stdout(&app.config))
+    );
+    Ok(code::OK)
+}
+
+/// `berth restore ck-… --provider P`.
+pub async fn restore_checkpoint(
+    app: &App,
+    id: &str,
+    provider_id: &str,
+    image: Option<String>,
+    ttl: &str,
+) -> Result<i32> {
+    let ttl = duration::parse(ttl)?;
+    let target = app.provider(provider_id)?;
+    let restored = berth_portable::restore_checkpoint(
+        &app.ledger,
+        &checkpoint_store(app),
+        id,
+        target,
+        Some(ttl),
+        |req| req.image = image,
+    )
+    .await?;
+    if app.json {
+        emit("restore", json!({ "restore": restored }));
+    } else {
+        outln!("{}", restored.sandbox.berth_id);
+        errln!(
+            "{} from {}: {} files, {} bytes, verified",
+            restored.sandbox.berth_id,
+            restored.checkpoint,
+            restored.counts.files,
+            restored.counts.bytes
+        );
+    }
+    Ok(code::OK)
+}
+
+/// `berth destroy ck-…`: deletes a stored checkpoint.
+pub fn delete_checkpoint(app: &App, id: &str) -> Result<bool> {
+    Ok(checkpoint_store(app).delete(id)?)
+}
+
+/// What `berth gc` deletes of this owner's checkpoints.
+pub fn collect_checkpoints(app: &App) -> Result<Vec<berth_portable::Collected>> {
+    Ok(checkpoint_store(app).gc(chrono::Utc::now())?)
+}

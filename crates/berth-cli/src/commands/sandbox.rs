@@ -343,6 +343,19 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
 }
 
 async fn destroy_one(app: &App, id: &str) -> Result<DestroyOutcome> {
+    if id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
+        // A checkpoint is Berth's own file: deleted, and gone once the call returns.
+        return match super::moving::delete_checkpoint(app, id)? {
+            true => Ok(DestroyOutcome::VerifiedGone {
+                already_absent: false,
+            }),
+            false => Err(crate::errors::CliError::not_found(
+                format!("no checkpoint `{id}` of this owner"),
+                "`berth checkpoints` lists them",
+            )
+            .into()),
+        };
+    }
     let (row, provider) = app.row(id).await?;
     let err = match app.ledger.destroy_row(provider.as_ref(), &row).await {
         Ok(outcome) => return Ok(outcome),
