@@ -618,10 +618,11 @@ fn restored(home: &Home, owner: &str, args: &[&str]) -> String {
     full.extend_from_slice(args);
     let (code, doc) = home.json_as(owner, &full);
     assert_eq!(code, 0, "{doc}");
-    doc["restore"]["sandbox"]["berth_id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    assert!(
+        doc["checkpoint"].as_str().unwrap().starts_with("ck-"),
+        "{doc}"
+    );
+    doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
 }
 
 /// A checkpoint outlives its sandbox and its provider: restored on bwrap and on the host, whole;

@@ -233,7 +233,11 @@ pub async fn restore_checkpoint(
     )
     .await?;
     if app.json {
-        emit("restore", json!({ "restore": restored }));
+        // The shape of a restore from a snapshot: `sandbox` first, then what it came from.
+        emit(
+            "restore",
+            json!({ "sandbox": restored.sandbox, "checkpoint": restored.checkpoint, "counts": restored.counts }),
+        );
     } else {
         outln!("{}", restored.sandbox.berth_id);
         errln!(
