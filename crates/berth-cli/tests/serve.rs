@@ -1086,3 +1086,122 @@ fn a_sandbox_is_moved_over_the_api() {
     );
     assert_eq!(audited(&home, addr, "bob", route), vec![404]);
 }
+
+/// Checkpoints over the API: taken (scope `exec`), listed (`read`), restored on a provider and
+/// deleted — the owner's only, bodies checked before anything is made, every change audited.
+#[test]
+fn checkpoints_are_taken_restored_and_deleted_over_the_api() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (reader, _) = token(&home, "alice", "read");
+    let (bob, _) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let source = create(addr, &alice);
+    let (status, doc) = call(
+        addr,
+        "PUT",
+        &format!("/v1/sandboxes/{source}/files"),
+        &alice,
+        Some(json!({ "path": "kept/notes", "content_base64": b64.encode(b"kept over http\n") })),
+    );
+    assert_eq!(status, 200, "{doc}");
+    let take = format!("/v1/sandboxes/{source}/checkpoint");
+    assert_eq!(call(addr, "POST", &take, &reader, Some(json!({}))).0, 403);
+    assert_eq!(call(addr, "POST", &take, &bob, Some(json!({}))).0, 404);
+    assert_eq!(
+        call(addr, "POST", &take, &alice, Some(json!({ "keep": 1 }))).0,
+        400
+    );
+    let (status, doc) = call(addr, "POST", &take, &alice, Some(json!({ "ttl": "1h" })));
+    assert_eq!(status, 200, "{doc}");
+    let id = doc["checkpoint"]["id"].as_str().unwrap().to_owned();
+    assert!(doc["checkpoint"]["expires_at"].is_string(), "{doc}");
+
+    let (status, listed) = call(addr, "GET", "/v1/checkpoints", &reader, None);
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["checkpoints"][0]["id"], id.as_str(), "{listed}");
+    let (_, theirs) = call(addr, "GET", "/v1/checkpoints", &bob, None);
+    assert_eq!(
+        theirs["checkpoints"].as_array().unwrap().len(),
+        0,
+        "{theirs}"
+    );
+
+    let restore = format!("/v1/checkpoints/{id}/restore");
+    assert_eq!(
+        call(
+            addr,
+            "POST",
+            &restore,
+            &bob,
+            Some(json!({ "provider": "host" }))
+        )
+        .0,
+        404
+    );
+    assert_eq!(call(addr, "POST", &restore, &alice, Some(json!({}))).0, 400);
+    assert_eq!(
+        call(
+            addr,
+            "POST",
+            &restore,
+            &alice,
+            Some(json!({ "provider": "nowhere" }))
+        )
+        .0,
+        404
+    );
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &restore,
+        &alice,
+        Some(json!({ "provider": "host" })),
+    );
+    assert_eq!(status, 200, "{doc}");
+    let sandbox = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let (status, read) = call(
+        addr,
+        "GET",
+        &format!("/v1/sandboxes/{sandbox}/files?path=kept/notes"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(
+        b64.decode(read["content_base64"].as_str().unwrap())
+            .unwrap(),
+        b"kept over http\n"
+    );
+
+    let delete = format!("/v1/checkpoints/{id}");
+    assert_eq!(call(addr, "DELETE", &delete, &bob, None).0, 404);
+    assert_eq!(
+        call(
+            addr,
+            "DELETE",
+            &format!("/v1/checkpoints/{source}"),
+            &alice,
+            None
+        )
+        .0,
+        404
+    );
+    assert_eq!(call(addr, "DELETE", &delete, &alice, None).0, 200);
+    assert_eq!(call(addr, "DELETE", &delete, &alice, None).0, 404);
+    assert_eq!(
+        audited(&home, addr, "alice", "/v1/sandboxes/{id}/checkpoint"),
+        vec![403, 400, 200]
+    );
+    assert_eq!(
+        audited(&home, addr, "alice", "/v1/checkpoints/{id}/restore"),
+        vec![400, 404, 200]
+    );
+    assert_eq!(
+        audited(&home, addr, "alice", "/v1/checkpoints/{id}"),
+        vec![404, 200, 404]
+    );
+}

@@ -12,6 +12,7 @@
 //! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
 //! - `routes` — the router, authorization, the command runner and the OpenAPI description.
 //! - `resources` — the handlers: sandboxes, ledger, missions, audit.
+//! - `portable` — a sandbox moved, checkpoints taken, listed, restored and deleted.
 //! - `events` — a mission's event log as server-sent events, resumable by event id.
 //! - `jobs` — execs started over the API, their output as server-sent events.
 //! - `ui` — the web dashboard: missions, attempts, live events, ledger, catalog, benchmarks.
@@ -22,6 +23,7 @@ pub mod auth;
 mod events;
 mod jobs;
 mod listener;
+mod portable;
 mod resources;
 mod routes;
 mod ui;

@@ -1,5 +1,5 @@
-//! The API's resource routes: sandboxes (list, create, show, destroy, exec, files, move), the
-//! ledger, missions and the audit log. Each runs the CLI's own command through `routes::Call`.
+//! The API's resource routes: sandboxes (list, create, show, destroy, exec, files), the ledger,
+//! missions and the audit log. Each runs the CLI's own command through `routes::Call`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -41,16 +41,16 @@ pub(crate) struct CreateBody {
 fn default_provider() -> String {
     "host".into()
 }
-fn default_network() -> String {
+pub(crate) fn default_network() -> String {
     "none".into()
 }
-fn default_ttl() -> String {
+pub(crate) fn default_ttl() -> String {
     "24h".into()
 }
 
 /// A new sandbox's shape from a body, as the CLI's flags take it (the network checked as clap
 /// checks the flag). The API sets no resource limits: the provider's defaults apply.
-fn shape(
+pub(crate) fn shape(
     image: Option<String>,
     network: String,
     ttl: String,
@@ -468,61 +468,6 @@ pub(crate) async fn cancel_mission(
     .run_with(reason, |app, reason| async move {
         let reason = reason.unwrap_or_else(|| "cancelled through the HTTP API".into());
         crate::commands::mission::run(&app, crate::cli::MissionCommand::Cancel { id, reason }).await
-    })
-    .await
-}
-
-/// Move a sandbox's workspace to a new sandbox.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct MoveBody {
-    /// Provider to move to.
-    to: String,
-    /// Image or template for the new sandbox, for providers that have them.
-    image: Option<String>,
-    /// `none` (default), `bridge` or `host`.
-    #[serde(default = "default_network")]
-    network: String,
-    /// The new sandbox's expiry (`30m`, `24h`, `7d`; default `24h`).
-    #[serde(default = "default_ttl")]
-    ttl: String,
-}
-
-/// Move a sandbox's workspace to a new sandbox on another provider (scope `exec`), as `berth
-/// move`: checkpoint, create, restore, verify, then destroy the source, which is kept whole if
-/// anything fails (422 when the target is not the checkpoint; 409 when the source was written
-/// to meanwhile or another move of it is under way).
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/move", tag = "sandboxes", request_body = MoveBody,
-    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "`move` document: `move` (`target`, `checkpoint`, \
-        `counts`, `not_carried`, `source_teardown`, `times`)", body = Document),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
-pub(crate) async fn move_sandbox(
-    State(server): State<Arc<Server>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Json<MoveBody>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let body = body
-        .map(|Json(body)| body)
-        .map_err(|rejected| bad_body("move", rejected));
-    call(
-        &server,
-        &headers,
-        Method::POST,
-        "/v1/sandboxes/{id}/move",
-        "move",
-        Scope::Exec,
-        Some(id.clone()),
-    )
-    .run_with(body, |app, body| async move {
-        let args = crate::cli::MoveArgs {
-            id,
-            to: body.to,
-            shape: shape(body.image, body.network, body.ttl)?,
-        };
-        crate::commands::moving::move_sandbox(&app, args).await
     })
     .await
 }

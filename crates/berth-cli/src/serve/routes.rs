@@ -52,7 +52,20 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         .route("/v1/sandboxes/{id}/ls", get(resources::list_dir))
         .route(
             "/v1/sandboxes/{id}/move",
-            axum::routing::post(resources::move_sandbox),
+            axum::routing::post(super::portable::move_sandbox),
+        )
+        .route(
+            "/v1/sandboxes/{id}/checkpoint",
+            axum::routing::post(super::portable::take_checkpoint),
+        )
+        .route("/v1/checkpoints", get(super::portable::list_checkpoints))
+        .route(
+            "/v1/checkpoints/{id}",
+            axum::routing::delete(super::portable::delete_checkpoint),
+        )
+        .route(
+            "/v1/checkpoints/{id}/restore",
+            axum::routing::post(super::portable::restore_checkpoint),
         )
         .route(
             "/v1/sandboxes/{id}/execs",
@@ -130,7 +143,11 @@ pub(crate) struct ErrorBody {
         resources::read_file,
         resources::write_file,
         resources::list_dir,
-        resources::move_sandbox,
+        super::portable::move_sandbox,
+        super::portable::take_checkpoint,
+        super::portable::list_checkpoints,
+        super::portable::restore_checkpoint,
+        super::portable::delete_checkpoint,
         super::jobs::start,
         super::jobs::events,
         resources::ledger,
@@ -146,7 +163,9 @@ pub(crate) struct ErrorBody {
         resources::CreateBody,
         resources::ExecBody,
         resources::CancelBody,
-        resources::MoveBody,
+        super::portable::MoveBody,
+        super::portable::CheckpointBody,
+        super::portable::RestoreBody,
         resources::FileBody
     )),
     modifiers(&Bearer)

@@ -1,0 +1,217 @@
+//! The API's routes for portable workspaces: a sandbox moved to another provider, checkpoints
+//! taken, listed, restored on any provider and deleted — each the CLI's own command.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method};
+use axum::response::Response;
+use axum::Json;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use super::auth::Scope;
+use super::resources::{default_network, default_ttl, shape};
+use super::routes::{bad_body, call, Document, ErrorBody};
+use super::Server;
+
+/// Move a sandbox's workspace to a new sandbox.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MoveBody {
+    /// Provider to move to.
+    to: String,
+    /// Image or template for the new sandbox, for providers that have them.
+    image: Option<String>,
+    /// `none` (default), `bridge` or `host`.
+    #[serde(default = "default_network")]
+    network: String,
+    /// The new sandbox's expiry (`30m`, `24h`, `7d`; default `24h`).
+    #[serde(default = "default_ttl")]
+    ttl: String,
+}
+
+/// Move a sandbox's workspace to a new sandbox on another provider (scope `exec`), as `berth
+/// move`: checkpoint, create, restore, verify, then destroy the source, which is kept whole if
+/// anything fails (422 when the target is not the checkpoint; 409 when the source was written
+/// to meanwhile or another move of it is under way).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/move", tag = "sandboxes", request_body = MoveBody,
+    security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "`move` document: `move` (`target`, `checkpoint`, \
+        `counts`, `not_carried`, `source_teardown`, `times`)", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub(crate) async fn move_sandbox(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<MoveBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let body = body
+        .map(|Json(body)| body)
+        .map_err(|rejected| bad_body("move", rejected));
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/sandboxes/{id}/move",
+        "move",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_with(body, |app, body| async move {
+        let args = crate::cli::MoveArgs {
+            id,
+            to: body.to,
+            shape: shape(body.image, body.network, body.ttl)?,
+        };
+        crate::commands::moving::move_sandbox(&app, args).await
+    })
+    .await
+}
+
+/// Take a checkpoint of a sandbox.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckpointBody {
+    /// Retention (`7d`); kept until deleted without one.
+    ttl: Option<String>,
+}
+
+/// Keep a sandbox's workspace as a checkpoint of Berth's own (scope `exec`), as `berth
+/// checkpoint`: its id is `ck-` and the content's digest.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoint", tag = "checkpoints",
+    request_body = CheckpointBody, security(("bearer" = [])),
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "`checkpoint` document: `checkpoint` (`id`, `digest`, \
+        `counts`, `not_carried`, `expires_at`)", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub(crate) async fn take_checkpoint(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<CheckpointBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let ttl = body
+        .map(|Json(body)| body.ttl)
+        .map_err(|rejected| bad_body("checkpoint", rejected));
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/sandboxes/{id}/checkpoint",
+        "checkpoint",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_with(ttl, |app, ttl| async move {
+        crate::commands::moving::checkpoint(&app, &id, ttl.as_deref()).await
+    })
+    .await
+}
+
+/// This owner's checkpoints.
+#[utoipa::path(get, path = "/v1/checkpoints", tag = "checkpoints", security(("bearer" = [])),
+    responses((status = 200, description = "`checkpoints` document", body = Document),
+              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+pub(crate) async fn list_checkpoints(
+    State(server): State<Arc<Server>>,
+    headers: HeaderMap,
+) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/checkpoints",
+        "checkpoints",
+        Scope::Read,
+        None,
+    )
+    .run(|app| async move { crate::commands::moving::checkpoints(&app).await })
+    .await
+}
+
+/// Make a sandbox of a checkpoint.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RestoreBody {
+    /// Provider to restore on.
+    provider: String,
+    /// Image or template, for providers that have them.
+    image: Option<String>,
+    /// The new sandbox's expiry (`30m`, `24h`, `7d`; default `24h`).
+    #[serde(default = "default_ttl")]
+    ttl: String,
+}
+
+/// Make a sandbox of a checkpoint on any provider (scope `exec`), as `berth restore ck-…`: the
+/// sandbox is read back and must be the checkpoint (422 and removed otherwise).
+#[utoipa::path(post, path = "/v1/checkpoints/{id}/restore", tag = "checkpoints",
+    request_body = RestoreBody, security(("bearer" = [])),
+    params(("id" = String, Path, description = "Checkpoint id (`ck-…`)")),
+    responses((status = 200, description = "`restore` document: `sandbox`, `checkpoint`, \
+        `counts`", body = Document),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 422, body = ErrorBody)))]
+pub(crate) async fn restore_checkpoint(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Json<RestoreBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let body = body
+        .map(|Json(body)| body)
+        .map_err(|rejected| bad_body("restore", rejected));
+    call(
+        &server,
+        &headers,
+        Method::POST,
+        "/v1/checkpoints/{id}/restore",
+        "restore",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run_with(body, |app, body| async move {
+        crate::commands::moving::restore_checkpoint(
+            &app,
+            &id,
+            &body.provider,
+            body.image,
+            &body.ttl,
+        )
+        .await
+    })
+    .await
+}
+
+/// Delete a checkpoint (scope `exec`), as `berth destroy ck-…`.
+#[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", security(("bearer" = [])),
+    params(("id" = String, Path, description = "Checkpoint id (`ck-…`)")),
+    responses((status = 200, description = "`destroy` document", body = Document),
+              (status = 404, body = ErrorBody)))]
+pub(crate) async fn delete_checkpoint(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::DELETE,
+        "/v1/checkpoints/{id}",
+        "destroy",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run(|app| async move {
+        if !id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
+            return Err(crate::errors::CliError::not_found(
+                format!("`{}` is no checkpoint id", id.escape_debug()),
+                "`GET /v1/checkpoints` lists them",
+            )
+            .into());
+        }
+        crate::commands::sandbox::destroy(&app, &[id]).await
+    })
+    .await
+}
