@@ -423,7 +423,17 @@ fn a_target_that_is_not_the_checkpoint_is_removed_and_the_source_kept() {
     let target = there["target"]["berth_id"].as_str().unwrap().to_owned();
     let expected = before.replace("pipe-here", "no-pipe");
     assert_eq!(describe(&home, &me, &target), expected);
+    // A process running there is named as not carried (processes never are).
+    let out = home.run_as(&me, &["exec", "-d", &target, "--", "sleep", "300"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let handle = text(&out.stdout).trim().to_owned();
     let back = moved(&home, &me, &["--to", "host", &target]);
+    assert!(
+        back["not_carried"]
+            .to_string()
+            .contains(&format!("process {handle}: running in the source")),
+        "{back}"
+    );
     assert_eq!(back["checkpoint"], there["checkpoint"]);
     let last = back["target"]["berth_id"].as_str().unwrap();
     assert_eq!(describe(&home, &me, last), expected);

@@ -228,6 +228,9 @@ pub async fn move_sandbox(
     let at = Instant::now();
     let mut checkpoint = Checkpoint::read(source.as_ref(), &source_native).await?;
     let archive = std::mem::take(&mut checkpoint.archive);
+    checkpoint
+        .not_carried
+        .extend(running_processes(source.as_ref(), &source_native).await);
     times.checkpoint_ms = ms(at);
     phase(Phase::Checkpointed);
 
@@ -307,6 +310,41 @@ pub async fn move_sandbox(
         finished_earlier_move: false,
         times,
     })
+}
+
+/// The source's detached processes still running, named: a move carries files, never
+/// processes, and they end with the source.
+async fn running_processes(
+    source: &dyn Provider,
+    native: &berth_contract::NativeId,
+) -> Vec<String> {
+    let Some(detached) = source.detached() else {
+        return Vec::new();
+    };
+    let handles = match detached.list(native).await {
+        Ok(handles) => handles,
+        Err(e) => {
+            return vec![format!(
+                "whether processes run in the source is unknown: {e}"
+            )]
+        }
+    };
+    let mut running = Vec::new();
+    for handle in handles {
+        match detached.status(native, &handle).await {
+            Ok(berth_contract::ProcessStatus::Running) => running.push(format!(
+                "process {}: running in the source; a move carries no process (it ends with the \
+                 source)",
+                handle.0.escape_debug()
+            )),
+            Ok(_) => {}
+            Err(e) => running.push(format!(
+                "process {}: whether it runs is unknown ({e}); a move carries no process",
+                handle.0.escape_debug()
+            )),
+        }
+    }
+    running
 }
 
 /// Unpacks the checkpoint in the target, reads the target back and the source again: both must
