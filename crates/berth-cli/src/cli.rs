@@ -125,12 +125,12 @@ pub enum Command {
         ttl: Option<String>,
     },
     /// Keep a sandbox's workspace as a checkpoint of Berth's own, restorable on any provider
-    /// (`berth restore ck-… --provider P`); prints its id (`ck-…`, from its content).
+    /// (`berth restore ws-… --provider P`); prints its id (`ws-…`, from its content).
     Checkpoint {
         /// Sandbox id.
         id: String,
         /// Retention: after it, `berth gc` deletes the checkpoint (default: kept until
-        /// `berth destroy ck-…`).
+        /// `berth destroy ws-…`).
         #[arg(long)]
         ttl: Option<String>,
     },
@@ -149,10 +149,10 @@ pub enum Command {
         #[command(flatten)]
         ttl: TtlArg,
     },
-    /// Create a new sandbox from a snapshot handle, or from a checkpoint (`ck-…`) on any
+    /// Create a new sandbox from a snapshot handle, or from a checkpoint (`ws-…`) on any
     /// provider.
     Restore {
-        /// Snapshot handle (e.g. `sha256:…`) or checkpoint id (`ck-…`).
+        /// Snapshot handle (e.g. `sha256:…`) or checkpoint id (`ws-…`).
         handle: String,
         /// Provider that holds the snapshot (for a checkpoint: the provider to restore on).
         #[arg(long, short, default_value = "host")]

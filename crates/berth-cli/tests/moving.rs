@@ -629,7 +629,7 @@ fn restored(home: &Home, owner: &str, args: &[&str]) -> String {
     let (code, doc) = home.json_as(owner, &full);
     assert_eq!(code, 0, "{doc}");
     assert!(
-        doc["checkpoint"].as_str().unwrap().starts_with("ck-"),
+        doc["checkpoint"].as_str().unwrap().starts_with("ws-"),
         "{doc}"
     );
     doc["sandbox"]["berth_id"].as_str().unwrap().to_owned()
@@ -646,7 +646,7 @@ fn a_checkpoint_is_restored_on_any_provider_whole() {
     let expected = describe(&home, me, &source).replace("pipe-here", "no-pipe");
     let stored = checkpoint_of(&home, me, &source, &[]);
     let id = stored["id"].as_str().unwrap().to_owned();
-    assert!(id.starts_with("ck-") && id.len() == 67, "{stored}");
+    assert!(id.starts_with("ws-") && id.len() == 67, "{stored}");
     assert!(stored["expires_at"].is_null(), "{stored}");
     assert!(
         stored["not_carried"].to_string().contains("FIFO"),
@@ -690,7 +690,7 @@ fn a_checkpoint_is_restored_on_any_provider_whole() {
         );
     }
     // Ids that are no checkpoint's: refused, nothing touched.
-    for bad in ["ck-../../etc/passwd", "ck-", "ck-ABC"] {
+    for bad in ["ws-../../etc/passwd", "ws-", "ws-ABC"] {
         let out = home.run_as(me, &["restore", bad, "-p", "host"]);
         assert_eq!(out.status.code(), Some(3), "{bad}: {}", text(&out.stderr));
     }
@@ -756,7 +756,7 @@ fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
     };
     let orphan_tmp = plant(".tmp-0123456789abcdef", true);
     let fresh_tmp = plant(".tmp-fedcba9876543210", false);
-    let lone = format!("ck-{}", "ab".repeat(32));
+    let lone = format!("ws-{}", "ab".repeat(32));
     let lone_tar = plant(&format!("{lone}.tar"), true);
     std::thread::sleep(std::time::Duration::from_millis(1100));
     let (code, doc) = home.json_as(me, &["gc"]);

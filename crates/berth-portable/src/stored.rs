@@ -1,8 +1,8 @@
 //! Checkpoints kept by Berth: a workspace stored apart from any provider, restorable on any of
-//! them (`berth checkpoint ID`, `berth restore ck-… --provider P`).
+//! them (`berth checkpoint ID`, `berth restore ws-… --provider P`).
 //!
-//! The backend is a local directory under Berth's state, one per owner: `ck-HEX.tar` (the
-//! archive Berth rebuilt) and `ck-HEX.json` (its record), where HEX is the checkpoint's manifest
+//! The backend is a local directory under Berth's state, one per owner: `ws-HEX.tar` (the
+//! archive Berth rebuilt) and `ws-HEX.json` (its record), where HEX is the checkpoint's manifest
 //! digest — the same workspace is one checkpoint. Each is written under a temporary name in that
 //! directory, flushed, then renamed, so a crash leaves either nothing under the final names or
 //! a temporary file; only Berth writes there, so a listing finds everything a crash left, and
@@ -25,7 +25,7 @@ use crate::PortableError;
 /// The schema of a checkpoint's record.
 pub const CHECKPOINT_SCHEMA: &str = "berth.checkpoint/v1";
 /// A checkpoint id's prefix.
-pub const CHECKPOINT_PREFIX: &str = "ck-";
+pub const CHECKPOINT_PREFIX: &str = "ws-";
 /// How old a temporary file must be before `gc` takes it for a crash's leftover.
 const ORPHAN_AFTER: Duration = Duration::from_secs(120);
 /// The largest record read back.
@@ -36,7 +36,7 @@ const MAX_RECORD_BYTES: u64 = 1 << 20;
 pub struct StoredCheckpoint {
     /// [`CHECKPOINT_SCHEMA`].
     pub schema: String,
-    /// `ck-` and the manifest digest's hex.
+    /// `ws-` and the manifest digest's hex.
     pub id: String,
     /// The manifest digest (`sha256:…`).
     pub digest: String,
@@ -99,15 +99,15 @@ impl CheckpointStore {
             }
             _ => Err(PortableError::NoCheckpoint {
                 id: id.escape_debug().to_string(),
-                reason: "not a checkpoint id (`ck-` and 64 lowercase hex digits)".into(),
+                reason: "not a checkpoint id (`ws-` and 64 lowercase hex digits)".into(),
             }),
         }
     }
 
     fn paths(&self, hex: &str) -> (PathBuf, PathBuf) {
         (
-            self.dir.join(format!("ck-{hex}.tar")),
-            self.dir.join(format!("ck-{hex}.json")),
+            self.dir.join(format!("ws-{hex}.tar")),
+            self.dir.join(format!("ws-{hex}.json")),
         )
     }
 

@@ -53,7 +53,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         } => {
             if image.is_some() {
                 return Err(crate::errors::CliError::invalid(
-                    "`--image` is for restoring a checkpoint (`ck-…`); a provider's snapshot is \
+                    "`--image` is for restoring a checkpoint (`ws-…`); a provider's snapshot is \
                      its own image"
                         .to_owned(),
                     "leave `--image` out",

@@ -213,7 +213,7 @@ pub async fn checkpoints(app: &App) -> Result<i32> {
     Ok(code::OK)
 }
 
-/// `berth restore ck-… --provider P`.
+/// `berth restore ws-… --provider P`.
 pub async fn restore_checkpoint(
     app: &App,
     id: &str,
@@ -251,7 +251,7 @@ pub async fn restore_checkpoint(
     Ok(code::OK)
 }
 
-/// `berth destroy ck-…`: deletes a stored checkpoint.
+/// `berth destroy ws-…`: deletes a stored checkpoint.
 pub fn delete_checkpoint(app: &App, id: &str) -> Result<bool> {
     Ok(checkpoint_store(app).delete(id)?)
 }

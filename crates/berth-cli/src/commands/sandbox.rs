@@ -343,8 +343,15 @@ pub async fn destroy(app: &App, ids: &[String]) -> Result<i32> {
 }
 
 async fn destroy_one(app: &App, id: &str) -> Result<DestroyOutcome> {
-    if id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
-        // A checkpoint is Berth's own file: deleted, and gone once the call returns.
+    let in_ledger = !matches!(
+        app.ledger.row(id).await,
+        Err(berth_ledger::LedgerError::Store(
+            berth_store::StoreError::NotFound(..)
+        ))
+    );
+    if !in_ledger && id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
+        // A stored checkpoint (never a ledger row's name: the ledger is asked first) is
+        // Berth's own file: deleted, and gone once the call returns.
         return match super::moving::delete_checkpoint(app, id)? {
             true => Ok(DestroyOutcome::VerifiedGone {
                 already_absent: false,

@@ -79,7 +79,7 @@ pub(crate) struct CheckpointBody {
 }
 
 /// Keep a sandbox's workspace as a checkpoint of Berth's own (scope `exec`), as `berth
-/// checkpoint`: its id is `ck-` and the content's digest.
+/// checkpoint`: its id is `ws-` and the content's digest.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/checkpoint", tag = "checkpoints",
     request_body = CheckpointBody, security(("bearer" = [])),
     params(("id" = String, Path, description = "Sandbox id")),
@@ -144,11 +144,11 @@ pub(crate) struct RestoreBody {
     ttl: String,
 }
 
-/// Make a sandbox of a checkpoint on any provider (scope `exec`), as `berth restore ck-…`: the
+/// Make a sandbox of a checkpoint on any provider (scope `exec`), as `berth restore ws-…`: the
 /// sandbox is read back and must be the checkpoint (422 and removed otherwise).
 #[utoipa::path(post, path = "/v1/checkpoints/{id}/restore", tag = "checkpoints",
     request_body = RestoreBody, security(("bearer" = [])),
-    params(("id" = String, Path, description = "Checkpoint id (`ck-…`)")),
+    params(("id" = String, Path, description = "Checkpoint id (`ws-…`)")),
     responses((status = 200, description = "`restore` document: `sandbox`, `checkpoint`, \
         `counts`", body = Document),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -184,9 +184,9 @@ pub(crate) async fn restore_checkpoint(
     .await
 }
 
-/// Delete a checkpoint (scope `exec`), as `berth destroy ck-…`.
+/// Delete a checkpoint (scope `exec`), as `berth destroy ws-…`.
 #[utoipa::path(delete, path = "/v1/checkpoints/{id}", tag = "checkpoints", security(("bearer" = [])),
-    params(("id" = String, Path, description = "Checkpoint id (`ck-…`)")),
+    params(("id" = String, Path, description = "Checkpoint id (`ws-…`)")),
     responses((status = 200, description = "`destroy` document", body = Document),
               (status = 404, body = ErrorBody)))]
 pub(crate) async fn delete_checkpoint(
