@@ -585,11 +585,13 @@ impl Orchestrator<'_> {
             ),
             _ => return,
         };
-        // The reason may quote the sandbox's own words: masked as every durable byte is.
+        // The reason may quote the sandbox's own words: masked as every durable byte is, or
+        // not kept when the mission's secrets cannot be known.
+        let Ok((spec, _, _)) = self.load(id).await else {
+            return;
+        };
         let mut bytes = detail.to_string().into_bytes();
-        if let Ok((spec, _, _)) = self.load(id).await {
-            publication::redactor(self, &spec).redact(&mut bytes);
-        }
+        publication::redactor(self, &spec).redact(&mut bytes);
         let detail = String::from_utf8_lossy(&bytes);
         // A store that cannot take it fails the next command too; the caller has the stop.
         let _ = self
