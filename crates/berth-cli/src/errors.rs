@@ -237,7 +237,8 @@ fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
         M::Workspace(_) => (
             "invalid_request",
             code::INVALID,
-            "the source's own `tar` archives its workspace (at most 256 MiB, 200 000 entries);              nothing was changed",
+            "the source's own `tar` archives its workspace (at most 256 MiB, 200 000 entries); \
+             nothing was changed",
         ),
         M::Restore(_) => (
             "setup",
@@ -247,7 +248,8 @@ fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
         M::NotVerified { .. } => (
             "verification_failed",
             code::VERIFICATION_FAILED,
-            "the source is kept; the differences above are what the target changed or lacked",
+            "the source (sandbox or checkpoint) is kept; the paths named are what the new sandbox \
+             changed or lacked",
         ),
         M::SourceChanged { .. } => (
             "conflict",
