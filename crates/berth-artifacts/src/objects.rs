@@ -163,16 +163,17 @@ impl Objects {
     /// before linking it to `KEY`. One is removed when `KEY` is complete beside it (that write
     /// finished, or another did), or when it is older than `stale` (its writer is long gone);
     /// a younger one may belong to a write in progress and stays. Symlinks are never followed.
-    /// The keys removed (S3 stages nothing: none).
+    /// Only keys under `under` (`""`: all). The keys removed (S3 stages nothing: none).
     pub fn remove_stale_staging(
         &self,
+        under: &str,
         stale: std::time::Duration,
     ) -> Result<Vec<String>, ArtifactError> {
         let Some(root) = &self.local_root else {
             return Ok(Vec::new());
         };
         let mut removed = Vec::new();
-        let mut dirs = vec![root.clone()];
+        let mut dirs = vec![root.join(path(under)?.as_ref())];
         while let Some(dir) = dirs.pop() {
             let entries = match std::fs::read_dir(&dir) {
                 Ok(entries) => entries,
@@ -250,6 +251,81 @@ impl Objects {
         }
     }
 
+    /// Writes `bytes` under `key`, replacing what is there (a record that changes, unlike the
+    /// content-addressed objects [`Objects::put_if_absent`] writes).
+    pub async fn put_overwrite(&self, key: &str, bytes: bytes::Bytes) -> Result<(), ArtifactError> {
+        let options = PutOptions {
+            mode: PutMode::Overwrite,
+            ..Default::default()
+        };
+        self.store
+            .put_opts(&path(key)?, PutPayload::from(bytes), options)
+            .await
+            .map(|_| ())
+            .map_err(|e| storage(&format!("write {key}"), e))
+    }
+
+    /// Reads `key`, refusing one larger than `max` bytes before reading it; never more than the
+    /// size it had when asked (`NotFound` when absent). Whoever else can write the store
+    /// decides how large an object is.
+    pub async fn get_bounded(&self, key: &str, max: u64) -> Result<Vec<u8>, ArtifactError> {
+        let at = path(key)?;
+        let size = match self.store.head(&at).await {
+            Ok(meta) => meta.size,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(ArtifactError::NotFound(format!(
+                    "object {key} in {}",
+                    self.location
+                )))
+            }
+            Err(e) => return Err(storage(&format!("read {key}"), e)),
+        };
+        if size > max {
+            return Err(ArtifactError::Invalid(format!(
+                "object {key} in {} holds {size} bytes, more than the {max} it may",
+                self.location
+            )));
+        }
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        self.store
+            .get_range(&at, 0..size)
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| storage(&format!("read {key}"), e))
+    }
+
+    /// Deletes `key`; whether it was there.
+    pub async fn delete(&self, key: &str) -> Result<bool, ArtifactError> {
+        let at = path(key)?;
+        match self.store.head(&at).await {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(storage(&format!("find {key}"), e)),
+        }
+        match self.store.delete(&at).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(true),
+            Err(e) => Err(storage(&format!("delete {key}"), e)),
+        }
+    }
+
+    /// Every object under `prefix` with when it was last written, by key.
+    pub async fn listed(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, std::time::SystemTime)>, ArtifactError> {
+        use futures::StreamExt;
+        let mut listed = self.store.list(Some(&path(prefix)?));
+        let mut found = Vec::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| storage("list objects", e))?;
+            found.push((meta.location.to_string(), meta.last_modified.into()));
+        }
+        found.sort();
+        Ok(found)
+    }
+
     /// Every key under `prefix`.
     pub async fn keys(&self, prefix: &str) -> Result<Vec<String>, ArtifactError> {
         use futures::StreamExt;
@@ -271,6 +347,40 @@ impl Objects {
 mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    /// Records that change are replaced whole; reads are bounded before they start; a delete
+    /// says whether there was something to delete.
+    #[tokio::test]
+    async fn overwrite_bounded_read_delete_and_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = Objects::local(dir.path()).unwrap();
+        objects
+            .put_overwrite("a/record.json", bytes::Bytes::from_static(b"first"))
+            .await
+            .unwrap();
+        objects
+            .put_overwrite("a/record.json", bytes::Bytes::from_static(b"second!"))
+            .await
+            .unwrap();
+        assert_eq!(
+            objects.get_bounded("a/record.json", 7).await.unwrap(),
+            b"second!"
+        );
+        assert!(matches!(
+            objects.get_bounded("a/record.json", 6).await,
+            Err(ArtifactError::Invalid(_))
+        ));
+        assert!(matches!(
+            objects.get_bounded("a/none", 6).await,
+            Err(ArtifactError::NotFound(_))
+        ));
+        let listed = objects.listed("a").await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].0, "a/record.json");
+        assert!(objects.delete("a/record.json").await.unwrap());
+        assert!(!objects.delete("a/record.json").await.unwrap());
+        assert!(objects.listed("a").await.unwrap().is_empty());
+    }
 
     /// reqwest carries no crypto provider of its own in this build (ring is installed by
     /// `Objects::s3`): an https endpoint must get a TLS handshake, not a panic or plain HTTP.

@@ -196,7 +196,7 @@ pub async fn reconcile(
     retry_window: Duration,
 ) -> Result<Reconciled, ArtifactError> {
     let mut done = Reconciled {
-        staging_removed: objects.remove_stale_staging(retry_window)?,
+        staging_removed: objects.remove_stale_staging("", retry_window)?,
         ..Default::default()
     };
     let claims = store.publications(None).await.map_err(store_err)?;

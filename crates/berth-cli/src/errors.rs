@@ -266,6 +266,33 @@ fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
                 )),
             ))
         }
+        M::Objects(inner) => {
+            use berth_artifacts::ArtifactError as A;
+            match inner {
+                A::NotFound(_) => (
+                    "not_found",
+                    code::NOT_FOUND,
+                    "`berth checkpoints` lists this owner's checkpoints",
+                ),
+                A::Invalid(_) => (
+                    "invalid_request",
+                    code::INVALID,
+                    "the checkpoint store holds an object no checkpoint can be; the message \
+                     names it",
+                ),
+                A::Storage(_) => (
+                    "unavailable",
+                    code::UNAVAILABLE,
+                    "the object store (`$BERTH_HOME/artifacts`, or the bucket BERTH_ARTIFACTS_URL \
+                     names) did not answer as asked; retry once it does",
+                ),
+                _ => (
+                    "internal",
+                    code::INTERNAL,
+                    "the checkpoint store holds something it should not; the message names it",
+                ),
+            }
+        }
         M::NoCheckpoint { .. } => (
             "not_found",
             code::NOT_FOUND,

@@ -754,10 +754,15 @@ fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
         }
         path
     };
-    let orphan_tmp = plant(".tmp-0123456789abcdef", true);
-    let fresh_tmp = plant(".tmp-fedcba9876543210", false);
+    // What a crash leaves: the local store's staging file of an object (old: taken; under
+    // way: kept), an archive without its record, a record without its archive.
+    let staged = format!("ws-{}.tar#1", "cd".repeat(32));
+    let orphan_staging = plant(&staged, true);
+    let fresh_staging = plant(&format!("ws-{}.tar#2", "ef".repeat(32)), false);
     let lone = format!("ws-{}", "ab".repeat(32));
     let lone_tar = plant(&format!("{lone}.tar"), true);
+    let bare = format!("ws-{}", "12".repeat(32));
+    let bare_record = plant(&format!("{bare}.json"), true);
     std::thread::sleep(std::time::Duration::from_millis(1100));
     let (code, doc) = home.json_as(me, &["gc"]);
     assert_eq!(code, 0, "{doc}");
@@ -767,16 +772,13 @@ fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(collected.len(), 3, "{doc}");
-    for name in [
-        expiring["id"].as_str().unwrap(),
-        ".tmp-0123456789abcdef",
-        &lone,
-    ] {
+    assert_eq!(collected.len(), 4, "{doc}");
+    for name in [expiring["id"].as_str().unwrap(), &lone, &bare] {
         assert!(collected.contains(&name), "{name}: {doc}");
     }
-    assert!(!orphan_tmp.exists() && !lone_tar.exists());
-    assert!(fresh_tmp.exists(), "a write under way is never taken");
+    assert!(collected.iter().any(|c| c.ends_with(&staged)), "{doc}");
+    assert!(!orphan_staging.exists() && !lone_tar.exists() && !bare_record.exists());
+    assert!(fresh_staging.exists(), "a write under way is never taken");
     let (_, listed) = home.json_as(me, &["checkpoints"]);
     let ids: Vec<&Value> = listed["checkpoints"]
         .as_array()
@@ -785,4 +787,116 @@ fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
         .map(|c| &c["id"])
         .collect();
     assert_eq!(ids, vec![&kept["id"]], "{listed}");
+}
+
+/// The S3 configuration of a fresh prefix on the test server (SeaweedFS, started by
+/// `scripts/test`), or `None` when skipped explicitly.
+fn s3_env() -> Option<(Vec<(&'static str, String)>, berth_artifacts::Objects)> {
+    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
+        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
+            return None;
+        }
+        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
+    };
+    let prefix = format!(
+        "moving-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let objects = berth_artifacts::Objects::s3(&berth_artifacts::S3Config {
+        url: format!("s3://artifacts/{prefix}"),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+        access_key_id: "test".into(),
+        secret_access_key: "testsecret".into(),
+    })
+    .unwrap();
+    let env = vec![
+        ("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}")),
+        ("BERTH_ARTIFACTS_ENDPOINT", endpoint),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testsecret".into()),
+    ];
+    Some((env, objects))
+}
+
+/// Checkpoints in an S3-compatible bucket are another machine's too: taken from one Berth home,
+/// listed and restored from another; what else writes the bucket is untrusted (an archive
+/// replaced, a record too large: refused, nothing made); expiry collected there too.
+#[test]
+fn checkpoints_in_s3_are_restored_from_another_home() {
+    let Some((env, objects)) = s3_env() else {
+        return;
+    };
+    let run = |home: &Home, args: &[&str]| -> (i32, Value, String) {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let out = home
+            .command("keeper", &full)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        let doc = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code().unwrap(), doc, text(&out.stderr))
+    };
+    let here = Home::new();
+    let there = Home::new();
+    let source = populated(&here, "keeper", "host");
+    let expected = describe(&here, "keeper", &source).replace("pipe-here", "no-pipe");
+    let (code, doc, said) = run(&here, &["checkpoint", &source]);
+    assert_eq!(code, 0, "{said}");
+    let id = doc["checkpoint"]["id"].as_str().unwrap().to_owned();
+    // Nothing of it on this machine's disk: it is in the bucket.
+    assert!(!walk(here.path())
+        .iter()
+        .any(|p| p.to_string_lossy().contains(&id)));
+
+    let (_, listed, said) = run(&there, &["checkpoints"]);
+    assert_eq!(listed["checkpoints"][0]["id"], id.as_str(), "{said}");
+    let (code, doc, said) = run(&there, &["restore", &id, "-p", "host"]);
+    assert_eq!(code, 0, "{said}");
+    let sandbox = doc["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    assert_eq!(describe(&there, "keeper", &sandbox), expected);
+
+    // Whoever else writes the bucket: a replaced archive, an oversized record.
+    let keys = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(objects.keys("checkpoints"))
+        .unwrap();
+    let tar_key = keys.iter().find(|k| k.ends_with(".tar")).unwrap().clone();
+    let record_key = keys.iter().find(|k| k.ends_with(".json")).unwrap().clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(objects.put_overwrite(&tar_key, vec![b'x'; 4096].into()))
+        .unwrap();
+    let before = open_rows(&there, "keeper");
+    let (code, _, said) = run(&there, &["restore", &id, "-p", "host"]);
+    assert_eq!(code, 5, "{said}");
+    assert!(said.contains("archive is refused"), "{said}");
+    rt.block_on(objects.put_overwrite(&record_key, vec![b' '; 2 << 20].into()))
+        .unwrap();
+    let (code, _, said) = run(&there, &["restore", &id, "-p", "host"]);
+    assert_eq!(code, 5, "{said}");
+    assert!(said.contains("more than the"), "{said}");
+    assert_eq!(open_rows(&there, "keeper"), before);
+
+    // Expiry is collected in the bucket too.
+    let out = here.run_as(
+        "keeper",
+        &["exec", &source, "--", "sh", "-c", "echo more > more"],
+    );
+    assert!(out.status.success());
+    let (code, doc, said) = run(&here, &["checkpoint", &source, "--ttl", "1s"]);
+    assert_eq!(code, 0, "{said}");
+    let expiring = doc["checkpoint"]["id"].as_str().unwrap().to_owned();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (code, doc, said) = run(&there, &["gc"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(doc["checkpoints"].to_string().contains(&expiring), "{doc}");
+    let (code, _, said) = run(&here, &["destroy", &id]);
+    assert_eq!(code, 0, "{said}");
+    let left = rt.block_on(objects.keys("checkpoints")).unwrap();
+    assert!(left.is_empty(), "{left:?}");
 }

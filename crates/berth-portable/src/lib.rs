@@ -1,7 +1,7 @@
 //! Portable workspaces: a sandbox's workspace read as a [`Checkpoint`] with strict rules;
 //! [`move_sandbox`] — checkpoint → create on the target → restore → verify → destroy the
 //! source — with every sandbox under the ledger and the move's commit point durable; and
-//! checkpoints kept apart from any provider ([`CheckpointStore`], a local directory backend),
+//! checkpoints kept apart from any provider ([`CheckpointStore`], in Berth's object store),
 //! restorable on any of them ([`restore_checkpoint`]).
 //!
 //! What a move carries is the workspace (the sandbox's working directory: directories, regular
@@ -37,6 +37,9 @@ pub enum PortableError {
     /// The ledger failed.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// The object store holding checkpoints failed (or holds something it should not).
+    #[error("checkpoint store: {0}")]
+    Objects(#[from] berth_artifacts::ArtifactError),
     /// The source's workspace cannot be carried as it is (too large, an archive that cannot
     /// come from a directory, the sandbox's `tar` failed or is missing).
     #[error("{0}")]

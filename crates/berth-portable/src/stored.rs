@@ -1,18 +1,19 @@
 //! Checkpoints kept by Berth: a workspace stored apart from any provider, restorable on any of
 //! them (`berth checkpoint ID`, `berth restore ws-… --provider P`).
 //!
-//! The backend is a local directory under Berth's state, one per owner: `ws-HEX.tar` (the
-//! archive Berth rebuilt) and `ws-HEX.json` (its record), where HEX is the checkpoint's manifest
-//! digest — the same workspace is one checkpoint. Each is written under a temporary name in that
-//! directory, flushed, then renamed, so a crash leaves either nothing under the final names or
-//! a temporary file; only Berth writes there, so a listing finds everything a crash left, and
-//! `gc` removes it (with expired checkpoints). A read checks the archive against its name with
-//! the same strict rules a sandbox's archive meets: a file changed on disk is refused.
+//! The backend is Berth's object store (the artifacts family's: a local directory by default,
+//! an S3-compatible bucket for many machines), under `checkpoints/OWNER/`, where OWNER is a
+//! digest of the owner's name: `ws-HEX.tar` (the archive Berth rebuilt) and `ws-HEX.json` (its
+//! record), HEX being the checkpoint's manifest digest — the same workspace is one checkpoint.
+//! Each object appears whole or not at all (the store's own guarantee), the archive before its
+//! record; a crash leaves at most an archive without a record (or a local store's staging
+//! file), which `gc` removes once it is old, with expired checkpoints. Everyone who can write
+//! the store is untrusted: every read is bounded, and an archive is checked against its id with
+//! the strict rules a sandbox's archive meets.
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use berth_artifacts::{ArtifactError, Objects};
 use berth_contract::{CreateRequest, NativeId, Provider, ProviderExt};
 use berth_ledger::{Ledger, Tracked};
 use chrono::{DateTime, Utc};
@@ -26,7 +27,7 @@ use crate::PortableError;
 pub const CHECKPOINT_SCHEMA: &str = "berth.checkpoint/v1";
 /// A checkpoint id's prefix.
 pub const CHECKPOINT_PREFIX: &str = "ws-";
-/// How old a temporary file must be before `gc` takes it for a crash's leftover.
+/// How old an archive without a record must be before `gc` takes it for a crash's leftover.
 const ORPHAN_AFTER: Duration = Duration::from_secs(120);
 /// The largest record read back.
 const MAX_RECORD_BYTES: u64 = 1 << 20;
@@ -40,11 +41,11 @@ pub struct StoredCheckpoint {
     pub id: String,
     /// The manifest digest (`sha256:…`).
     pub digest: String,
-    /// The sandbox it was taken from, and its provider.
+    /// The sandbox it was taken from.
     pub source: String,
     /// The source's provider.
     pub source_provider: String,
-    /// When it was taken (RFC 3339).
+    /// When it was taken.
     pub created_at: DateTime<Utc>,
     /// When `gc` may delete it; `None`: kept until deleted.
     pub expires_at: Option<DateTime<Utc>>,
@@ -56,39 +57,41 @@ pub struct StoredCheckpoint {
     pub archive_bytes: u64,
 }
 
-/// One owner's checkpoints.
+/// One owner's checkpoints in an object store.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
-    dir: PathBuf,
+    objects: Objects,
+    prefix: String,
 }
 
 /// What `gc` removed, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct Collected {
-    /// The file or checkpoint.
+    /// The checkpoint or object.
     pub name: String,
     /// Why it went.
     pub reason: String,
 }
 
-fn io_error(path: &Path, err: impl std::fmt::Display) -> PortableError {
-    PortableError::Record {
-        path: path.display().to_string(),
-        message: err.to_string(),
+fn not_found(id: &str) -> PortableError {
+    PortableError::NoCheckpoint {
+        id: id.to_owned(),
+        reason: "no such checkpoint of this owner".into(),
     }
 }
 
 impl CheckpointStore {
-    /// The checkpoints of `owner` under `root` (Berth's state directory for them). Owners are
-    /// kept apart by a digest of their name: any owner string is a safe directory name then.
-    pub fn new(root: &Path, owner: &str) -> CheckpointStore {
+    /// The checkpoints of `owner` in `objects`. Owners are kept apart by a digest of their
+    /// name: any owner string makes a safe key then.
+    pub fn new(objects: Objects, owner: &str) -> CheckpointStore {
         let hashed = hex::encode(&Sha256::digest(owner.as_bytes())[..12]);
         CheckpointStore {
-            dir: root.join(hashed),
+            objects,
+            prefix: format!("checkpoints/{hashed}"),
         }
     }
 
-    /// The id's hex, or why it is no checkpoint id (it becomes a file name).
+    /// The id's hex, or why it is no checkpoint id (it becomes an object key).
     fn hex_of(id: &str) -> Result<&str, PortableError> {
         match id.strip_prefix(CHECKPOINT_PREFIX) {
             Some(hex)
@@ -104,29 +107,28 @@ impl CheckpointStore {
         }
     }
 
-    fn paths(&self, hex: &str) -> (PathBuf, PathBuf) {
+    fn keys(&self, hex: &str) -> (String, String) {
         (
-            self.dir.join(format!("ws-{hex}.tar")),
-            self.dir.join(format!("ws-{hex}.json")),
+            format!("{}/ws-{hex}.tar", self.prefix),
+            format!("{}/ws-{hex}.json", self.prefix),
         )
     }
 
-    /// Stores `checkpoint` (its rebuilt `archive`) taken from `source`; the same workspace
-    /// stored before is the same checkpoint, its expiry extended to the later of the two.
-    pub fn put(
+    /// Stores `checkpoint` (its rebuilt `archive`) taken from `source` (sandbox, provider);
+    /// the same workspace stored before is the same checkpoint, its expiry the later of the two.
+    pub async fn put(
         &self,
         checkpoint: &Checkpoint,
-        archive: &[u8],
+        archive: Vec<u8>,
         source: (&str, &str),
         retention: Option<Duration>,
     ) -> Result<StoredCheckpoint, PortableError> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| io_error(&self.dir, e))?;
         let digest = checkpoint.digest();
         let hex = digest.trim_start_matches("sha256:").to_owned();
-        let (tar_path, record_path) = self.paths(&hex);
+        let (tar_key, record_key) = self.keys(&hex);
         let now = Utc::now();
         let mut expires_at = retention.map(|r| now + r);
-        if let Ok(earlier) = self.record(&hex) {
+        if let Ok(earlier) = self.record(&hex).await {
             expires_at = match (earlier.expires_at, expires_at) {
                 (Some(a), Some(b)) => Some(a.max(b)),
                 _ => None,
@@ -145,180 +147,149 @@ impl CheckpointStore {
             archive_bytes: archive.len() as u64,
         };
         // The archive first: a record always names an archive that is whole.
-        self.write_whole(&tar_path, archive)?;
-        let json = serde_json::to_vec_pretty(&record).map_err(|e| io_error(&record_path, e))?;
-        self.write_whole(&record_path, &json)?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error(&self.dir, e))?;
+        self.objects.put_overwrite(&tar_key, archive.into()).await?;
+        let json = serde_json::to_vec_pretty(&record).map_err(|e| PortableError::Record {
+            path: record_key.clone(),
+            message: e.to_string(),
+        })?;
+        self.objects.put_overwrite(&record_key, json.into()).await?;
         Ok(record)
     }
 
-    fn write_whole(&self, path: &Path, bytes: &[u8]) -> Result<(), PortableError> {
-        let mut nonce = [0u8; 8];
-        getrandom::fill(&mut nonce).expect("the OS random source works");
-        let temp = self.dir.join(format!(".tmp-{}", hex::encode(nonce)));
-        let written = (|| {
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&temp)?;
-            file.write_all(bytes)?;
-            file.sync_all()?;
-            std::fs::rename(&temp, path)
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temp);
-        }
-        written.map_err(|e| io_error(path, e))
-    }
-
-    fn record(&self, hex: &str) -> Result<StoredCheckpoint, PortableError> {
-        let (_, record_path) = self.paths(hex);
-        let bytes = read_bounded(&record_path, MAX_RECORD_BYTES)?;
+    async fn record(&self, hex: &str) -> Result<StoredCheckpoint, PortableError> {
+        let (_, record_key) = self.keys(hex);
+        let bytes = self
+            .objects
+            .get_bounded(&record_key, MAX_RECORD_BYTES)
+            .await?;
+        let corrupt = |message: String| PortableError::Record {
+            path: format!("{} in {}", record_key, self.objects.location),
+            message,
+        };
         let record: StoredCheckpoint = serde_json::from_slice(&bytes)
-            .map_err(|e| io_error(&record_path, format!("not a checkpoint record: {e}")))?;
+            .map_err(|e| corrupt(format!("not a checkpoint record: {e}")))?;
         if record.schema != CHECKPOINT_SCHEMA || record.id != format!("{CHECKPOINT_PREFIX}{hex}") {
-            return Err(io_error(
-                &record_path,
-                "a record of another schema or checkpoint",
-            ));
+            return Err(corrupt("a record of another schema or checkpoint".into()));
         }
         Ok(record)
     }
 
     /// A stored checkpoint, read and checked: its archive must be the workspace its id names.
-    pub fn get(&self, id: &str) -> Result<(StoredCheckpoint, Checkpoint), PortableError> {
+    pub async fn get(&self, id: &str) -> Result<(StoredCheckpoint, Checkpoint), PortableError> {
         let hex = Self::hex_of(id)?;
-        let record = match self.record(hex) {
-            Ok(record) => record,
-            Err(_) if !self.paths(hex).1.exists() => {
-                return Err(PortableError::NoCheckpoint {
-                    id: id.to_owned(),
-                    reason: "no such checkpoint of this owner".into(),
-                })
-            }
-            Err(e) => return Err(e),
+        let record = match self.record(hex).await {
+            Err(PortableError::Objects(ArtifactError::NotFound(_))) => return Err(not_found(id)),
+            other => other?,
         };
-        let (tar_path, _) = self.paths(hex);
-        let bytes = read_bounded(&tar_path, crate::LIMIT as u64 + (64 << 20))?;
+        let (tar_key, _) = self.keys(hex);
+        let bytes = match self
+            .objects
+            .get_bounded(&tar_key, crate::LIMIT as u64 + (64 << 20))
+            .await
+        {
+            Err(ArtifactError::NotFound(_)) => return Err(not_found(id)),
+            other => other?,
+        };
         let checkpoint = parse_as(&bytes, Keep::Archive)?;
         if checkpoint.digest() != record.digest {
-            return Err(io_error(
-                &tar_path,
-                format!(
+            return Err(PortableError::Record {
+                path: format!("{} in {}", tar_key, self.objects.location),
+                message: format!(
                     "holds {}, not the checkpoint its name says",
                     checkpoint.digest()
                 ),
-            ));
+            });
         }
         Ok((record, checkpoint))
     }
 
-    /// This owner's checkpoints, oldest first.
-    pub fn list(&self) -> Result<Vec<StoredCheckpoint>, PortableError> {
+    /// The hex of every stored archive (a key that is no checkpoint's is passed over), with
+    /// when it was written, and of every record.
+    async fn stored(&self) -> Result<Vec<(String, &'static str, SystemTime)>, PortableError> {
         let mut found = Vec::new();
-        for hex in self.ids()? {
-            if let Ok(record) = self.record(&hex) {
-                found.push(record);
+        for (key, written) in self.objects.listed(&self.prefix).await? {
+            let name = key.rsplit('/').next().unwrap_or_default();
+            for kind in ["tar", "json"] {
+                if let Some(hex) = name
+                    .strip_suffix(&format!(".{kind}"))
+                    .and_then(|id| Self::hex_of(id).ok())
+                {
+                    found.push((hex.to_owned(), kind, written));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// This owner's checkpoints, oldest first (a record that cannot be read is passed over).
+    pub async fn list(&self) -> Result<Vec<StoredCheckpoint>, PortableError> {
+        let mut found = Vec::new();
+        for (hex, kind, _) in self.stored().await? {
+            if kind == "json" {
+                if let Ok(record) = self.record(&hex).await {
+                    found.push(record);
+                }
             }
         }
         found.sort_by_key(|r| r.created_at);
         Ok(found)
     }
 
-    fn ids(&self) -> Result<Vec<String>, PortableError> {
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_error(&self.dir, e)),
-        };
-        let mut ids = Vec::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(hex) = name
-                .strip_suffix(".tar")
-                .and_then(|id| Self::hex_of(id).ok())
-            {
-                ids.push(hex.to_owned());
-            }
-        }
-        Ok(ids)
-    }
-
-    /// Deletes a checkpoint (record first: what remains of a crash is an archive `gc` takes).
+    /// Deletes a checkpoint, record first (what remains of a crash is an archive `gc` takes).
     /// Whether it existed.
-    pub fn delete(&self, id: &str) -> Result<bool, PortableError> {
+    pub async fn delete(&self, id: &str) -> Result<bool, PortableError> {
         let hex = Self::hex_of(id)?;
-        let (tar_path, record_path) = self.paths(hex);
-        let mut existed = false;
-        for path in [record_path, tar_path] {
-            match std::fs::remove_file(&path) {
-                Ok(()) => existed = true,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_error(&path, e)),
-            }
-        }
-        Ok(existed)
+        let (tar_key, record_key) = self.keys(hex);
+        let record = self.objects.delete(&record_key).await?;
+        let archive = self.objects.delete(&tar_key).await?;
+        Ok(record || archive)
     }
 
-    /// Deletes expired checkpoints, and what a crash left: temporary files and archives without
-    /// a record, once they are [`ORPHAN_AFTER`] old (a `put` under way writes them).
-    pub fn gc(&self, now: DateTime<Utc>) -> Result<Vec<Collected>, PortableError> {
+    /// Deletes expired checkpoints, and what a crash left: an archive without a record, or a
+    /// local store's staging file, once [`ORPHAN_AFTER`] old (a `put` under way writes them).
+    pub async fn gc(&self, now: DateTime<Utc>) -> Result<Vec<Collected>, PortableError> {
         let mut collected = Vec::new();
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(collected),
-            Err(e) => return Err(io_error(&self.dir, e)),
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let old = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .map(|t| t.elapsed().unwrap_or_default() >= ORPHAN_AFTER)
-                .unwrap_or(false);
-            let hex = name
-                .strip_suffix(".tar")
-                .and_then(|id| Self::hex_of(id).ok())
-                .map(str::to_owned);
-            let reason = match hex {
-                None if name.starts_with(".tmp-") && old => {
-                    Some("half-written by a crash".to_owned())
-                }
-                Some(hex) => match self.record(&hex) {
-                    Ok(record) if record.expires_at.is_some_and(|t| t <= now) => {
-                        Some("past its retention".to_owned())
-                    }
-                    Err(_) if old => Some("no record (a crash between the two writes)".to_owned()),
-                    _ => None,
-                },
-                None => None,
-            };
-            if let Some(reason) = reason {
-                let id = name.trim_end_matches(".tar").to_owned();
-                if name.starts_with(".tmp-") {
-                    let _ = std::fs::remove_file(entry.path());
-                } else {
-                    self.delete(&id)?;
-                }
-                collected.push(Collected { name: id, reason });
+        let stored = self.stored().await?;
+        let archived: std::collections::BTreeSet<&str> = stored
+            .iter()
+            .filter(|(_, kind, _)| *kind == "tar")
+            .map(|(hex, _, _)| hex.as_str())
+            .collect();
+        let mut deleted = std::collections::BTreeSet::new();
+        for (hex, kind, written) in &stored {
+            if deleted.contains(hex) {
+                continue;
             }
+            let id = format!("{CHECKPOINT_PREFIX}{hex}");
+            let old = written.elapsed().unwrap_or_default() >= ORPHAN_AFTER;
+            let reason = match (*kind, self.record(hex).await) {
+                ("json", Ok(record)) if record.expires_at.is_some_and(|t| t <= now) => {
+                    "past its retention"
+                }
+                ("json", _) if old && !archived.contains(hex.as_str()) => {
+                    "a record without its archive"
+                }
+                ("tar", Err(_)) if old => "an archive without its record (a crash between them)",
+                _ => continue,
+            };
+            self.delete(&id).await?;
+            deleted.insert(hex.clone());
+            collected.push(Collected {
+                name: id,
+                reason: reason.into(),
+            });
+        }
+        for staged in self
+            .objects
+            .remove_stale_staging(&self.prefix, ORPHAN_AFTER)?
+        {
+            collected.push(Collected {
+                name: staged,
+                reason: "half-written by a crash".into(),
+            });
         }
         Ok(collected)
     }
-}
-
-fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, PortableError> {
-    let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| io_error(path, e))?;
-    if bytes.len() as u64 > limit {
-        return Err(io_error(path, format!("larger than {limit} bytes")));
-    }
-    Ok(bytes)
 }
 
 /// A sandbox made from a stored checkpoint.
@@ -343,7 +314,9 @@ pub async fn take_checkpoint(
     provider.require_files()?;
     let mut checkpoint = Checkpoint::read(provider, native).await?;
     let archive = std::mem::take(&mut checkpoint.archive);
-    store.put(&checkpoint, &archive, (source, provider.id()), retention)
+    store
+        .put(&checkpoint, archive, (source, provider.id()), retention)
+        .await
 }
 
 /// Makes a sandbox on `target` from stored checkpoint `id`, under the ledger (origin
@@ -357,7 +330,7 @@ pub async fn restore_checkpoint(
     ttl: Option<Duration>,
     prepare: impl FnOnce(&mut CreateRequest),
 ) -> Result<Restored, PortableError> {
-    let (record, mut checkpoint) = store.get(id)?;
+    let (record, mut checkpoint) = store.get(id).await?;
     target.require_files()?;
     let archive = std::mem::take(&mut checkpoint.archive);
     let maker = target.clone();

@@ -151,7 +151,7 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
     // `gc` also deletes this owner's checkpoints past their retention and what a crash left of
     // one; a sweep keeps checkpoints (they are kept until deleted or expired, as snapshots).
     let checkpoints = if expired {
-        super::moving::collect_checkpoints(app)?
+        super::moving::collect_checkpoints(app).await?
     } else {
         Vec::new()
     };

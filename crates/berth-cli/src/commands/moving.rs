@@ -127,12 +127,14 @@ pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
     })
 }
 
-/// This owner's checkpoint store.
-fn checkpoint_store(app: &App) -> berth_portable::CheckpointStore {
-    berth_portable::CheckpointStore::new(
-        &app.config.state_dir().join("checkpoints"),
+/// This owner's checkpoints, in Berth's object store (the artifacts': `$BERTH_HOME/artifacts`,
+/// or the S3-compatible bucket `BERTH_ARTIFACTS_URL` names).
+fn checkpoint_store(app: &App) -> Result<berth_portable::CheckpointStore> {
+    let objects = berth_orchestrator::publication::objects(&app.config.home, &app.config.env)?;
+    Ok(berth_portable::CheckpointStore::new(
+        objects,
         app.ledger.owner(),
-    )
+    ))
 }
 
 /// `berth checkpoint ID [--ttl D]`.
@@ -142,7 +144,7 @@ pub async fn checkpoint(app: &App, id: &str, ttl: Option<&str>) -> Result<i32> {
     let progress = crate::human::Progress::new(app.json);
     progress.show(&format!("checkpoint {id}: reading its workspace"));
     let stored = berth_portable::take_checkpoint(
-        &checkpoint_store(app),
+        &checkpoint_store(app)?,
         provider.as_ref(),
         &row.berth_id,
         &native,
@@ -178,7 +180,7 @@ pub async fn checkpoint(app: &App, id: &str, ttl: Option<&str>) -> Result<i32> {
 
 /// `berth checkpoints`.
 pub async fn checkpoints(app: &App) -> Result<i32> {
-    let stored = checkpoint_store(app).list()?;
+    let stored = checkpoint_store(app)?.list().await?;
     if app.json {
         emit("checkpoints", json!({ "checkpoints": stored }));
         return Ok(code::OK);
@@ -225,7 +227,7 @@ pub async fn restore_checkpoint(
     let target = app.provider(provider_id)?;
     let restored = berth_portable::restore_checkpoint(
         &app.ledger,
-        &checkpoint_store(app),
+        &checkpoint_store(app)?,
         id,
         target,
         Some(ttl),
@@ -252,11 +254,11 @@ pub async fn restore_checkpoint(
 }
 
 /// `berth destroy ws-…`: deletes a stored checkpoint.
-pub fn delete_checkpoint(app: &App, id: &str) -> Result<bool> {
-    Ok(checkpoint_store(app).delete(id)?)
+pub async fn delete_checkpoint(app: &App, id: &str) -> Result<bool> {
+    Ok(checkpoint_store(app)?.delete(id).await?)
 }
 
 /// What `berth gc` deletes of this owner's checkpoints.
-pub fn collect_checkpoints(app: &App) -> Result<Vec<berth_portable::Collected>> {
-    Ok(checkpoint_store(app).gc(chrono::Utc::now())?)
+pub async fn collect_checkpoints(app: &App) -> Result<Vec<berth_portable::Collected>> {
+    Ok(checkpoint_store(app)?.gc(chrono::Utc::now()).await?)
 }

@@ -352,7 +352,7 @@ async fn destroy_one(app: &App, id: &str) -> Result<DestroyOutcome> {
     if !in_ledger && id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
         // A stored checkpoint (never a ledger row's name: the ledger is asked first) is
         // Berth's own file: deleted, and gone once the call returns.
-        return match super::moving::delete_checkpoint(app, id)? {
+        return match super::moving::delete_checkpoint(app, id).await? {
             true => Ok(DestroyOutcome::VerifiedGone {
                 already_absent: false,
             }),
