@@ -777,6 +777,19 @@ fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
         assert!(collected.contains(&name), "{name}: {doc}");
     }
     assert!(collected.iter().any(|c| c.ends_with(&staged)), "{doc}");
+    // A checkpoint store that cannot be asked stops nothing else: said, exit 10.
+    let out = home
+        .command(me, &["gc"])
+        .env("BERTH_ARTIFACTS_URL", "s3://artifacts/nowhere")
+        .env("BERTH_ARTIFACTS_KEY_ID_VAR", "BERTH_TEST_NO_SUCH_VARIABLE")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("checkpoints: not collected (auth)"),
+        "{}",
+        text(&out.stdout)
+    );
     assert!(!orphan_staging.exists() && !lone_tar.exists() && !bare_record.exists());
     assert!(fresh_staging.exists(), "a write under way is never taken");
     let (_, listed) = home.json_as(me, &["checkpoints"]);

@@ -150,18 +150,23 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
         .await?;
     // `gc` also deletes this owner's checkpoints past their retention and what a crash left of
     // one; a sweep keeps checkpoints (they are kept until deleted or expired, as snapshots).
-    let checkpoints = if expired {
-        super::moving::collect_checkpoints(app).await?
+    // A checkpoint store that cannot be asked (an S3 bucket away) stops nothing of the rest:
+    // it is said, and the collection is incomplete.
+    let (checkpoints, checkpoints_failed) = if expired {
+        match super::moving::collect_checkpoints(app).await {
+            Ok(collected) => (collected, None),
+            Err(err) => (Vec::new(), Some(crate::errors::classify(&err))),
+        }
     } else {
-        Vec::new()
+        (Vec::new(), None)
     };
     if app.json {
         emit(
             "ledger sweep",
-            json!({ "owner": app.ledger.owner(), "complete": report.complete(), "entries": report.entries, "checkpoints": checkpoints }),
+            json!({ "owner": app.ledger.owner(), "complete": report.complete() && checkpoints_failed.is_none(), "entries": report.entries, "checkpoints": checkpoints, "checkpoints_failed": checkpoints_failed }),
         );
     } else {
-        if report.entries.is_empty() && checkpoints.is_empty() {
+        if report.entries.is_empty() && checkpoints.is_empty() && checkpoints_failed.is_none() {
             outln!("sweep: nothing to do for owner {}", app.ledger.owner());
         }
         for entry in &report.entries {
@@ -170,8 +175,15 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
         for collected in &checkpoints {
             outln!("{}: deleted ({})", collected.name, collected.reason);
         }
+        if let Some(failed) = &checkpoints_failed {
+            outln!(
+                "checkpoints: not collected ({}): {}",
+                failed.kind,
+                crate::human::printable(&failed.message, false)
+            );
+        }
     }
-    Ok(if report.complete() {
+    Ok(if report.complete() && checkpoints_failed.is_none() {
         code::OK
     } else {
         code::CLEANUP_INCOMPLETE
