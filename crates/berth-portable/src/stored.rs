@@ -246,7 +246,7 @@ impl CheckpointStore {
     }
 
     /// Deletes expired checkpoints, and what a crash left: an archive without a record, or a
-    /// local store's staging file, once [`ORPHAN_AFTER`] old (a `put` under way writes them).
+    /// local store's staging file, once two minutes old (a `put` under way writes them).
     pub async fn gc(&self, now: DateTime<Utc>) -> Result<Vec<Collected>, PortableError> {
         let mut collected = Vec::new();
         let stored = self.stored().await?;
