@@ -885,14 +885,26 @@ fn checkpoints_in_s3_are_restored_from_another_home() {
     rt.block_on(objects.put_overwrite(&tar_key, vec![b'x'; 4096].into()))
         .unwrap();
     let before = open_rows(&there, "keeper");
-    let (code, _, said) = run(&there, &["restore", &id, "-p", "host"]);
-    assert_eq!(code, 5, "{said}");
-    assert!(said.contains("archive is refused"), "{said}");
+    let (code, doc, _) = run(&there, &["restore", &id, "-p", "host"]);
+    assert_eq!(code, 5, "{doc}");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("archive is refused"),
+        "{doc}"
+    );
     rt.block_on(objects.put_overwrite(&record_key, vec![b' '; 2 << 20].into()))
         .unwrap();
-    let (code, _, said) = run(&there, &["restore", &id, "-p", "host"]);
-    assert_eq!(code, 5, "{said}");
-    assert!(said.contains("more than the"), "{said}");
+    let (code, doc, _) = run(&there, &["restore", &id, "-p", "host"]);
+    assert_eq!(code, 5, "{doc}");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than the"),
+        "{doc}"
+    );
     assert_eq!(open_rows(&there, "keeper"), before);
 
     // Expiry is collected in the bucket too.
