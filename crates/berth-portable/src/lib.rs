@@ -9,8 +9,9 @@
 //! outside the workspace, owners, setuid bits, extended attributes or device nodes; what a
 //! checkpoint leaves out is listed in [`Moved::not_carried`], never dropped silently.
 //!
-//! Authority: this family owns the move's steps and its record; sandboxes stay the ledger's
-//! (created with `create_tracked`, removed with `destroy_row`), providers are handed in.
+//! Authority: this family owns the move's steps and its record, and the stored checkpoints'
+//! layout and lifecycle; sandboxes stay the ledger's (created with `create_tracked`, removed
+//! with `destroy_row`), objects the artifacts' store's, providers are handed in.
 
 mod checkpoint;
 mod moving;
@@ -73,8 +74,9 @@ pub enum PortableError {
         /// Why.
         reason: String,
     },
-    /// The move's durable record could not be read or written.
-    #[error("move record {path}: {message}")]
+    /// A durable record (a move's, a stored checkpoint's) could not be read or written, or is
+    /// not what its name says.
+    #[error("record {path}: {message}")]
     Record {
         /// The file.
         path: String,
