@@ -260,7 +260,8 @@ pub struct CreateArgs {
     pub shape: ShapeArgs,
 }
 
-/// What a new sandbox is made with (`create`, and the target of `move`).
+// What a new sandbox is made with (`create`, and the target of `move`). A plain comment: the
+// doc comment of flattened arguments becomes the about text of the commands that take them.
 #[derive(Debug, Args)]
 pub struct ShapeArgs {
     /// Image or template, for providers that have them.
@@ -281,7 +282,7 @@ pub struct MoveArgs {
     /// Provider to move to.
     #[arg(long)]
     pub to: String,
-    /// The new sandbox's image, network, limits and expiry.
+    // The new sandbox's image, network, limits and expiry.
     #[command(flatten)]
     pub shape: ShapeArgs,
 }
