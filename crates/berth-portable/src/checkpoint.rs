@@ -27,6 +27,8 @@ pub const ARCHIVE_SCRIPT: &str = "exec tar -c -f - .";
 pub const LIMIT: usize = 256 << 20;
 /// The most entries a checkpoint takes.
 pub const MAX_ENTRIES: usize = 200_000;
+/// The most entries a checkpoint names as not carried (the rest are counted).
+const MAX_NOT_CARRIED: usize = 100;
 /// The longest path (bytes).
 const MAX_PATH: usize = 4096;
 /// The longest name of one path component (bytes).
@@ -323,7 +325,17 @@ pub(crate) fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, Portabl
     let mut entries: BTreeMap<Vec<u8>, Entry> = BTreeMap::new();
     // Content by path; a hard link shares its file's bytes (the rebuilt archive copies them).
     let mut contents: BTreeMap<Vec<u8>, (Rc<Vec<u8>>, u64)> = BTreeMap::new();
+    // What is not carried, named one by one up to a bound (a sandbox decides how many FIFOs
+    // it holds, and the list is shown, sent and stored), then counted.
     let mut not_carried = Vec::new();
+    let mut unnamed = 0usize;
+    let mut note = |line: String| {
+        if not_carried.len() < MAX_NOT_CARRIED {
+            not_carried.push(line);
+        } else {
+            unnamed += 1;
+        }
+    };
     let mut high_bits = 0usize;
     let mut held = 0u64;
     let mut reader = tar::Archive::new(archive);
@@ -395,7 +407,7 @@ pub(crate) fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, Portabl
                         shown(&target)
                     )));
                 };
-                not_carried.push(format!(
+                note(format!(
                     "{}: a hard link to {}, carried as a copy",
                     shown(&path),
                     shown(&target)
@@ -424,7 +436,7 @@ pub(crate) fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, Portabl
                 }
             }
             other => {
-                not_carried.push(format!(
+                note(format!(
                     "{}: a {} is not carried",
                     shown(&path),
                     kind_name(other)
@@ -446,6 +458,11 @@ pub(crate) fn parse_as(archive: &[u8], keep: Keep) -> Result<Checkpoint, Portabl
             contents.insert(path.clone(), (Rc::default(), mtime));
         }
         entries.insert(path, carried);
+    }
+    if unnamed > 0 {
+        not_carried.push(format!(
+            "and {unnamed} more entries not carried or carried as copies"
+        ));
     }
     if high_bits > 0 {
         not_carried.push(format!(

@@ -199,6 +199,28 @@ fn special_entries_and_high_bits_are_named_not_carried() {
 }
 
 #[test]
+fn what_is_not_carried_is_named_up_to_a_bound_then_counted() {
+    // 300 FIFOs: the list is shown, sent and stored (a stored checkpoint's record is bounded),
+    // so a sandbox cannot make it any length.
+    let names: Vec<Vec<u8>> = (0..300).map(|i| format!("p{i}").into_bytes()).collect();
+    let entries: Vec<RawEntry> = names
+        .iter()
+        .map(|n| (n.as_slice(), Fifo, &b""[..], None, 0o644))
+        .collect();
+    let c = parse(&raw(&entries)).unwrap();
+    assert_eq!(
+        c.not_carried.len(),
+        MAX_NOT_CARRIED + 1,
+        "{:?}",
+        c.not_carried.last()
+    );
+    assert_eq!(
+        c.not_carried.last().unwrap(),
+        "and 200 more entries not carried or carried as copies"
+    );
+}
+
+#[test]
 fn hard_links_cannot_multiply_what_is_held() {
     // One 1 MiB file and 300 links to it: 301 MiB held as copies, over the limit.
     let big = vec![7u8; 1 << 20];
