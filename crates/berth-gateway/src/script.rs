@@ -310,17 +310,17 @@ impl Script {
         &self.attempts[index].steps
     }
 
-    /// For attempt `ordinal`, a request that already carries `tool_results` tool results: the
-    /// step's index and the step.
-    pub fn step_of(&self, ordinal: u32, tool_results: usize) -> (usize, &Step) {
+    /// For attempt `ordinal`, the request at `step` (see `Turn::step`): the step's index and the
+    /// step (the last one repeats).
+    pub fn step_of(&self, ordinal: u32, step: usize) -> (usize, &Step) {
         let steps = self.steps_of(ordinal);
-        let index = tool_results.min(steps.len() - 1);
+        let index = step.min(steps.len() - 1);
         (index, &steps[index])
     }
 
     /// [`Script::step_of`] for a single-attempt script.
-    pub fn step(&self, tool_results: usize) -> &Step {
-        self.step_of(1, tool_results).1
+    pub fn step(&self, step: usize) -> &Step {
+        self.step_of(1, step).1
     }
 }
 

@@ -424,7 +424,7 @@ async fn handle(gateway: &Gateway, req: Request<Incoming>) -> Response<Body> {
                 return json_response(StatusCode::BAD_REQUEST, &error);
             };
             let turn = Turn::read(dialect, &body);
-            let (index, step) = script.step_of(exchange.attempt.ordinal, turn.tool_results);
+            let (index, step) = script.step_of(exchange.attempt.ordinal, turn.step());
             if let Some(delay) = step.delay_ms {
                 tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
             }

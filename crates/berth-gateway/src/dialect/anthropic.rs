@@ -39,6 +39,32 @@ pub fn tool_results(body: &Value) -> usize {
         .unwrap_or(0)
 }
 
+/// The conversation: `user` messages are prompts unless they carry `tool_result` blocks;
+/// `assistant` messages call a tool when they carry a `tool_use` block.
+pub fn history(body: &Value) -> Vec<super::Said> {
+    use super::Said;
+    let has = |m: &Value, kind: &str| {
+        m["content"]
+            .as_array()
+            .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == kind))
+    };
+    body["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|m| match m["role"].as_str() {
+                    Some("user") if has(m, "tool_result") => Said::Other,
+                    Some("user") => Said::Prompt,
+                    Some("assistant") if has(m, "tool_use") => Said::ToolCall,
+                    Some("assistant") => Said::Answer,
+                    _ => Said::Other,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The error type Anthropic uses for an HTTP status.
 pub fn error_type(status: u16) -> &'static str {
     match status {

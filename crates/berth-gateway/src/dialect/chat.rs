@@ -32,6 +32,27 @@ pub fn tool_results(body: &Value) -> usize {
         .unwrap_or(0)
 }
 
+/// The conversation: `user` prompts, `assistant` messages with or without `tool_calls`.
+pub fn history(body: &Value) -> Vec<super::Said> {
+    use super::Said;
+    body["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .map(|m| match m["role"].as_str() {
+                    Some("user") => Said::Prompt,
+                    Some("assistant") => match m["tool_calls"].as_array() {
+                        Some(calls) if !calls.is_empty() => Said::ToolCall,
+                        _ => Said::Answer,
+                    },
+                    _ => Said::Other,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn usage_json(usage: Usage) -> Value {
     json!({
         "prompt_tokens": usage.input,

@@ -89,8 +89,11 @@ pub struct Turn {
     pub include_usage: bool,
     /// The tools offered.
     pub tools: Vec<Tool>,
-    /// Tool results already in the conversation (the scripted model's step).
+    /// Tool results already in the conversation.
     pub tool_results: usize,
+    /// Turns of the conversation already answered (a resumed session carries them): final
+    /// answers followed by a new prompt. With `tool_results`, the scripted model's step.
+    pub answered_turns: usize,
     /// The working directory named in the prompt, if any.
     pub cwd: Option<String>,
 }
@@ -98,10 +101,22 @@ pub struct Turn {
 impl Turn {
     /// Reads a request body of `dialect`.
     pub fn read(dialect: Dialect, body: &Value) -> Turn {
-        let (tools, tool_results) = match dialect {
-            Dialect::Chat => (chat::tools(body), chat::tool_results(body)),
-            Dialect::Responses => (responses::tools(body), responses::tool_results(body)),
-            Dialect::Anthropic => (anthropic::tools(body), anthropic::tool_results(body)),
+        let (tools, tool_results, history) = match dialect {
+            Dialect::Chat => (
+                chat::tools(body),
+                chat::tool_results(body),
+                chat::history(body),
+            ),
+            Dialect::Responses => (
+                responses::tools(body),
+                responses::tool_results(body),
+                responses::history(body),
+            ),
+            Dialect::Anthropic => (
+                anthropic::tools(body),
+                anthropic::tool_results(body),
+                anthropic::history(body),
+            ),
         };
         Turn {
             dialect,
@@ -112,9 +127,48 @@ impl Turn {
                 .unwrap_or(false),
             tools,
             tool_results,
+            answered_turns: answered_turns(history),
             cwd: find_cwd(body),
         }
     }
+
+    /// The scripted model's step for this request: one per tool result and one per answered
+    /// turn before it, so a resumed conversation goes on where it stopped and a fresh one
+    /// starts over.
+    pub fn step(&self) -> usize {
+        self.tool_results + self.answered_turns
+    }
+}
+
+/// One entry of a conversation's history, as far as the scripted model cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Said {
+    /// The user asked something (not a tool result).
+    Prompt,
+    /// The assistant answered without calling a tool.
+    Answer,
+    /// The assistant called a tool.
+    ToolCall,
+    /// Anything else (tool results, reasoning, system text).
+    Other,
+}
+
+/// Answers followed by a new prompt: the turns a resumed conversation already had.
+pub fn answered_turns(history: impl IntoIterator<Item = Said>) -> usize {
+    let mut answered = 0;
+    let mut answer_pending = false;
+    for said in history {
+        match said {
+            Said::Answer => answer_pending = true,
+            Said::ToolCall => answer_pending = false,
+            Said::Prompt if answer_pending => {
+                answered += 1;
+                answer_pending = false;
+            }
+            Said::Prompt | Said::Other => {}
+        }
+    }
+    answered
 }
 
 /// A tool call.
@@ -427,6 +481,7 @@ mod tests {
             include_usage: false,
             tools,
             tool_results: 0,
+            answered_turns: 0,
             cwd: cwd.map(str::to_owned),
         }
     }
@@ -547,5 +602,69 @@ mod tests {
         );
         assert_eq!(Dialect::of_path("/v1/messages/count_tokens"), None);
         assert_eq!(Dialect::of_path("/v1/models"), None);
+    }
+
+    /// A resumed conversation (a first turn with a tool call, its answer, a new prompt) is at
+    /// step 2 in every dialect; the same first turn still under way is at step 1, and a side
+    /// text sent with a tool call is no answer.
+    #[test]
+    fn answered_turns_count_answers_followed_by_a_new_prompt() {
+        let chat = json!({"messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "side", "tool_calls": [{"id": "c"}]},
+            {"role": "tool", "content": "ok"},
+            {"role": "assistant", "content": "done one"},
+            {"role": "user", "content": "two"},
+        ]});
+        let anthropic = json!({"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "one"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "side"}, {"type": "tool_use", "id": "t"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "done one"}]},
+            {"role": "user", "content": "two"},
+        ]});
+        let responses = json!({"input": [
+            {"type": "message", "role": "developer", "content": "d"},
+            {"type": "message", "role": "user", "content": "context"},
+            {"type": "message", "role": "user", "content": "one"},
+            {"type": "reasoning"},
+            {"type": "message", "role": "assistant", "content": "side"},
+            {"type": "function_call", "call_id": "c"},
+            {"type": "function_call_output", "call_id": "c"},
+            {"type": "message", "role": "assistant", "content": "done one"},
+            {"role": "user", "content": "two"},
+        ]});
+        for (dialect, body, items) in [
+            (Dialect::Chat, &chat, "messages"),
+            (Dialect::Anthropic, &anthropic, "messages"),
+            (Dialect::Responses, &responses, "input"),
+        ] {
+            let resumed = Turn::read(dialect, body);
+            assert_eq!(
+                (resumed.tool_results, resumed.answered_turns, resumed.step()),
+                (1, 1, 2),
+                "{dialect:?}"
+            );
+            // The first turn, after its tool result: nothing answered yet.
+            let mut first = body.clone();
+            let list = first[items].as_array_mut().unwrap();
+            let cut = list.len() - 2;
+            list.truncate(cut);
+            let under_way = Turn::read(dialect, &first);
+            assert_eq!(
+                (under_way.answered_turns, under_way.step()),
+                (0, 1),
+                "{dialect:?}"
+            );
+            // An answer with no prompt after it is not a turn answered.
+            let mut answered = body.clone();
+            answered[items].as_array_mut().unwrap().pop();
+            assert_eq!(
+                Turn::read(dialect, &answered).answered_turns,
+                0,
+                "{dialect:?}"
+            );
+        }
     }
 }

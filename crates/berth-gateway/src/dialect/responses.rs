@@ -50,6 +50,25 @@ pub fn tool_results(body: &Value) -> usize {
         .unwrap_or(0)
 }
 
+/// The conversation: `message` items by role, `…_call` items as tool calls.
+pub fn history(body: &Value) -> Vec<super::Said> {
+    use super::Said;
+    body["input"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|i| match (i["type"].as_str(), i["role"].as_str()) {
+                    (Some("message") | None, Some("user")) => Said::Prompt,
+                    (Some("message") | None, Some("assistant")) => Said::Answer,
+                    (Some(kind), _) if kind.ends_with("_call") => Said::ToolCall,
+                    _ => Said::Other,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn usage_json(usage: Usage) -> Value {
     json!({
         "input_tokens": usage.input,
