@@ -111,6 +111,13 @@ pub mod vars {
     /// the CLI authenticates with it, and presents the gateway token in the `x-berth-token`
     /// header instead of as its key.
     pub const LOGIN: &str = "BERTH_LOGIN";
+    /// A resumed run ([`super::launch_resumed`]): the CLI's own id of the session it goes on
+    /// with.
+    pub const RESUME_SESSION: &str = "BERTH_RESUME_SESSION";
+    /// A resumed run: the session record to unpack into the fresh home, a tar archive staged
+    /// at this path relative to the working directory (removed by the line before the CLI
+    /// starts).
+    pub const SESSION_ARCHIVE: &str = "BERTH_SESSION_ARCHIVE";
 }
 
 /// Where the orchestrator stages a subscription login before the run, relative to the
@@ -128,13 +135,45 @@ pub const HOME_FROM_REPO: &str = "../.berth-agent";
 /// beside the repository, the gateway as its only endpoint. Every variable part comes from
 /// the environment ([`vars`]); nothing is spliced into the line.
 pub fn launch(harness: Harness) -> String {
-    let prologue = format!(
+    launch_line(harness, false)
+}
+
+/// [`launch`] going on with an earlier session of the same CLI: the session record (as
+/// [`collect_session`] took it) is unpacked from [`vars::SESSION_ARCHIVE`] into the fresh home
+/// and the CLI resumes [`vars::RESUME_SESSION`] with the new instructions. Claude Code keys its
+/// transcripts by working directory, so a record taken elsewhere is moved under this one's.
+pub fn launch_resumed(harness: Harness) -> String {
+    launch_line(harness, true)
+}
+
+fn launch_line(harness: Harness, resumed: bool) -> String {
+    let mut prologue = format!(
         "set -eu\nhome=\"$(cd .. && pwd)/{home}\"\nrm -rf \"$home\"\nmkdir -p \"$home/tmp\"\n\
          export HOME=\"$home\" TMPDIR=\"$home/tmp\" XDG_CONFIG_HOME=\"$home/.config\" \
          XDG_DATA_HOME=\"$home/.local/share\" XDG_CACHE_HOME=\"$home/.cache\" \
          XDG_STATE_HOME=\"$home/.local/state\"\n",
         home = HOME_FROM_REPO.trim_start_matches("../")
     );
+    if !resumed {
+        prologue.push_str("resume=\n");
+    } else {
+        prologue.push_str(concat!(
+            "resume=\"$BERTH_RESUME_SESSION\"\n",
+            "archive=\"$BERTH_SESSION_ARCHIVE\"\nunpacked=0\n",
+            "tar -xf \"$archive\" -C \"$home\" --no-same-owner || unpacked=$?\n",
+            "rm -f -- \"$archive\"\n",
+            "if [ \"$unpacked\" -ne 0 ]; then echo \"berth: the agent's session could not be unpacked\" >&2; exit 125; fi\n",
+        ));
+        if harness == Harness::ClaudeCode {
+            prologue.push_str(concat!(
+                "projects=\"$home/.claude/projects\"\n",
+                "here=\"$projects/$(pwd | sed 's/[^A-Za-z0-9]/-/g')\"\n",
+                "for kept in \"$projects\"/*; do\n",
+                "  if [ -d \"$kept\" ] && [ ! -e \"$here\" ]; then mv -- \"$kept\" \"$here\"; fi\n",
+                "done\n",
+            ));
+        }
+    }
     let run = match harness {
         // The token by variable name (`{env:…}`), so it is in no config text either.
         Harness::Opencode => concat!(
@@ -144,7 +183,15 @@ pub fn launch(harness: Harness) -> String {
             "\\\"apiKey\\\":\\\"{env:BERTH_GATEWAY_TOKEN}\\\"},\\\"models\\\":{\\\"$BERTH_MODEL\\\":{\\\"name\\\":\\\"$BERTH_MODEL\\\",",
             "\\\"tool_call\\\":true}}}},\\\"model\\\":\\\"berth/$BERTH_MODEL\\\",\\\"small_model\\\":\\\"berth/$BERTH_MODEL\\\",",
             "\\\"autoupdate\\\":false,\\\"share\\\":\\\"disabled\\\"}\"\n",
-            "exec \"$BERTH_AGENT_BIN/opencode\" run --auto --format json -m \"berth/$BERTH_MODEL\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
+            // OpenCode resumes a session in the directory it ran in: rebind it to this one (the
+            // database is the sandbox's own; both values are quoted for SQL).
+            "if [ -n \"$resume\" ]; then\n",
+            "  here=\"$(pwd | sed \"s/'/''/g\")\" id=\"$(printf %s \"$resume\" | sed \"s/'/''/g\")\"\n",
+            "  \"$BERTH_AGENT_BIN/opencode\" db \"UPDATE session SET directory = '$here' WHERE id = '$id'\" > /dev/null < /dev/null\n",
+            "fi\n",
+            "set -- run --auto --format json -m \"berth/$BERTH_MODEL\"\n",
+            "if [ -n \"$resume\" ]; then set -- \"$@\" --session \"$resume\"; fi\n",
+            "exec \"$BERTH_AGENT_BIN/opencode\" \"$@\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
         )
         .to_owned(),
         Harness::Codex => concat!(
@@ -155,12 +202,16 @@ pub fn launch(harness: Harness) -> String {
             "  mv ../.berth-login/login.json \"$CODEX_HOME/auth.json\" && chmod 600 \"$CODEX_HOME/auth.json\"\n",
             "  auth='requires_openai_auth=true,env_http_headers={\"x-berth-token\"=\"BERTH_GATEWAY_TOKEN\"}'\n",
             "fi\n",
-            "exec \"$BERTH_AGENT_BIN/codex\" exec --json --skip-git-repo-check ",
+            "set -- exec\n",
+            "if [ -n \"$resume\" ]; then set -- exec resume; fi\n",
+            "set -- \"$@\" --json --skip-git-repo-check ",
             "--dangerously-bypass-approvals-and-sandbox -m \"$BERTH_MODEL\" -c model_provider=berth ",
             "-c 'cli_auth_credentials_store=\"file\"' ",
             "-c \"model_providers.berth={name=\\\"Berth gateway\\\",base_url=\\\"$BERTH_GATEWAY_URL/v1\\\",",
             "$auth,wire_api=\\\"responses\\\",request_max_retries=0,",
-            "stream_max_retries=0}\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
+            "stream_max_retries=0}\"\n",
+            "if [ -n \"$resume\" ]; then set -- \"$@\" \"$resume\"; fi\n",
+            "exec \"$BERTH_AGENT_BIN/codex\" \"$@\" \"$BERTH_INSTRUCTIONS\" < /dev/null\n",
         )
         .to_owned(),
         Harness::ClaudeCode => concat!(
@@ -176,8 +227,10 @@ pub fn launch(harness: Harness) -> String {
             "else\n",
             "  export ANTHROPIC_API_KEY=\"$BERTH_GATEWAY_TOKEN\"\n",
             "fi\n",
-            "exec \"$BERTH_AGENT_BIN/claude\" -p \"$BERTH_INSTRUCTIONS\" --model \"$BERTH_MODEL\" ",
-            "--output-format stream-json --verbose --dangerously-skip-permissions < /dev/null\n",
+            "set -- -p \"$BERTH_INSTRUCTIONS\" --model \"$BERTH_MODEL\" ",
+            "--output-format stream-json --verbose --dangerously-skip-permissions\n",
+            "if [ -n \"$resume\" ]; then set -- \"$@\" --resume \"$resume\"; fi\n",
+            "exec \"$BERTH_AGENT_BIN/claude\" \"$@\" < /dev/null\n",
         )
         .to_owned(),
     };
@@ -194,10 +247,21 @@ pub fn collect_session(harness: Harness) -> String {
         home = HOME_FROM_REPO.trim_start_matches("../")
     );
     for path in harness.session_paths() {
-        line.push_str(&format!("  [ -e '{path}' ] && set -- \"$@\" '{path}'\n"));
+        // Each parent directory as an entry of its own before the path, so the archive makes
+        // every directory before what is beneath it (the strict reading of a session record).
+        let mut parents = String::new();
+        let mut at = 0;
+        while let Some(slash) = path[at..].find('/') {
+            at += slash;
+            parents.push_str(&format!(" './{}'", &path[..at]));
+            at += 1;
+        }
+        line.push_str(&format!(
+            "  [ -e '{path}' ] && set -- \"$@\" --no-recursion{parents} --recursion './{path}'\n"
+        ));
     }
     line.push_str(
-        "  [ $# -eq 0 ] || tar -cf - -- \"$@\" 2>/dev/null\n  cd /\n  rm -rf \"$home\"\nfi\n\
+        "  [ $# -eq 0 ] || tar -cf - \"$@\" 2>/dev/null\n  cd /\n  rm -rf \"$home\"\nfi\n\
          rm -rf \"$(dirname \"$home\")/.berth-login\"\n\
          [ ! -e \"$home\" ] || { echo \"the agent's home could not be removed\" >&2; exit 1; }\n",
     );
@@ -294,6 +358,119 @@ pub fn judge(harness: Harness, events: &[Event]) -> Judgement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The resumed line, run by a real shell against stand-in CLIs that record their argv:
+    /// the session record is unpacked into the fresh home and its staged archive removed
+    /// before the CLI starts, the CLI is asked to resume the session by id (taken from the
+    /// environment, however it is spelled), and a Claude Code transcript kept under another
+    /// working directory is moved under this one's.
+    #[test]
+    fn a_resumed_launch_unpacks_the_session_and_resumes_it_by_id() {
+        let root = tempfile::tempdir().unwrap();
+        let repo = root.path().join("repo");
+        let bin = root.path().join("bin");
+        std::fs::create_dir_all(&repo).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        let argv_log = root.path().join("argv");
+        for program in ["opencode", "codex", "claude"] {
+            let stub = bin.join(program);
+            std::fs::write(
+                &stub,
+                format!(
+                    "#!/bin/sh\nfor a in \"$@\"; do printf '%s|' \"$a\"; done >> '{}'\necho >> '{}'\n\
+                     ls -RA \"$HOME\" >> '{}'\n",
+                    argv_log.display(),
+                    argv_log.display(),
+                    argv_log.display()
+                ),
+            )
+            .unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let id = "sess'; rm -rf / #";
+        // The line in the repository, with what Berth's environment gives it.
+        let run = |line: String, archive: Option<&str>| {
+            let mut sh = std::process::Command::new("sh");
+            sh.arg("-c")
+                .arg(line)
+                .current_dir(&repo)
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .env(vars::BIN, &bin)
+                .env(vars::GATEWAY_URL, "http://127.0.0.1:1")
+                .env(vars::GATEWAY_TOKEN, "token")
+                .env(vars::MODEL, "scripted")
+                .env(vars::INSTRUCTIONS, "go on")
+                .env(vars::RESUME_SESSION, id);
+            if let Some(archive) = archive {
+                sh.env(vars::SESSION_ARCHIVE, archive);
+            }
+            sh.output().unwrap()
+        };
+        for harness in Harness::ALL {
+            let _ = std::fs::remove_file(&argv_log);
+            // A record as the collection takes it (Claude Code's under another directory).
+            let kept = root.path().join("kept");
+            let _ = std::fs::remove_dir_all(&kept);
+            let record = match harness {
+                Harness::ClaudeCode => ".claude/projects/-elsewhere-workspace",
+                Harness::Codex => ".codex/sessions/2026",
+                Harness::Opencode => ".local/share/opencode",
+            };
+            std::fs::create_dir_all(kept.join(record)).unwrap();
+            std::fs::write(kept.join(record).join("transcript.jsonl"), "turn one").unwrap();
+            let status = std::process::Command::new("tar")
+                .args(["-cf"])
+                .arg(repo.join(".staged.tar"))
+                .arg("-C")
+                .arg(&kept)
+                .arg(".")
+                .status()
+                .unwrap();
+            assert!(status.success());
+            let out = run(launch_resumed(harness), Some(".staged.tar"));
+            assert!(out.status.success(), "{harness:?}: {out:?}");
+            assert!(
+                !repo.join(".staged.tar").exists(),
+                "{harness:?}: archive left"
+            );
+            let log = std::fs::read_to_string(&argv_log).unwrap();
+            let first = log.lines().next().unwrap();
+            let expected = match harness {
+                Harness::Codex => "exec|resume|--json|",
+                Harness::ClaudeCode => "-p|go on|",
+                Harness::Opencode => "db|UPDATE session SET directory = ",
+            };
+            assert!(first.starts_with(expected), "{harness:?}: {first}");
+            let resumed = match harness {
+                Harness::Codex => format!("|{id}|go on|"),
+                Harness::ClaudeCode => format!("|--resume|{id}|"),
+                Harness::Opencode => format!("|--session|{id}|go on|"),
+            };
+            assert!(log.contains(&resumed), "{harness:?}: {log}");
+            assert!(log.contains("transcript.jsonl"), "{harness:?}: {log}");
+            if harness == Harness::ClaudeCode {
+                let here: String = repo
+                    .to_str()
+                    .unwrap()
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                    .collect();
+                assert!(log.contains(&here), "{log}");
+                assert!(!log.contains("-elsewhere-workspace"), "{log}");
+            }
+            // The plain launch resumes nothing, whatever the environment says.
+            let _ = std::fs::remove_file(&argv_log);
+            let out = run(launch(harness), None);
+            assert!(out.status.success(), "{harness:?}: {out:?}");
+            let log = std::fs::read_to_string(&argv_log).unwrap();
+            assert!(
+                !log.contains("resume") && !log.contains("--session"),
+                "{log}"
+            );
+        }
+    }
 
     #[test]
     fn launch_lines_take_every_variable_part_from_the_environment() {
