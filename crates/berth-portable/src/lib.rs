@@ -2,7 +2,9 @@
 //! [`move_sandbox`] — checkpoint → create on the target → restore → verify → destroy the
 //! source — with every sandbox under the ledger and the move's commit point durable; and
 //! checkpoints kept apart from any provider ([`CheckpointStore`], in Berth's object store),
-//! restorable on any of them ([`restore_checkpoint`]).
+//! restorable on any of them ([`restore_checkpoint`]); and agent sessions kept the same way
+//! ([`SessionStore`]): a CLI's own session record with Berth's continuity state, resumable in
+//! any sandbox.
 //!
 //! What a move carries is the workspace (the sandbox's working directory: directories, regular
 //! files with their permission bits, symlinks). It does not carry running processes, files
@@ -16,10 +18,15 @@
 mod checkpoint;
 mod moving;
 mod restore;
+mod sessions;
 mod stored;
 
 pub use checkpoint::{Checkpoint, Counts, Entry, EntryKind, ARCHIVE_SCRIPT, LIMIT, MAX_ENTRIES};
 pub use moving::{move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA};
+pub use sessions::{
+    AgentSession, Saved, SessionArchive, SessionStore, SessionTurn, MAX_SESSION_ARCHIVE,
+    SESSION_PREFIX, SESSION_SCHEMA,
+};
 pub use stored::{
     restore_checkpoint, take_checkpoint, CheckpointStore, Collected, Restored, StoredCheckpoint,
     CHECKPOINT_PREFIX, CHECKPOINT_SCHEMA,
@@ -94,6 +101,14 @@ pub enum PortableError {
         /// Why the source's teardown failed.
         #[source]
         cause: Box<LedgerError>,
+    },
+    /// No such agent session (or not an id of one).
+    #[error("session `{id}`: {reason}")]
+    NoSession {
+        /// The id asked for (escaped).
+        id: String,
+        /// Why.
+        reason: String,
     },
     /// No such stored checkpoint (or not an id of one).
     #[error("checkpoint `{id}`: {reason}")]

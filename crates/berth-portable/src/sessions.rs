@@ -1,0 +1,408 @@
+//! Agent sessions kept by Berth (SPEC §7's `PortableAgentSession`): what an agent CLI needs to
+//! go on with a conversation — its own session record and Berth's continuity state — apart
+//! from any sandbox, so `berth prompt --resume as-…` continues it in any sandbox on any
+//! provider (after a `berth move`, a restore, or in a fresh sandbox with the same files).
+//!
+//! Stored in Berth's object store beside checkpoints, under `sessions/OWNER/` (OWNER a digest
+//! of the owner's name): `as-ID.json` (the record, replaced each turn) and
+//! `as-ID/HEX.tar` (the CLI's session record as Berth rebuilt it, HEX its SHA-256; the record
+//! names the one that is current). The archive comes from a sandbox: it is read with the strict
+//! rules of a checkpoint (relative paths, every entry beneath a directory made before it, no
+//! special files, bounded) and rebuilt by Berth, so what a later sandbox unpacks is never the
+//! bytes an earlier one wrote. Each turn writes the new archive before the record that names
+//! it; a crash leaves at most an archive no record names, which the next turn of the session
+//! (or its deletion) removes.
+
+use berth_artifacts::{ArtifactError, Objects};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::{parse_as, Checkpoint, Keep};
+use crate::PortableError;
+
+/// The schema of a session's record.
+pub const SESSION_SCHEMA: &str = "berth.agent-session/v1";
+/// A session id's prefix.
+pub const SESSION_PREFIX: &str = "as-";
+/// The largest record read back.
+const MAX_RECORD_BYTES: u64 = 1 << 20;
+/// The largest session archive kept (what the collection in the sandbox reads, at most).
+pub const MAX_SESSION_ARCHIVE: usize = 64 << 20;
+/// How old an archive no record names must be before `gc` takes it for a crash's leftover.
+const ORPHAN_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+/// Turns a record lists (the most recent); the count goes on.
+const LISTED_TURNS: usize = 100;
+
+/// One turn of a session: one agent run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SessionTurn {
+    /// The turn's number, from 1.
+    pub turn: u64,
+    /// When it finished.
+    pub at: DateTime<Utc>,
+    /// The sandbox it ran in.
+    pub sandbox: String,
+    /// That sandbox's provider.
+    pub provider: String,
+    /// The working directory, relative to the workspace.
+    pub cwd: String,
+    /// How the CLI's process ended.
+    pub exit: String,
+    /// `None`: the agent finished its turn and did something; otherwise why not.
+    pub rejected: Option<String>,
+    /// Tool calls made.
+    pub tool_calls: u64,
+    /// Where Berth kept the turn's logs (on the machine that ran it).
+    pub logs: String,
+}
+
+/// A session's record: Berth's continuity state and the archive holding the CLI's own.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentSession {
+    /// [`SESSION_SCHEMA`].
+    pub schema: String,
+    /// `as-` and 32 hex digits.
+    pub id: String,
+    /// The agent CLI (`opencode`, `codex`, `claude-code`).
+    pub harness: String,
+    /// The CLI's own id of the conversation (what it resumes).
+    pub cli_session: String,
+    /// The model name the CLI was given.
+    pub model: String,
+    /// When the first turn finished.
+    pub created_at: DateTime<Utc>,
+    /// When the last turn finished.
+    pub updated_at: DateTime<Utc>,
+    /// Turns so far.
+    pub turns: u64,
+    /// The most recent turns, oldest first (at most 100).
+    pub history: Vec<SessionTurn>,
+    /// The session this one was forked from, when a turn found its session moved on by
+    /// another turn run at the same time.
+    pub forked_from: Option<String>,
+    /// SHA-256 (hex) of the current archive.
+    pub archive_sha256: String,
+    /// Its size.
+    pub archive_bytes: u64,
+    /// What the CLI's session record held that the archive does not carry.
+    pub not_carried: Vec<String>,
+}
+
+impl AgentSession {
+    /// The last turn.
+    pub fn last(&self) -> Option<&SessionTurn> {
+        self.history.last()
+    }
+}
+
+/// A CLI's session record as Berth keeps it: read with the strict rules, rebuilt.
+#[derive(Debug)]
+pub struct SessionArchive {
+    /// The archive Berth rebuilt.
+    pub archive: Vec<u8>,
+    /// What was not carried.
+    pub not_carried: Vec<String>,
+    /// Files it holds.
+    pub files: u64,
+}
+
+impl SessionArchive {
+    /// Reads an archive a sandbox wrote (the CLI's session record) with the rules of a
+    /// checkpoint and rebuilds it.
+    pub fn read(raw: &[u8]) -> Result<SessionArchive, PortableError> {
+        if raw.len() > MAX_SESSION_ARCHIVE {
+            return Err(PortableError::Workspace(format!(
+                "the agent's session record is larger than {} MiB",
+                MAX_SESSION_ARCHIVE >> 20
+            )));
+        }
+        let Checkpoint {
+            entries,
+            not_carried,
+            archive,
+        } = parse_as(raw, Keep::Archive)?;
+        let files = entries
+            .values()
+            .filter(|e| matches!(e.kind, crate::EntryKind::File { .. }))
+            .count() as u64;
+        Ok(SessionArchive {
+            archive,
+            not_carried,
+            files,
+        })
+    }
+}
+
+/// One owner's agent sessions in an object store.
+#[derive(Debug, Clone)]
+pub struct SessionStore {
+    objects: Objects,
+    prefix: String,
+}
+
+fn no_session(id: &str, reason: &str) -> PortableError {
+    PortableError::NoSession {
+        id: id.escape_debug().to_string(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// What saving a turn came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Saved {
+    /// The session's record now names this turn.
+    Advanced,
+    /// The turn is kept as a new session forked from the one it resumed, which stays as it
+    /// was: another turn of it finished first while this one ran (that turn is not
+    /// overwritten), or the CLI went on in another conversation.
+    Forked {
+        /// The session the turn resumed.
+        from: String,
+        /// Why.
+        why: String,
+    },
+}
+
+impl SessionStore {
+    /// The sessions of `owner` in `objects`.
+    pub fn new(objects: Objects, owner: &str) -> SessionStore {
+        let hashed = hex::encode(&Sha256::digest(owner.as_bytes())[..12]);
+        SessionStore {
+            objects,
+            prefix: format!("sessions/{hashed}"),
+        }
+    }
+
+    /// A new session id.
+    pub fn new_id() -> String {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).expect("the system's random source");
+        format!("{SESSION_PREFIX}{}", hex::encode(bytes))
+    }
+
+    /// The id's hex, or why it is no session id (it becomes an object key).
+    fn hex_of(id: &str) -> Result<&str, PortableError> {
+        match id.strip_prefix(SESSION_PREFIX) {
+            Some(hex)
+                if hex.len() == 32
+                    && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
+            {
+                Ok(hex)
+            }
+            _ => Err(no_session(
+                id,
+                "not a session id (`as-` and 32 lowercase hex digits)",
+            )),
+        }
+    }
+
+    fn record_key(&self, hex: &str) -> String {
+        format!("{}/as-{hex}.json", self.prefix)
+    }
+
+    fn archive_key(&self, hex: &str, sha: &str) -> String {
+        format!("{}/as-{hex}/{sha}.tar", self.prefix)
+    }
+
+    /// A session's record.
+    pub async fn record(&self, id: &str) -> Result<AgentSession, PortableError> {
+        let hex = Self::hex_of(id)?;
+        let key = self.record_key(hex);
+        let bytes = match self.objects.get_bounded(&key, MAX_RECORD_BYTES).await {
+            Err(ArtifactError::NotFound(_)) => {
+                return Err(no_session(id, "no such session of this owner"))
+            }
+            other => other?,
+        };
+        let corrupt = |message: String| PortableError::Record {
+            path: format!("{key} in {}", self.objects.location),
+            message,
+        };
+        let record: AgentSession = serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(format!("not a session record: {e}")))?;
+        let sha_ok = record.archive_sha256.len() == 64
+            && record
+                .archive_sha256
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if record.schema != SESSION_SCHEMA || record.id != id || !sha_ok {
+            return Err(corrupt("a record of another schema or session".into()));
+        }
+        Ok(record)
+    }
+
+    /// A session's record and its archive, read back and checked: the archive must be the one
+    /// the record names, and meet the strict rules again (whoever can write the store is
+    /// untrusted).
+    pub async fn get(&self, id: &str) -> Result<(AgentSession, Vec<u8>), PortableError> {
+        let record = self.record(id).await?;
+        let key = self.archive_key(Self::hex_of(id)?, &record.archive_sha256);
+        let bytes = match self
+            .objects
+            .get_bounded(&key, MAX_SESSION_ARCHIVE as u64)
+            .await
+        {
+            Err(ArtifactError::NotFound(_)) => {
+                return Err(no_session(id, "its record names an archive that is gone"))
+            }
+            other => other?,
+        };
+        if hex::encode(Sha256::digest(&bytes)) != record.archive_sha256 {
+            return Err(PortableError::Record {
+                path: format!("{key} in {}", self.objects.location),
+                message: "holds another archive than its name says".into(),
+            });
+        }
+        let archive = SessionArchive::read(&bytes)?.archive;
+        Ok((record, archive))
+    }
+
+    /// Saves a turn: `session` (its id, and its archive fields set here) with `archive`. When
+    /// `resumed` is the record the turn started from and the stored record has moved on since,
+    /// or `session` already names another id (a fork the caller decided on), the turn is saved
+    /// under a new id, forked from it.
+    pub async fn save(
+        &self,
+        mut session: AgentSession,
+        archive: SessionArchive,
+        resumed: Option<&AgentSession>,
+    ) -> Result<(AgentSession, Saved), PortableError> {
+        let mut saved = Saved::Advanced;
+        if let Some(started) = resumed {
+            let current = self.record(&started.id).await.ok();
+            if current.as_ref() != Some(started) {
+                session.forked_from = Some(started.id.clone());
+                session.id = Self::new_id();
+                saved = Saved::Forked {
+                    from: started.id.clone(),
+                    why: "another turn of it finished first while this one ran".into(),
+                };
+            }
+        }
+        let hex = Self::hex_of(&session.id)?.to_owned();
+        let sha = hex::encode(Sha256::digest(&archive.archive));
+        session.schema = SESSION_SCHEMA.into();
+        session.archive_sha256 = sha.clone();
+        session.archive_bytes = archive.archive.len() as u64;
+        session.not_carried = archive.not_carried;
+        if session.history.len() > LISTED_TURNS {
+            let extra = session.history.len() - LISTED_TURNS;
+            session.history.drain(..extra);
+        }
+        // The archive first: a record always names an archive that is whole.
+        self.objects
+            .put_overwrite(&self.archive_key(&hex, &sha), archive.archive.into())
+            .await?;
+        let json = serde_json::to_vec_pretty(&session).map_err(|e| PortableError::Record {
+            path: self.record_key(&hex),
+            message: e.to_string(),
+        })?;
+        self.objects
+            .put_overwrite(&self.record_key(&hex), json.into())
+            .await?;
+        // The archive this turn supersedes goes now; any other (a turn saving at the same
+        // moment writes one) is `gc`'s once it is old.
+        if let (Some(started), Saved::Advanced) = (resumed, &saved) {
+            if started.archive_sha256 != sha {
+                self.objects
+                    .delete(&self.archive_key(&hex, &started.archive_sha256))
+                    .await?;
+            }
+        }
+        Ok((session, saved))
+    }
+
+    /// Deletes a session's archives but `keep`.
+    async fn remove_archives(&self, hex: &str, keep: Option<&str>) -> Result<(), PortableError> {
+        let under = format!("{}/as-{hex}", self.prefix);
+        for (key, _) in self.objects.listed(&under).await? {
+            let name = key.rsplit('/').next().unwrap_or_default();
+            if keep.is_some_and(|sha| name == format!("{sha}.tar")) {
+                continue;
+            }
+            self.objects.delete(&key).await?;
+        }
+        Ok(())
+    }
+
+    /// This owner's sessions, most recently used last (a record that cannot be read is passed
+    /// over).
+    pub async fn list(&self) -> Result<Vec<AgentSession>, PortableError> {
+        let mut found = Vec::new();
+        for (key, _) in self.objects.listed(&self.prefix).await? {
+            let Some(id) = key
+                .strip_prefix(&format!("{}/", self.prefix))
+                .and_then(|name| name.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            if Self::hex_of(id).is_ok() {
+                if let Ok(record) = self.record(id).await {
+                    found.push(record);
+                }
+            }
+        }
+        found.sort_by_key(|s| s.updated_at);
+        Ok(found)
+    }
+
+    /// Deletes what a crash left: an archive no record names (a turn stopped between writing
+    /// its archive and its record), or a local store's staging file, once two minutes old (a
+    /// turn being saved writes them).
+    pub async fn gc(&self) -> Result<Vec<crate::Collected>, PortableError> {
+        let mut collected = Vec::new();
+        for (key, written) in self.objects.listed(&self.prefix).await? {
+            let Some(rest) = key.strip_prefix(&format!("{}/", self.prefix)) else {
+                continue;
+            };
+            let Some((dir, file)) = rest.split_once('/') else {
+                continue;
+            };
+            let (Ok(hex), Some(sha)) = (Self::hex_of(dir), file.strip_suffix(".tar")) else {
+                continue;
+            };
+            if written.elapsed().unwrap_or_default() < ORPHAN_AFTER {
+                continue;
+            }
+            let named = match self.record(dir).await {
+                Ok(record) => record.archive_sha256 == sha,
+                Err(PortableError::NoSession { .. }) => false,
+                // A record that cannot be read is not proof the archive is unused.
+                Err(_) => true,
+            };
+            if !named {
+                self.objects.delete(&key).await?;
+                collected.push(crate::Collected {
+                    name: format!("{SESSION_PREFIX}{hex}/{file}"),
+                    reason: "an agent session's archive no record names (a crash between them)"
+                        .into(),
+                });
+            }
+        }
+        for staged in self
+            .objects
+            .remove_stale_staging(&self.prefix, ORPHAN_AFTER)?
+        {
+            collected.push(crate::Collected {
+                name: staged,
+                reason: "half-written by a crash".into(),
+            });
+        }
+        Ok(collected)
+    }
+
+    /// Deletes a session, record first. Whether it existed.
+    pub async fn delete(&self, id: &str) -> Result<bool, PortableError> {
+        let hex = Self::hex_of(id)?.to_owned();
+        let record = self.objects.delete(&self.record_key(&hex)).await?;
+        let under = format!("{}/as-{hex}", self.prefix);
+        let archives = !self.objects.listed(&under).await?.is_empty();
+        self.remove_archives(&hex, None).await?;
+        Ok(record || archives)
+    }
+}
+
+#[cfg(test)]
+#[path = "sessions/tests.rs"]
+mod tests;

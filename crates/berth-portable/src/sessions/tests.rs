@@ -1,0 +1,260 @@
+use super::*;
+
+fn store(dir: &std::path::Path, owner: &str) -> SessionStore {
+    SessionStore::new(Objects::local(dir).unwrap(), owner)
+}
+
+/// A session record as `tar -c` writes one: parents first.
+fn record_archive(text: &[u8]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_mode(0o755);
+    dir.set_size(0);
+    builder
+        .append_data(&mut dir.clone(), "./.codex", std::io::empty())
+        .unwrap();
+    builder
+        .append_data(&mut dir, "./.codex/sessions", std::io::empty())
+        .unwrap();
+    let mut file = tar::Header::new_gnu();
+    file.set_mode(0o600);
+    file.set_size(text.len() as u64);
+    builder
+        .append_data(&mut file, "./.codex/sessions/rollout.jsonl", text)
+        .unwrap();
+    builder.into_inner().unwrap()
+}
+
+fn turn(n: u64) -> SessionTurn {
+    SessionTurn {
+        turn: n,
+        at: Utc::now(),
+        sandbox: "sb".into(),
+        provider: "host".into(),
+        cwd: ".".into(),
+        exit: "exit 0".into(),
+        rejected: None,
+        tool_calls: 1,
+        logs: "/logs".into(),
+    }
+}
+
+fn first(id: &str) -> AgentSession {
+    AgentSession {
+        schema: SESSION_SCHEMA.into(),
+        id: id.into(),
+        harness: "codex".into(),
+        cli_session: "cli-1".into(),
+        model: "scripted".into(),
+        created_at: Utc::now(),
+        updated_at: Utc::now(),
+        turns: 1,
+        history: vec![turn(1)],
+        forked_from: None,
+        archive_sha256: String::new(),
+        archive_bytes: 0,
+        not_carried: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_turn_is_saved_read_back_and_the_previous_archive_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"turn one")).unwrap();
+    assert_eq!(archive.files, 1);
+    let (saved, how) = sessions.save(first(&id), archive, None).await.unwrap();
+    assert_eq!(how, Saved::Advanced);
+    let (read, bytes) = sessions.get(&id).await.unwrap();
+    assert_eq!(read, saved);
+    let mut unpacked = tar::Archive::new(bytes.as_slice());
+    let names: Vec<String> = unpacked
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        [".codex", ".codex/sessions", ".codex/sessions/rollout.jsonl"]
+    );
+
+    // The next turn replaces the record and removes the archive it no longer names.
+    let mut next = read.clone();
+    next.turns = 2;
+    next.history.push(turn(2));
+    let archive = SessionArchive::read(&record_archive(b"turn one, turn two")).unwrap();
+    let (advanced, how) = sessions.save(next, archive, Some(&read)).await.unwrap();
+    assert_eq!(how, Saved::Advanced);
+    assert_eq!(advanced.id, id);
+    let stored = sessions.objects.listed(&sessions.prefix).await.unwrap();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(
+        sessions.list().await.unwrap(),
+        std::slice::from_ref(&advanced)
+    );
+
+    // Another owner sees none of it.
+    let other = store(dir.path(), "mallory");
+    assert!(matches!(
+        other.get(&id).await,
+        Err(PortableError::NoSession { .. })
+    ));
+    assert!(other.list().await.unwrap().is_empty());
+
+    assert!(sessions.delete(&id).await.unwrap());
+    assert!(sessions
+        .objects
+        .listed(&sessions.prefix)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(!sessions.delete(&id).await.unwrap());
+}
+
+/// Two turns resumed from the same record: the second to finish does not overwrite the first,
+/// it becomes a fork.
+#[tokio::test]
+async fn a_turn_whose_session_moved_on_meanwhile_is_kept_as_a_fork() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
+    let (started, _) = sessions.save(first(&id), archive, None).await.unwrap();
+    let mut a = started.clone();
+    a.turns = 2;
+    let mut b = started.clone();
+    b.turns = 2;
+    let one = SessionArchive::read(&record_archive(b"a")).unwrap();
+    let (a, how) = sessions.save(a, one, Some(&started)).await.unwrap();
+    assert_eq!(how, Saved::Advanced);
+    let two = SessionArchive::read(&record_archive(b"b")).unwrap();
+    let (b, how) = sessions.save(b, two, Some(&started)).await.unwrap();
+    assert!(
+        matches!(how, Saved::Forked { ref from, .. } if *from == id),
+        "{how:?}"
+    );
+    assert_ne!(b.id, id);
+    assert_eq!(b.forked_from.as_deref(), Some(id.as_str()));
+    assert_eq!(sessions.record(&id).await.unwrap(), a);
+    assert_eq!(sessions.list().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn hostile_ids_records_and_archives_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    for id in [
+        "as-../../etc/passwd",
+        "as-",
+        "as-ABCDEF0123456789ABCDEF0123456789",
+        "ws-00000000000000000000000000000000",
+    ] {
+        assert!(
+            matches!(sessions.get(id).await, Err(PortableError::NoSession { .. })),
+            "{id}"
+        );
+    }
+    // An archive a sandbox wrote with a path escaping, or a file through a link: refused.
+    let mut escaping = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1);
+    h.set_mode(0o644);
+    h.as_gnu_mut().unwrap().name[..10].copy_from_slice(b"../x/evil1");
+    h.set_cksum();
+    escaping.append(&h, &b"x"[..]).unwrap();
+    let err = SessionArchive::read(&escaping.into_inner().unwrap()).unwrap_err();
+    assert!(err.to_string().contains("refused"), "{err}");
+
+    // A stored archive replaced behind the record's back: refused on read.
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
+    let (saved, _) = sessions.save(first(&id), archive, None).await.unwrap();
+    let key = sessions.archive_key(SessionStore::hex_of(&id).unwrap(), &saved.archive_sha256);
+    sessions
+        .objects
+        .put_overwrite(&key, record_archive(b"swapped").into())
+        .await
+        .unwrap();
+    let err = sessions.get(&id).await.unwrap_err();
+    assert!(err.to_string().contains("another archive"), "{err}");
+    // A record of another session under this id: refused.
+    let mut other = saved.clone();
+    other.id = SessionStore::new_id();
+    sessions
+        .objects
+        .put_overwrite(
+            &sessions.record_key(SessionStore::hex_of(&id).unwrap()),
+            serde_json::to_vec(&other).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let err = sessions.record(&id).await.unwrap_err();
+    assert!(
+        err.to_string().contains("another schema or session"),
+        "{err}"
+    );
+}
+
+/// What a crash left (an archive no record names) goes once it is old; the archive a record
+/// names, and a young one a turn may be saving, stay.
+#[tokio::test]
+async fn gc_takes_archives_no_record_names_once_old() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
+    let (saved, _) = sessions.save(first(&id), archive, None).await.unwrap();
+    let hex = SessionStore::hex_of(&id).unwrap().to_owned();
+    let stray = sessions.archive_key(&hex, &"a".repeat(64));
+    let unrecorded_id = SessionStore::new_id();
+    let unrecorded = sessions.archive_key(
+        SessionStore::hex_of(&unrecorded_id).unwrap(),
+        &"b".repeat(64),
+    );
+    let young = sessions.archive_key(&hex, &"c".repeat(64));
+    for key in [&stray, &unrecorded, &young] {
+        sessions
+            .objects
+            .put_overwrite(key, record_archive(b"x").into())
+            .await
+            .unwrap();
+    }
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+    for key in [&stray, &unrecorded] {
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join(key))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let named = sessions.archive_key(&hex, &saved.archive_sha256);
+    std::fs::File::options()
+        .write(true)
+        .open(dir.path().join(&named))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let collected = sessions.gc().await.unwrap();
+    let mut names: Vec<&str> = collected.iter().map(|c| c.name.as_str()).collect();
+    names.sort();
+    let mut expected = vec![
+        format!("{id}/{}.tar", "a".repeat(64)),
+        format!("{unrecorded_id}/{}.tar", "b".repeat(64)),
+    ];
+    expected.sort();
+    assert_eq!(names, expected);
+    let left: Vec<String> = sessions
+        .objects
+        .listed(&sessions.prefix)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(left.contains(&named) && left.contains(&young), "{left:?}");
+    assert_eq!(left.len(), 3, "{left:?}");
+    sessions.get(&id).await.unwrap();
+}
