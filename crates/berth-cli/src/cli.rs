@@ -136,6 +136,9 @@ pub enum Command {
     },
     /// This owner's stored checkpoints.
     Checkpoints,
+    /// This owner's agent sessions (`berth prompt --resume as-…` goes on with one; `berth
+    /// destroy as-…` deletes it).
+    Sessions,
     /// Delete what nothing holds any more: sandboxes past their TTL, snapshots and checkpoints
     /// past their retention, sandboxes, snapshots and checkpoints a crash left half-made (intent rows whose call has
     /// shown no sign of life for 2 minutes) and what killed calls left that no row names,
@@ -559,11 +562,15 @@ pub struct GatewayArgs {
 pub struct PromptArgs {
     /// The sandbox.
     pub id: String,
-    /// The agent CLI.
-    #[arg(long, value_parser = ["opencode", "codex", "claude-code"])]
-    pub harness: String,
+    /// The agent CLI (a resumed session's own by default).
+    #[arg(long, value_parser = ["opencode", "codex", "claude-code"], required_unless_present = "resume")]
+    pub harness: Option<String>,
     /// What the agent is asked to do.
     pub instructions: String,
+    /// Go on with an agent session (`as-…`, printed by an earlier `berth prompt`) in this
+    /// sandbox, whichever sandbox or provider its last turn ran in.
+    #[arg(long, value_name = "SESSION")]
+    pub resume: Option<String>,
     /// A scripted model (TOML).
     #[arg(long, conflicts_with = "proxy", required_unless_present = "proxy")]
     pub script: Option<std::path::PathBuf>,

@@ -298,6 +298,11 @@ fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
             code::NOT_FOUND,
             "`berth checkpoints` lists this owner's checkpoints",
         ),
+        M::NoSession { .. } => (
+            "not_found",
+            code::NOT_FOUND,
+            "`berth sessions` lists this owner's agent sessions",
+        ),
         M::Busy { .. } => (
             "conflict",
             code::CONFLICT,

@@ -244,6 +244,7 @@ impl Command {
             Command::Move(_) => "move",
             Command::Checkpoint { .. } => "checkpoint",
             Command::Checkpoints => "checkpoints",
+            Command::Sessions => "sessions",
             Command::Stop { .. } => "stop",
             Command::Start { .. } => "start",
             Command::Suspend { .. } => "suspend",

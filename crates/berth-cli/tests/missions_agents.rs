@@ -13,27 +13,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Home, CANARY};
+use common::{agent_image, Home, AGENT_IMAGE, CANARY};
 use serde_json::Value;
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents")
-}
-
-const AGENT_IMAGE: &str = "berth/agent-clis:bookworm";
-
-fn agent_image() -> bool {
-    let found = std::process::Command::new("docker")
-        .args(["image", "inspect", AGENT_IMAGE])
-        .output();
-    if matches!(found, Ok(ref o) if o.status.success()) {
-        return true;
-    }
-    if std::env::var("BERTH_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
-        eprintln!("SKIPPED: {AGENT_IMAGE} not built (BERTH_SKIP_AGENT_CLIS=1)");
-        return false;
-    }
-    panic!("{AGENT_IMAGE} is missing: run scripts/setup-substrates (or BERTH_SKIP_AGENT_CLIS=1)");
 }
 
 /// The example for `kind`, copied into `dir` and moved to the host provider.

@@ -802,46 +802,12 @@ fn gc_deletes_expired_checkpoints_and_what_a_crash_left() {
     assert_eq!(ids, vec![&kept["id"]], "{listed}");
 }
 
-/// The S3 configuration of a fresh prefix on the test server (SeaweedFS, started by
-/// `scripts/test`), or `None` when skipped explicitly.
-fn s3_env() -> Option<(Vec<(&'static str, String)>, berth_artifacts::Objects)> {
-    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
-        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
-            return None;
-        }
-        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
-    };
-    let prefix = format!(
-        "moving-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    );
-    let objects = berth_artifacts::Objects::s3(&berth_artifacts::S3Config {
-        url: format!("s3://artifacts/{prefix}"),
-        endpoint: Some(endpoint.clone()),
-        region: "us-east-1".into(),
-        access_key_id: "test".into(),
-        secret_access_key: "testsecret".into(),
-    })
-    .unwrap();
-    let env = vec![
-        ("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}")),
-        ("BERTH_ARTIFACTS_ENDPOINT", endpoint),
-        ("AWS_ACCESS_KEY_ID", "test".into()),
-        ("AWS_SECRET_ACCESS_KEY", "testsecret".into()),
-    ];
-    Some((env, objects))
-}
-
 /// Checkpoints in an S3-compatible bucket are another machine's too: taken from one Berth home,
 /// listed and restored from another; what else writes the bucket is untrusted (an archive
 /// replaced, a record too large: refused, nothing made); expiry collected there too.
 #[test]
 fn checkpoints_in_s3_are_restored_from_another_home() {
-    let Some((env, objects)) = s3_env() else {
+    let Some((env, objects)) = common::s3_env("moving") else {
         return;
     };
     let run = |home: &Home, args: &[&str]| -> (i32, Value, String) {

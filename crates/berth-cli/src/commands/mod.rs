@@ -64,6 +64,7 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         }
         Command::Checkpoint { id, ttl } => moving::checkpoint(&app, &id, ttl.as_deref()).await,
         Command::Checkpoints => moving::checkpoints(&app).await,
+        Command::Sessions => prompt::sessions(&app).await,
         Command::Destroy { ids } => sandbox::destroy(&app, &ids).await,
         Command::Move(args) => moving::move_sandbox(&app, args).await,
         Command::Stop { id } => sandbox::power(&app, &id, sandbox::Power::Stop).await,

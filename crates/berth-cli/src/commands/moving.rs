@@ -258,7 +258,10 @@ pub async fn delete_checkpoint(app: &App, id: &str) -> Result<bool> {
     Ok(checkpoint_store(app)?.delete(id).await?)
 }
 
-/// What `berth gc` deletes of this owner's checkpoints.
+/// What `berth gc` deletes of this owner's checkpoints, and what a crash left of an agent
+/// session (the same object store).
 pub async fn collect_checkpoints(app: &App) -> Result<Vec<berth_portable::Collected>> {
-    Ok(checkpoint_store(app)?.gc(chrono::Utc::now()).await?)
+    let mut collected = checkpoint_store(app)?.gc(chrono::Utc::now()).await?;
+    collected.extend(super::prompt::session_store(app)?.gc().await?);
+    Ok(collected)
 }

@@ -8,11 +8,17 @@
 //! stops), never a model credential. The raw log, the events and the gateway's journal are kept
 //! under `$BERTH_HOME/state/prompts/<sandbox>-<time>/`. Exit 0 when the agent finished its turn
 //! without error and did something; 12 otherwise (the judgement is printed).
+//!
+//! After the run, the CLI's session record is taken out of the sandbox (with the agent's home,
+//! which goes) and kept by Berth as an agent session (`as-…`, `berth_portable::SessionStore`);
+//! `--resume as-…` unpacks it into the next run's fresh home, in any sandbox, and the CLI goes
+//! on with the same conversation.
 
 use anyhow::Result;
-use berth_contract::{ExecRequest, OutputSink, Stream};
+use berth_contract::{ExecRequest, OutputSink, ProviderExt, Stream};
 use berth_gateway::{Gateway, GatewayConfig};
-use berth_harness::{judge, launch, vars, Harness, Normalizer};
+use berth_harness::{collect_session, judge, launch, launch_resumed, vars, Harness, Normalizer};
+use berth_portable::{AgentSession, Saved, SessionArchive, SessionStore, SessionTurn};
 use serde_json::json;
 
 use crate::app::App;
@@ -57,6 +63,126 @@ impl Live {
     }
 }
 
+/// Keeps the run's session: a new one, or the next turn of the resumed one.
+#[allow(clippy::too_many_arguments)]
+async fn keep_session(
+    sessions: &SessionStore,
+    provider: &dyn berth_contract::Provider,
+    native: &berth_contract::NativeId,
+    harness: Harness,
+    args: &PromptArgs,
+    cli_session: Option<String>,
+    resumed: Option<AgentSession>,
+    turn: SessionTurn,
+) -> std::result::Result<(AgentSession, Saved), String> {
+    let archive = take_session(provider, native, harness, &args.cwd).await?;
+    let cli_session =
+        cli_session.ok_or_else(|| "the agent CLI named no session id in its events".to_owned())?;
+    let archive = archive.ok_or_else(|| "the agent CLI left no session record".to_owned())?;
+    // A resumed CLI that reports another conversation than the one it was given did not go
+    // on with it: the turn is a new session, and the resumed one stays as it was.
+    let mut forked = None;
+    if let Some(started) = &resumed {
+        if started.cli_session != cli_session {
+            forked = Some(format!(
+                "the CLI went on in another conversation (`{}`) than the one resumed (`{}`)",
+                cli_session.escape_debug(),
+                started.cli_session.escape_debug()
+            ));
+        }
+    }
+    let session = match &resumed {
+        Some(started) => {
+            let mut next = started.clone();
+            if forked.is_some() {
+                next.id = SessionStore::new_id();
+                next.forked_from = Some(started.id.clone());
+            }
+            next.cli_session = cli_session;
+            next.model = args.model.clone();
+            next.updated_at = turn.at;
+            next.turns += 1;
+            next.history.push(turn);
+            next
+        }
+        None => AgentSession {
+            schema: berth_portable::SESSION_SCHEMA.into(),
+            id: SessionStore::new_id(),
+            harness: harness.as_str().into(),
+            cli_session,
+            model: args.model.clone(),
+            created_at: turn.at,
+            updated_at: turn.at,
+            turns: 1,
+            history: vec![turn],
+            forked_from: None,
+            archive_sha256: String::new(),
+            archive_bytes: 0,
+            not_carried: Vec::new(),
+        },
+    };
+    let (session, saved) = sessions
+        .save(
+            session,
+            archive,
+            resumed.as_ref().filter(|_| forked.is_none()),
+        )
+        .await
+        .map_err(|e| format!("the agent session could not be stored: {e}"))?;
+    match (forked, resumed) {
+        (Some(why), Some(started)) => Ok((
+            session,
+            Saved::Forked {
+                from: started.id,
+                why,
+            },
+        )),
+        _ => Ok((session, saved)),
+    }
+}
+
+/// `berth sessions`.
+pub async fn sessions(app: &App) -> Result<i32> {
+    let found = session_store(app)?.list().await?;
+    if app.json {
+        crate::output::emit("sessions", json!({ "sessions": found }));
+        return Ok(code::OK);
+    }
+    if found.is_empty() {
+        outln!("no agent sessions for owner {}", app.ledger.owner());
+        return Ok(code::OK);
+    }
+    let mut table = crate::human::Table::new(&["ID", "HARNESS", "TURNS", "LAST RAN IN", "AT"]);
+    for s in &found {
+        let last = s
+            .last()
+            .map(|t| format!("{} ({})", t.sandbox, t.provider))
+            .unwrap_or_default();
+        table.styled_row(
+            [
+                s.id.clone(),
+                s.harness.clone(),
+                s.turns.to_string(),
+                last,
+                s.updated_at.format("%Y-%m-%d %H:%M").to_string(),
+            ]
+            .into_iter()
+            .map(|cell| (cell, crate::human::Style::Plain))
+            .collect(),
+        );
+    }
+    out!(
+        "{}",
+        table.render(crate::human::colour_on_stdout(&app.config))
+    );
+    Ok(code::OK)
+}
+
+/// `berth destroy as-…`: deletes an agent session.
+pub async fn delete_session(app: &App, id: &str) -> Result<bool> {
+    Ok(session_store(app)?.delete(id).await?)
+}
+
 fn private_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
@@ -66,11 +192,103 @@ fn private_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+pub(super) fn session_store(app: &App) -> Result<SessionStore> {
+    let objects = berth_orchestrator::publication::objects(&app.config.home, &app.config.env)?;
+    Ok(SessionStore::new(objects, app.ledger.owner()))
+}
+
+/// The harness a run uses: the resumed session's, which `--harness` may only repeat.
+fn harness_of(args: &PromptArgs, resumed: Option<&AgentSession>) -> Result<Harness> {
+    let named = args.harness.as_deref();
+    let name = match (resumed, named) {
+        (Some(session), Some(named)) if named != session.harness => {
+            return Err(CliError::invalid(
+                format!(
+                    "session `{}` is a {} session; --harness {named} cannot go on with it",
+                    session.id, session.harness
+                ),
+                "leave --harness out to resume, or start a new session without --resume",
+            )
+            .into())
+        }
+        (Some(session), _) => session.harness.as_str(),
+        (None, Some(named)) => named,
+        (None, None) => unreachable!("clap requires --harness without --resume"),
+    };
+    Harness::parse(name).ok_or_else(|| {
+        CliError::invalid(
+            format!(
+                "session record names harness `{}`, not one Berth drives",
+                name.escape_debug()
+            ),
+            "`berth sessions` lists this owner's agent sessions",
+        )
+        .into()
+    })
+}
+
+/// Where the resumed session's archive is staged, relative to the workspace, and its name
+/// relative to the working directory.
+fn staging(cwd: &str, stamp: u128) -> (String, String) {
+    let name = format!(".berth-session-{stamp}.tar");
+    let dir = cwd.trim_end_matches('/');
+    let path = if dir.is_empty() || dir == "." {
+        name.clone()
+    } else {
+        format!("{dir}/{name}")
+    };
+    (path, name)
+}
+
+/// Takes the CLI's session record out of the sandbox (and removes the agent's home there),
+/// read with the strict rules. `Ok(None)`: the CLI left none.
+async fn take_session(
+    provider: &dyn berth_contract::Provider,
+    native: &berth_contract::NativeId,
+    harness: Harness,
+    cwd: &str,
+) -> std::result::Result<Option<SessionArchive>, String> {
+    let mut req = ExecRequest::shell(collect_session(harness))
+        .with_cwd(cwd.to_owned())
+        .with_timeout(std::time::Duration::from_secs(60));
+    req.max_output_bytes = berth_portable::MAX_SESSION_ARCHIVE + 1;
+    let out = provider
+        .exec(native, &req)
+        .await
+        .map_err(|e| format!("the session record could not be collected: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "collecting the session record ended {}",
+            out.status
+        ));
+    }
+    if out.stdout_truncated() {
+        return Err(format!(
+            "the session record is larger than {} MiB",
+            berth_portable::MAX_SESSION_ARCHIVE >> 20
+        ));
+    }
+    if out.stdout.is_empty() {
+        return Ok(None);
+    }
+    SessionArchive::read(&out.stdout)
+        .map(Some)
+        .map_err(|e| format!("the session record is refused: {e}"))
+}
+
 /// `berth prompt`.
 pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
-    let harness = Harness::parse(&args.harness).expect("clap checked the name");
     let timeout = crate::duration::parse(&args.timeout)?;
+    let sessions = session_store(app)?;
+    let resumed = match &args.resume {
+        Some(id) => Some(sessions.get(id).await?),
+        None => None,
+    };
+    let harness = harness_of(&args, resumed.as_ref().map(|(s, _)| s))?;
     let (_, provider, native) = app.sandbox(&args.id).await?;
+    if resumed.is_some() {
+        provider.require_files()?;
+    }
     let reach = berth_orchestrator::GatewayReach::of(app.registry.manifest(provider.id())?)
         .map_err(|why| CliError {
             kind: "unsupported",
@@ -115,7 +333,11 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     let running = gateway.listen(0).await?;
     let link =
         berth_orchestrator::link_gateway(provider.as_ref(), &native, reach, &running).await?;
-    let mut req = ExecRequest::shell(launch(harness))
+    let line = match resumed {
+        Some(_) => launch_resumed(harness),
+        None => launch(harness),
+    };
+    let mut req = ExecRequest::shell(line)
         .with_cwd(args.cwd.clone())
         .with_timeout(timeout)
         .with_env(vars::BIN, bin)
@@ -124,6 +346,18 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         .with_env(vars::MODEL, args.model.clone())
         .with_env(vars::INSTRUCTIONS, args.instructions.clone());
     req.max_output_bytes = 64 << 20;
+    let mut staged = None;
+    if let Some((session, archive)) = &resumed {
+        let (path, name) = staging(&args.cwd, stamp);
+        provider
+            .require_files()?
+            .write(&native, &path, archive)
+            .await?;
+        req = req
+            .with_env(vars::SESSION_ARCHIVE, name)
+            .with_env(vars::RESUME_SESSION, session.cli_session.clone());
+        staged = Some(path);
+    }
     let mut live = Live {
         json: app.json,
         normalizer: Normalizer::new(harness, &key, "agent.jsonl"),
@@ -131,21 +365,35 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         raw: private_file(&dir.join("agent.jsonl"))?,
         events_file: private_file(&dir.join("events.jsonl"))?,
     };
-    let status = match provider.streaming() {
-        Some(streaming) => {
-            streaming
-                .exec_streaming(&native, &req, &mut live)
-                .await?
-                .status
-        }
-        None => {
-            let out = provider.exec(&native, &req).await?;
+    let ran = match provider.streaming() {
+        Some(streaming) => streaming
+            .exec_streaming(&native, &req, &mut live)
+            .await
+            .map(|out| out.status),
+        None => provider.exec(&native, &req).await.map(|out| {
             live.chunk(Stream::Stdout, &out.stdout);
             out.status
-        }
+        }),
     };
     gateway.revoke(&token);
     drop(link);
+    let status = match ran {
+        Ok(status) => status,
+        Err(e) => {
+            // The launch line removes the staged archive first; a run that never started
+            // leaves it in the workspace.
+            if let Some(path) = &staged {
+                let _ = provider
+                    .exec(
+                        &native,
+                        &ExecRequest::shell("rm -f -- \"$BERTH_SESSION_ARCHIVE\"")
+                            .with_env(vars::SESSION_ARCHIVE, path.clone()),
+                    )
+                    .await;
+            }
+            return Err(e.into());
+        }
+    };
     let last = live.normalizer.finish();
     live.show(last);
     let judged = judge(harness, &live.events);
@@ -153,6 +401,28 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         Ok(()) => None,
         Err(why) => Some(why.clone()),
     };
+    let turn = SessionTurn {
+        turn: resumed.as_ref().map_or(1, |(s, _)| s.turns + 1),
+        at: chrono::Utc::now(),
+        sandbox: args.id.clone(),
+        provider: provider.id().to_owned(),
+        cwd: args.cwd.clone(),
+        exit: status.to_string(),
+        rejected: verdict.clone(),
+        tool_calls: judged.tool_calls as u64,
+        logs: dir.display().to_string(),
+    };
+    let kept = keep_session(
+        &sessions,
+        provider.as_ref(),
+        &native,
+        harness,
+        &args,
+        judged.session_id.clone(),
+        resumed.map(|(s, _)| s),
+        turn,
+    )
+    .await;
     if app.json {
         outln!(
             "{}",
@@ -165,6 +435,14 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
                 "session_id": judged.session_id,
                 "rejected": verdict,
                 "logs": dir,
+                "session": kept.as_ref().ok().map(|(s, _)| s.id.clone()),
+                "turn": kept.as_ref().ok().map(|(s, _)| s.turns),
+                "forked_from": kept.as_ref().ok().and_then(|(s, _)| s.forked_from.clone()),
+                "fork_reason": kept.as_ref().ok().and_then(|(_, saved)| match saved {
+                    Saved::Forked { why, .. } => Some(why.clone()),
+                    Saved::Advanced => None,
+                }),
+                "session_not_kept": kept.as_ref().err(),
             })
         );
     } else {
@@ -176,6 +454,23 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
                 dir.display()
             ),
             Some(why) => outln!("berth: {why}; logs in {}", dir.display()),
+        }
+        match &kept {
+            Ok((session, saved)) => {
+                if let Saved::Forked { from, why } = saved {
+                    outln!(
+                        "berth: {why}: this turn is kept as a new session forked from {from}, \
+                         which stays as it was"
+                    );
+                }
+                outln!(
+                    "berth: agent session {} (turn {}); go on with: berth prompt ID --resume {} \"…\"",
+                    session.id,
+                    session.turns,
+                    session.id
+                );
+            }
+            Err(why) => outln!("berth: the agent session was not kept: {why}"),
         }
     }
     Ok(if verdict.is_none() {

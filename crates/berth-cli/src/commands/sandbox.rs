@@ -349,16 +349,27 @@ async fn destroy_one(app: &App, id: &str) -> Result<DestroyOutcome> {
             berth_store::StoreError::NotFound(..)
         ))
     );
-    if !in_ledger && id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
-        // A stored checkpoint (never a ledger row's name: the ledger is asked first) is
-        // Berth's own file: deleted, and gone once the call returns.
-        return match super::moving::delete_checkpoint(app, id).await? {
+    // A stored checkpoint or an agent session (never a ledger row's name: the ledger is asked
+    // first) is Berth's own record: deleted, and gone once the call returns.
+    let kept = if in_ledger {
+        None
+    } else if id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
+        let deleted = super::moving::delete_checkpoint(app, id).await?;
+        Some((deleted, "checkpoint", "`berth checkpoints` lists them"))
+    } else if id.starts_with(berth_portable::SESSION_PREFIX) {
+        let deleted = super::prompt::delete_session(app, id).await?;
+        Some((deleted, "agent session", "`berth sessions` lists them"))
+    } else {
+        None
+    };
+    if let Some((deleted, what, hint)) = kept {
+        return match deleted {
             true => Ok(DestroyOutcome::VerifiedGone {
                 already_absent: false,
             }),
             false => Err(crate::errors::CliError::not_found(
-                format!("no checkpoint `{id}` of this owner"),
-                "`berth checkpoints` lists them",
+                format!("no {what} `{id}` of this owner"),
+                hint,
             )
             .into()),
         };

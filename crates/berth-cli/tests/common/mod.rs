@@ -515,3 +515,56 @@ pub fn mission_left_running(home: &Home, owner: &str, file: &Path, marks: &Path)
     let (_, listed) = home.json_as(owner, &["mission", "list"]);
     listed["missions"][0]["id"].as_str().unwrap().to_owned()
 }
+
+/// The reference image with the pinned agent CLIs (`scripts/build-agent-clis-image.sh`).
+pub const AGENT_IMAGE: &str = "berth/agent-clis:bookworm";
+
+/// Whether [`AGENT_IMAGE`] is built; missing, the test fails unless `BERTH_SKIP_AGENT_CLIS=1`
+/// says to skip it.
+pub fn agent_image() -> bool {
+    let found = Command::new("docker")
+        .args(["image", "inspect", AGENT_IMAGE])
+        .output();
+    if matches!(found, Ok(ref o) if o.status.success()) {
+        return true;
+    }
+    if std::env::var("BERTH_SKIP_AGENT_CLIS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: {AGENT_IMAGE} not built (BERTH_SKIP_AGENT_CLIS=1)");
+        return false;
+    }
+    panic!("{AGENT_IMAGE} is missing: run scripts/setup-substrates (or BERTH_SKIP_AGENT_CLIS=1)");
+}
+
+/// The S3 configuration of a fresh prefix on the test server (SeaweedFS, started by
+/// `scripts/test`), or `None` when skipped explicitly.
+pub fn s3_env(name: &str) -> Option<(Vec<(&'static str, String)>, berth_artifacts::Objects)> {
+    let Ok(endpoint) = std::env::var("BERTH_TEST_S3_ENDPOINT") else {
+        if std::env::var("BERTH_SKIP_S3").as_deref() == Ok("1") {
+            return None;
+        }
+        panic!("BERTH_TEST_S3_ENDPOINT is not set: run scripts/test (it starts SeaweedFS), or BERTH_SKIP_S3=1");
+    };
+    let prefix = format!(
+        "{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let objects = berth_artifacts::Objects::s3(&berth_artifacts::S3Config {
+        url: format!("s3://artifacts/{prefix}"),
+        endpoint: Some(endpoint.clone()),
+        region: "us-east-1".into(),
+        access_key_id: "test".into(),
+        secret_access_key: "testsecret".into(),
+    })
+    .unwrap();
+    let env = vec![
+        ("BERTH_ARTIFACTS_URL", format!("s3://artifacts/{prefix}")),
+        ("BERTH_ARTIFACTS_ENDPOINT", endpoint),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testsecret".into()),
+    ];
+    Some((env, objects))
+}

@@ -1,0 +1,370 @@
+//! Agent sessions (`berth prompt --resume as-…`): a real agent CLI's conversation kept by Berth
+//! and continued in another sandbox, on another provider, after `berth move`.
+//!
+//! The proof is the scripted model: it answers the step at (tool results + turns already
+//! answered) of the conversation it is sent, so a CLI that carried the first turn's history
+//! runs the second turn's command (`two.txt`), and one that did not starts over (`one.txt`).
+//! The docker sandboxes come from `berth/agent-clis:bookworm` (the gateway through the
+//! supervisor's loopback forward); host runs use `agents/node_modules/.bin`. Missing CLIs or
+//! image fail the tests unless `BERTH_SKIP_AGENT_CLIS=1` says to skip them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{agent_image, Home, AGENT_IMAGE, CANARY};
+use serde_json::Value;
+
+/// Two turns, each a command and a final answer.
+const TWO_TURNS: &str = r#"schema_version = 1
+[[step]]
+shell = "printf one > one.txt"
+[[step]]
+text = "Done: one"
+[[step]]
+shell = "printf two > two.txt"
+[[step]]
+text = "Done: two"
+"#;
+
+fn script(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("model.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `berth --json prompt …` as `owner`: exit code and the final document.
+fn prompt(home: &Home, owner: &str, bin: &Path, args: &[&str]) -> (i32, Value, String) {
+    let mut full = vec!["--json", "prompt"];
+    full.extend_from_slice(args);
+    let out = home
+        .command(owner, &full)
+        .env("BERTH_AGENT_BIN_DIR", bin)
+        .env("OPENAI_API_KEY", CANARY)
+        .env("ANTHROPIC_API_KEY", CANARY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let last = stdout
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), last, stdout + &stderr)
+}
+
+/// The workspace's names, and that nothing of the agent's home is left beside it.
+fn workspace(home: &Home, id: &str) -> String {
+    let out = home.sh(id, "ls -A; [ ! -e ../.berth-agent ] || echo HOME-LEFT");
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    common::text(&out.stdout)
+}
+
+#[test]
+fn an_agent_session_goes_on_in_another_sandbox_on_another_provider() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    if !agent_image() {
+        return;
+    }
+    let home = Home::new();
+    let model = script(home.path(), TWO_TURNS);
+    let model = model.to_str().unwrap();
+    for harness in ["codex", "claude-code", "opencode"] {
+        let id = home.create("tester");
+        let (code, first, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--harness", harness, "--script", model, "make one"],
+        );
+        assert_eq!(code, 0, "{harness}: {all}");
+        let session = first["session"].as_str().unwrap_or_else(|| panic!("{all}"));
+        assert!(session.starts_with("as-"), "{first}");
+        assert_eq!(first["turn"], 1, "{first}");
+        assert_eq!(workspace(&home, &id), "one.txt\n", "{harness}");
+
+        // The workspace to docker; the conversation goes on there.
+        let (code, moved) = home.json(&["move", &id, "--to", "docker", "--image", AGENT_IMAGE]);
+        assert_eq!(code, 0, "{moved}");
+        let target = moved["move"]["target"]["berth_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let (code, second, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&target, "--resume", session, "--script", model, "make two"],
+        );
+        assert_eq!(code, 0, "{harness}: {all}");
+        assert_eq!(second["session"], session, "{second}");
+        assert_eq!(second["turn"], 2, "{second}");
+        assert!(second["forked_from"].is_null(), "{second}");
+        assert_eq!(
+            second["session_id"], first["session_id"],
+            "{harness}: the CLI went on with its own conversation"
+        );
+        // The second turn's command ran (the history was carried); the staged archive and the
+        // agent's home are gone.
+        assert_eq!(workspace(&home, &target), "one.txt\ntwo.txt\n", "{harness}");
+
+        let (code, listed) = home.json(&["sessions"]);
+        assert_eq!(code, 0);
+        let kept = listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == session)
+            .unwrap_or_else(|| panic!("{listed}"));
+        assert_eq!(kept["harness"], harness);
+        assert_eq!(kept["turns"], 2);
+        let history = kept["history"].as_array().unwrap();
+        assert_eq!(history[0]["provider"], "host");
+        assert_eq!(history[1]["provider"], "docker");
+        assert_eq!(history[1]["sandbox"], target.as_str());
+        assert!(home.run(&["destroy", &target]).status.success());
+    }
+
+    // The control: the same script without --resume starts over.
+    let fresh = home.create("tester");
+    let (code, doc, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&fresh, "--harness", "codex", "--script", model, "again"],
+    );
+    assert_eq!(code, 0, "{all}");
+    assert_eq!(doc["turn"], 1);
+    assert_eq!(workspace(&home, &fresh), "one.txt\n");
+    home.assert_no_canary_persisted();
+
+    // A deleted session is gone for good.
+    let session = doc["session"].as_str().unwrap().to_owned();
+    let out = home.run(&["destroy", &session]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let (code, _, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&fresh, "--resume", &session, "--script", model, "x"],
+    );
+    assert_eq!(code, 3, "{all}");
+    assert!(all.contains("no such session"), "{all}");
+}
+
+/// What a resume cannot go on with is refused before anything runs; a session record that
+/// cannot be kept leaves the session as it was; two turns of one session at once keep both.
+#[test]
+fn resuming_refuses_what_it_cannot_go_on_with_and_loses_no_turn() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let model = script(home.path(), TWO_TURNS);
+    let model = model.to_str().unwrap();
+    let id = home.create("tester");
+    let (code, first, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--harness", "codex", "--script", model, "one"],
+    );
+    assert_eq!(code, 0, "{all}");
+    let session = first["session"].as_str().unwrap().to_owned();
+    let prompts = home.path().join("state/prompts");
+    let runs = || std::fs::read_dir(&prompts).unwrap().count();
+    let before = runs();
+
+    for (args, code, says) in [
+        (
+            vec!["--resume", "as-../../etc/passwd"],
+            3,
+            "not a session id",
+        ),
+        (vec!["--resume", "ws-0123"], 3, "not a session id"),
+        (
+            vec!["--resume", &session, "--harness", "claude-code"],
+            5,
+            "is a codex session",
+        ),
+    ] {
+        let mut full = vec![id.as_str(), "--script", model, "x"];
+        full.extend(args.iter().copied());
+        let (got, _, all) = prompt(&home, "tester", &bin, &full);
+        assert_eq!(got, code, "{args:?}: {all}");
+        assert!(all.contains(says), "{args:?}: {all}");
+    }
+    // Another owner's session is no session of theirs.
+    let theirs = home.create("mallory");
+    let (got, _, all) = prompt(
+        &home,
+        "mallory",
+        &bin,
+        &[&theirs, "--resume", &session, "--script", model, "x"],
+    );
+    assert_eq!(got, 3, "{all}");
+    assert_eq!(runs(), before, "nothing ran");
+
+    // The agent's second turn makes its session record larger than Berth keeps: the turn's
+    // work stands, the session stays at turn 1, and the home is gone all the same.
+    let bloat = home.path().join("bloat.toml");
+    std::fs::write(
+        &bloat,
+        TWO_TURNS.replace(
+            "printf two > two.txt",
+            "head -c 70000000 /dev/zero > \\\"$CODEX_HOME/sessions/bloat\\\"; printf two > two.txt",
+        ),
+    )
+    .unwrap();
+    let (code, doc, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[
+            &id,
+            "--resume",
+            &session,
+            "--script",
+            bloat.to_str().unwrap(),
+            "two",
+        ],
+    );
+    assert_eq!(code, 0, "{all}");
+    assert!(doc["session"].is_null(), "{doc}");
+    assert!(
+        doc["session_not_kept"]
+            .as_str()
+            .unwrap()
+            .contains("larger than 64 MiB"),
+        "{doc}"
+    );
+    assert_eq!(workspace(&home, &id), "one.txt\ntwo.txt\n");
+    let (_, listed) = home.json(&["sessions"]);
+    assert_eq!(listed["sessions"][0]["turns"], 1, "{listed}");
+
+    // Two turns of the same session at once, in two sandboxes: one goes on, the other is kept
+    // as a fork of it; neither is lost.
+    let other = home.create("tester");
+    let start = |sandbox: &str| {
+        home.command(
+            "tester",
+            &[
+                "--json", "prompt", sandbox, "--resume", &session, "--script", model, "two",
+            ],
+        )
+        .env("BERTH_AGENT_BIN_DIR", &bin)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+    };
+    let (a, b) = (start(&id), start(&other));
+    let mut docs = Vec::new();
+    for child in [a, b] {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", common::text(&out.stderr));
+        let last = common::text(&out.stdout).lines().last().unwrap().to_owned();
+        docs.push(serde_json::from_str::<Value>(&last).unwrap());
+    }
+    let advanced: Vec<&Value> = docs.iter().filter(|d| d["session"] == session).collect();
+    let forked: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["forked_from"] == session)
+        .collect();
+    assert_eq!((advanced.len(), forked.len()), (1, 1), "{docs:?}");
+    assert!(
+        forked[0]["fork_reason"]
+            .as_str()
+            .unwrap()
+            .contains("finished first"),
+        "{docs:?}"
+    );
+    let (_, listed) = home.json(&["sessions"]);
+    let turns: Vec<&Value> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["turns"])
+        .collect();
+    assert_eq!(turns, [&Value::from(2), &Value::from(2)], "{listed}");
+}
+
+/// Sessions live in Berth's object store: with an S3-compatible bucket, a session started from
+/// one Berth home (one machine) is listed and resumed from another with the same bucket and
+/// owner; deleting it leaves nothing under the bucket's prefix.
+#[test]
+fn a_session_in_a_shared_bucket_is_resumed_from_another_berth_home() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let Some((env, objects)) = common::s3_env("sessions") else {
+        return;
+    };
+    let (here, there) = (Home::new(), Home::new());
+    let model = script(here.path(), TWO_TURNS);
+    let model = model.to_str().unwrap();
+    let with_bucket = |home: &Home, args: &[&str]| {
+        let mut cmd = home.command("tester", args);
+        cmd.env("BERTH_AGENT_BIN_DIR", &bin);
+        for (name, value) in &env {
+            cmd.env(name, value);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = common::text(&out.stdout);
+        // One document (pretty), or events a line each with the document last.
+        let last = serde_json::from_str(&stdout)
+            .ok()
+            .or_else(|| {
+                stdout
+                    .lines()
+                    .last()
+                    .and_then(|l| serde_json::from_str(l).ok())
+            })
+            .unwrap_or(Value::Null);
+        (out.status.code(), last, stdout + &common::text(&out.stderr))
+    };
+    let id = here.create("tester");
+    let (code, first, all) = with_bucket(
+        &here,
+        &[
+            "--json",
+            "prompt",
+            &id,
+            "--harness",
+            "codex",
+            "--script",
+            model,
+            "one",
+        ],
+    );
+    assert_eq!(code, Some(0), "{all}");
+    let session = first["session"].as_str().unwrap().to_owned();
+
+    let elsewhere = there.create("tester");
+    let (code, listed, all) = with_bucket(&there, &["--json", "sessions"]);
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(listed["sessions"][0]["id"], session.as_str(), "{listed}");
+    let (code, second, all) = with_bucket(
+        &there,
+        &[
+            "--json", "prompt", &elsewhere, "--resume", &session, "--script", model, "two",
+        ],
+    );
+    assert_eq!(code, Some(0), "{all}");
+    assert_eq!(
+        (second["session"].as_str(), second["turn"].as_u64()),
+        (Some(session.as_str()), Some(2))
+    );
+    assert_eq!(workspace(&there, &elsewhere), "two.txt\n");
+
+    let (code, _, all) = with_bucket(&here, &["destroy", &session]);
+    assert_eq!(code, Some(0), "{all}");
+    let left = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(objects.listed("sessions"))
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
