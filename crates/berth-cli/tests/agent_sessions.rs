@@ -245,6 +245,42 @@ fn resuming_refuses_what_it_cannot_go_on_with_and_loses_no_turn() {
     let (_, listed) = home.json(&["sessions"]);
     assert_eq!(listed["sessions"][0]["turns"], 1, "{listed}");
 
+    // A link planted in the session record (the next run's CLI, on any provider, would write
+    // through it): not kept either.
+    let linked = home.path().join("linked.toml");
+    std::fs::write(
+        &linked,
+        TWO_TURNS.replace(
+            "printf two > two.txt",
+            "ln -s / \\\"$CODEX_HOME/sessions/escape\\\"; printf two > two.txt",
+        ),
+    )
+    .unwrap();
+    let (code, doc, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[
+            &id,
+            "--resume",
+            &session,
+            "--script",
+            linked.to_str().unwrap(),
+            "two",
+        ],
+    );
+    assert_eq!(code, 0, "{all}");
+    assert!(doc["session"].is_null(), "{doc}");
+    assert!(
+        doc["session_not_kept"]
+            .as_str()
+            .unwrap()
+            .contains("symbolic link"),
+        "{doc}"
+    );
+    let (_, listed) = home.json(&["sessions"]);
+    assert_eq!(listed["sessions"][0]["turns"], 1, "{listed}");
+
     // Two turns of the same session at once, in two sandboxes: one goes on, the other is kept
     // as a fork of it; neither is lost.
     let other = home.create("tester");

@@ -122,6 +122,19 @@ impl SessionArchive {
             not_carried,
             archive,
         } = parse_as(raw, Keep::Archive)?;
+        // A CLI's record is files and directories. A link would be unpacked into the next
+        // run's home, and the CLI writing through it there would write wherever it points —
+        // on another provider, outside the sandbox the record came from.
+        if let Some((path, _)) = entries
+            .iter()
+            .find(|(_, e)| matches!(e.kind, crate::EntryKind::Symlink { .. }))
+        {
+            return Err(PortableError::Workspace(format!(
+                "the agent's session record is refused: `{}` is a symbolic link (a session \
+                 record holds files and directories only)",
+                crate::checkpoint::shown(path)
+            )));
+        }
         let files = entries
             .values()
             .filter(|e| matches!(e.kind, crate::EntryKind::File { .. }))

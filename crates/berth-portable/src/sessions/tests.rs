@@ -167,6 +167,24 @@ async fn hostile_ids_records_and_archives_are_refused() {
     let err = SessionArchive::read(&escaping.into_inner().unwrap()).unwrap_err();
     assert!(err.to_string().contains("refused"), "{err}");
 
+    // A link in a session record: refused (the next run's CLI would write through it).
+    let mut linked = tar::Builder::new(Vec::new());
+    let mut dir = tar::Header::new_gnu();
+    dir.set_entry_type(tar::EntryType::Directory);
+    dir.set_mode(0o755);
+    dir.set_size(0);
+    linked
+        .append_data(&mut dir, "./.codex", std::io::empty())
+        .unwrap();
+    let mut link = tar::Header::new_gnu();
+    link.set_entry_type(tar::EntryType::Symlink);
+    link.set_size(0);
+    linked
+        .append_link(&mut link, "./.codex/sessions", "/root/.ssh")
+        .unwrap();
+    let err = SessionArchive::read(&linked.into_inner().unwrap()).unwrap_err();
+    assert!(err.to_string().contains("is a symbolic link"), "{err}");
+
     // A stored archive replaced behind the record's back: refused on read.
     let id = SessionStore::new_id();
     let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
