@@ -5,13 +5,16 @@
 //!
 //! Stored in Berth's object store beside checkpoints, under `sessions/OWNER/` (OWNER a digest
 //! of the owner's name): `as-ID.json` (the record, replaced each turn) and
-//! `as-ID/HEX.tar` (the CLI's session record as Berth rebuilt it, HEX its SHA-256; the record
-//! names the one that is current). The archive comes from a sandbox: it is read with the strict
+//! `as-ID.HEX.tar` (the CLI's session record as Berth rebuilt it, HEX its SHA-256; the record
+//! names the one that is current). Keys are flat, so a local store keeps no empty directory
+//! of a deleted session. The archive comes from a sandbox: it is read with the strict
 //! rules of a checkpoint (relative paths, every entry beneath a directory made before it, no
 //! special files, bounded) and rebuilt by Berth, so what a later sandbox unpacks is never the
 //! bytes an earlier one wrote. Each turn writes the new archive before the record that names
 //! it; a crash leaves at most an archive no record names, which the next turn of the session
 //! (or its deletion) removes.
+
+use std::time::SystemTime;
 
 use berth_artifacts::{ArtifactError, Objects};
 use chrono::{DateTime, Utc};
@@ -215,7 +218,7 @@ impl SessionStore {
     }
 
     fn archive_key(&self, hex: &str, sha: &str) -> String {
-        format!("{}/as-{hex}/{sha}.tar", self.prefix)
+        format!("{}/as-{hex}.{sha}.tar", self.prefix)
     }
 
     /// A session's record.
@@ -326,17 +329,22 @@ impl SessionStore {
         Ok((session, saved))
     }
 
-    /// Deletes a session's archives but `keep`.
-    async fn remove_archives(&self, hex: &str, keep: Option<&str>) -> Result<(), PortableError> {
-        let under = format!("{}/as-{hex}", self.prefix);
-        for (key, _) in self.objects.listed(&under).await? {
+    /// Every stored archive: its key, session hex, SHA-256 hex and when it was written.
+    async fn archives(&self) -> Result<Vec<(String, String, String, SystemTime)>, PortableError> {
+        let mut found = Vec::new();
+        for (key, written) in self.objects.listed(&self.prefix).await? {
             let name = key.rsplit('/').next().unwrap_or_default();
-            if keep.is_some_and(|sha| name == format!("{sha}.tar")) {
+            let Some((id, sha)) = name
+                .strip_suffix(".tar")
+                .and_then(|stem| stem.split_once('.'))
+            else {
                 continue;
+            };
+            if let Ok(hex) = Self::hex_of(id) {
+                found.push((key.clone(), hex.to_owned(), sha.to_owned(), written));
             }
-            self.objects.delete(&key).await?;
         }
-        Ok(())
+        Ok(found)
     }
 
     /// This owner's sessions, most recently used last (a record that cannot be read is passed
@@ -365,20 +373,12 @@ impl SessionStore {
     /// turn being saved writes them).
     pub async fn gc(&self) -> Result<Vec<crate::Collected>, PortableError> {
         let mut collected = Vec::new();
-        for (key, written) in self.objects.listed(&self.prefix).await? {
-            let Some(rest) = key.strip_prefix(&format!("{}/", self.prefix)) else {
-                continue;
-            };
-            let Some((dir, file)) = rest.split_once('/') else {
-                continue;
-            };
-            let (Ok(hex), Some(sha)) = (Self::hex_of(dir), file.strip_suffix(".tar")) else {
-                continue;
-            };
+        for (key, hex, sha, written) in self.archives().await? {
             if written.elapsed().unwrap_or_default() < ORPHAN_AFTER {
                 continue;
             }
-            let named = match self.record(dir).await {
+            let id = format!("{SESSION_PREFIX}{hex}");
+            let named = match self.record(&id).await {
                 Ok(record) => record.archive_sha256 == sha,
                 Err(PortableError::NoSession { .. }) => false,
                 // A record that cannot be read is not proof the archive is unused.
@@ -387,7 +387,7 @@ impl SessionStore {
             if !named {
                 self.objects.delete(&key).await?;
                 collected.push(crate::Collected {
-                    name: format!("{SESSION_PREFIX}{hex}/{file}"),
+                    name: format!("{id}.{sha}.tar"),
                     reason: "an agent session's archive no record names (a crash between them)"
                         .into(),
                 });
@@ -408,11 +408,13 @@ impl SessionStore {
     /// Deletes a session, record first. Whether it existed.
     pub async fn delete(&self, id: &str) -> Result<bool, PortableError> {
         let hex = Self::hex_of(id)?.to_owned();
-        let record = self.objects.delete(&self.record_key(&hex)).await?;
-        let under = format!("{}/as-{hex}", self.prefix);
-        let archives = !self.objects.listed(&under).await?.is_empty();
-        self.remove_archives(&hex, None).await?;
-        Ok(record || archives)
+        let mut existed = self.objects.delete(&self.record_key(&hex)).await?;
+        for (key, of, _, _) in self.archives().await? {
+            if of == hex {
+                existed |= self.objects.delete(&key).await?;
+            }
+        }
+        Ok(existed)
     }
 }
 

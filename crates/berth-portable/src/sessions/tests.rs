@@ -111,6 +111,11 @@ async fn a_turn_is_saved_read_back_and_the_previous_archive_goes() {
         .unwrap()
         .is_empty());
     assert!(!sessions.delete(&id).await.unwrap());
+    // Nothing is left in the local store, not even an empty directory of the session.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join(&sessions.prefix))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Two turns resumed from the same record: the second to finish does not overwrite the first,
@@ -259,8 +264,8 @@ async fn gc_takes_archives_no_record_names_once_old() {
     let mut names: Vec<&str> = collected.iter().map(|c| c.name.as_str()).collect();
     names.sort();
     let mut expected = vec![
-        format!("{id}/{}.tar", "a".repeat(64)),
-        format!("{unrecorded_id}/{}.tar", "b".repeat(64)),
+        format!("{id}.{}.tar", "a".repeat(64)),
+        format!("{unrecorded_id}.{}.tar", "b".repeat(64)),
     ];
     expected.sort();
     assert_eq!(names, expected);
