@@ -27,6 +27,7 @@ pub mod monitor;
 pub mod moving;
 pub mod raw;
 pub mod serve;
+pub mod sessions;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -419,7 +419,9 @@ pub struct BenchArgs {
     /// model gateway and the agent CLIs' start-up instead; `monitor P…` the latency from a
     /// line an agent writes in a sandbox of P to the normalized event at a watcher; `bridge
     /// [VENDOR]` the ComputeSDK bridge against the same ComputeSDK provider driven from Node
-    /// (default just-bash); `move FROM TO` a move against the same steps without its checks.
+    /// (default just-bash); `move FROM TO` a move against the same steps without its checks;
+    /// `resume P [HARNESS]` an agent's turn going on with its conversation in another sandbox
+    /// against a fresh turn.
     #[arg(required = true)]
     pub providers: Vec<String>,
     /// Compare one provider's exec and create→destroy cycle with its raw substrate instead.

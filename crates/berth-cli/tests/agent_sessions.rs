@@ -404,3 +404,42 @@ fn a_session_in_a_shared_bucket_is_resumed_from_another_berth_home() {
         .unwrap();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `berth bench resume`: the resumed turn checked to go on with its conversation, both figures,
+/// nothing left (no sandbox, no session).
+#[test]
+fn the_resume_benchmark_reports_its_ratio_and_leaves_nothing() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let out = home
+        .command(
+            "bencher",
+            &["--json", "bench", "resume", "host", "--iterations", "2"],
+        )
+        .env("BERTH_AGENT_BIN_DIR", &bin)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["harness"], "codex", "{doc}");
+    assert_eq!(doc["turn"]["berth"]["n"], 2, "{doc}");
+    assert_eq!(doc["turn"]["raw"]["n"], 2, "{doc}");
+    let ratio = doc["turn"]["ratio_median"].as_f64().unwrap();
+    assert!(ratio.is_finite() && ratio > 0.0, "{doc}");
+    assert!(
+        doc["baseline"]
+            .as_str()
+            .unwrap()
+            .contains("without the session"),
+        "{doc}"
+    );
+    assert!(doc["target"].is_null(), "{doc}");
+    let (_, open) = home.json_as("bencher", &["ledger", "list"]);
+    assert_eq!(open["entries"], Value::Array(vec![]), "{open}");
+    let (_, sessions) = home.json_as("bencher", &["sessions"]);
+    assert_eq!(sessions["sessions"], Value::Array(vec![]), "{sessions}");
+    let out = home.run_as("bencher", &["bench", "resume", "host", "cursor"]);
+    assert_eq!(out.status.code(), Some(5), "{}", common::text(&out.stderr));
+}

@@ -148,6 +148,17 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
             )
             .await?,
         ),
+        Command::Bench(args) if args.providers.first().is_some_and(|p| p == "resume") => report(
+            &app,
+            "bench",
+            berth_bench::sessions::bench(
+                &app.bench_context()?,
+                &args.providers[1..],
+                args.image.as_deref(),
+                args.iterations,
+            )
+            .await?,
+        ),
         Command::Bench(args) if args.providers.first().is_some_and(|p| p == "monitor") => report(
             &app,
             "bench",
