@@ -141,7 +141,8 @@ pub fn launch(harness: Harness) -> String {
 /// [`launch`] going on with an earlier session of the same CLI: the session record (as
 /// [`collect_session`] took it) is unpacked from [`vars::SESSION_ARCHIVE`] into the fresh home
 /// and the CLI resumes [`vars::RESUME_SESSION`] with the new instructions. Claude Code keys its
-/// transcripts by working directory, so a record taken elsewhere is moved under this one's.
+/// transcripts by working directory and OpenCode binds a session to one, and a workspace's
+/// path differs between providers, so a record taken elsewhere is rebound to this one.
 pub fn launch_resumed(harness: Harness) -> String {
     launch_line(harness, true)
 }

@@ -99,6 +99,17 @@ impl AgentSession {
     }
 }
 
+/// Whether a CLI's conversation id is plain enough to hand back to the CLI as an argument:
+/// letters, digits, `-` and `_`, at most 128, not starting with `-` (it came from a sandbox, and
+/// `--resume -c …` would be an option).
+pub fn plain_cli_session(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && !id.starts_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// A CLI's session record as Berth keeps it: read with the strict rules, rebuilt.
 #[derive(Debug)]
 pub struct SessionArchive {
@@ -124,7 +135,14 @@ impl SessionArchive {
             entries,
             not_carried,
             archive,
-        } = parse_as(raw, Keep::Archive)?;
+        } = parse_as(raw, Keep::Archive).map_err(|e| match e {
+            PortableError::Workspace(why) => PortableError::Workspace(why.replacen(
+                "the workspace's archive",
+                "the agent's session record",
+                1,
+            )),
+            other => other,
+        })?;
         // A CLI's record is files and directories. A link would be unpacked into the next
         // run's home, and the CLI writing through it there would write wherever it points —
         // on another provider, outside the sandbox the record came from.
@@ -242,8 +260,16 @@ impl SessionStore {
                 .archive_sha256
                 .bytes()
                 .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        if record.schema != SESSION_SCHEMA || record.id != id || !sha_ok {
-            return Err(corrupt("a record of another schema or session".into()));
+        if record.schema != SESSION_SCHEMA
+            || record.id != id
+            || !sha_ok
+            || !plain_cli_session(&record.cli_session)
+        {
+            return Err(corrupt(
+                "not a record of this session (its schema, id, archive digest or CLI \
+                 conversation id is not what one can be)"
+                    .into(),
+            ));
         }
         Ok(record)
     }
@@ -295,6 +321,18 @@ impl SessionStore {
                     why: "another turn of it finished first while this one ran".into(),
                 };
             }
+        }
+        if !plain_cli_session(&session.cli_session) {
+            return Err(PortableError::Workspace(format!(
+                "the agent CLI named its conversation `{}`, not a plain id (letters, digits, `-`, \
+                 `_`); it would not be handed back to the CLI",
+                session
+                    .cli_session
+                    .chars()
+                    .take(140)
+                    .collect::<String>()
+                    .escape_debug()
+            )));
         }
         let hex = Self::hex_of(&session.id)?.to_owned();
         let sha = hex::encode(Sha256::digest(&archive.archive));

@@ -273,7 +273,7 @@ async fn take_session(
     }
     SessionArchive::read(&out.stdout)
         .map(Some)
-        .map_err(|e| format!("the session record is refused: {e}"))
+        .map_err(|e| e.to_string())
 }
 
 /// `berth prompt`.

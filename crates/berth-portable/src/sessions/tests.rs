@@ -170,7 +170,11 @@ async fn hostile_ids_records_and_archives_are_refused() {
     h.set_cksum();
     escaping.append(&h, &b"x"[..]).unwrap();
     let err = SessionArchive::read(&escaping.into_inner().unwrap()).unwrap_err();
-    assert!(err.to_string().contains("refused"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("the agent's session record is refused: "),
+        "{err}"
+    );
 
     // A link in a session record: refused (the next run's CLI would write through it).
     let mut linked = tar::Builder::new(Vec::new());
@@ -189,6 +193,22 @@ async fn hostile_ids_records_and_archives_are_refused() {
         .unwrap();
     let err = SessionArchive::read(&linked.into_inner().unwrap()).unwrap_err();
     assert!(err.to_string().contains("is a symbolic link"), "{err}");
+
+    // A CLI conversation id that would be an option, or is no plain id: never kept.
+    for cli in ["-c model=x", "--help", "a b", "x;y", "", &"a".repeat(129)] {
+        let mut bad = first(&SessionStore::new_id());
+        bad.cli_session = cli.to_owned();
+        let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
+        let err = sessions.save(bad, archive, None).await.unwrap_err();
+        assert!(err.to_string().contains("not a plain id"), "{cli}: {err}");
+    }
+    for cli in [
+        "01a24ecb-6b7f-7ee0-8a85-0d2ace7562ba",
+        "ses_db13449feffeHpUs77mAfcEjs6",
+    ] {
+        assert!(plain_cli_session(cli), "{cli}");
+    }
+    assert!(sessions.list().await.unwrap().is_empty());
 
     // A stored archive replaced behind the record's back: refused on read.
     let id = SessionStore::new_id();
@@ -215,7 +235,23 @@ async fn hostile_ids_records_and_archives_are_refused() {
         .unwrap();
     let err = sessions.record(&id).await.unwrap_err();
     assert!(
-        err.to_string().contains("another schema or session"),
+        err.to_string().contains("not a record of this session"),
+        "{err}"
+    );
+    // A record whose CLI conversation id would be an option: refused the same way.
+    let mut optioned = saved.clone();
+    optioned.cli_session = "--dangerously-bypass".into();
+    sessions
+        .objects
+        .put_overwrite(
+            &sessions.record_key(SessionStore::hex_of(&id).unwrap()),
+            serde_json::to_vec(&optioned).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let err = sessions.get(&id).await.unwrap_err();
+    assert!(
+        err.to_string().contains("not a record of this session"),
         "{err}"
     );
 }
