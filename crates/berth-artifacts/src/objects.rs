@@ -159,6 +159,25 @@ impl Objects {
         }
     }
 
+    /// Writes `bytes` under `key` only if no object is there: whether this call made it (an
+    /// object already there is left as it is). Atomic in both stores (a local link; S3's
+    /// `If-None-Match: *`), so of many writers of one key exactly one is told `true`.
+    pub async fn create_new(&self, key: &str, bytes: bytes::Bytes) -> Result<bool, ArtifactError> {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&path(key)?, PutPayload::from(bytes), options)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(storage(&format!("write {key}"), e)),
+        }
+    }
+
     /// Removes what a killed local write left: the staging file `KEY#N` the local store writes
     /// before linking it to `KEY`. One is removed when `KEY` is complete beside it (that write
     /// finished, or another did), or when it is older than `stale` (its writer is long gone);

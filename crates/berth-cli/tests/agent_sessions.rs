@@ -315,7 +315,7 @@ fn resuming_refuses_what_it_cannot_go_on_with_and_loses_no_turn() {
         forked[0]["fork_reason"]
             .as_str()
             .unwrap()
-            .contains("finished first"),
+            .contains("saved first"),
         "{docs:?}"
     );
     let (_, listed) = home.json(&["sessions"]);
@@ -396,12 +396,21 @@ fn a_session_in_a_shared_bucket_is_resumed_from_another_berth_home() {
     );
     assert_eq!(workspace(&there, &elsewhere), "two.txt\n");
 
+    // The turn's claim is create-only in the bucket too: a second writer of it is refused.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stored = rt.block_on(objects.listed("sessions")).unwrap();
+    let claim = stored
+        .iter()
+        .map(|(key, _)| key)
+        .find(|key| key.ends_with(".turn-00000002.claim"))
+        .unwrap_or_else(|| panic!("{stored:?}"));
+    assert!(!rt
+        .block_on(objects.create_new(claim, b"another writer".to_vec().into()))
+        .unwrap());
+
     let (code, _, all) = with_bucket(&here, &["destroy", &session]);
     assert_eq!(code, Some(0), "{all}");
-    let left = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(objects.listed("sessions"))
-        .unwrap();
+    let left = rt.block_on(objects.listed("sessions")).unwrap();
     assert!(left.is_empty(), "{left:?}");
 }
 

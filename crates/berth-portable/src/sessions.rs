@@ -4,15 +4,16 @@
 //! provider (after a `berth move`, a restore, or in a fresh sandbox with the same files).
 //!
 //! Stored in Berth's object store beside checkpoints, under `sessions/OWNER/` (OWNER a digest
-//! of the owner's name): `as-ID.json` (the record, replaced each turn) and
-//! `as-ID.HEX.tar` (the CLI's session record as Berth rebuilt it, HEX its SHA-256; the record
-//! names the one that is current). Keys are flat, so a local store keeps no empty directory
-//! of a deleted session. The archive comes from a sandbox: it is read with the strict
-//! rules of a checkpoint (relative paths, every entry beneath a directory made before it, no
-//! special files, bounded) and rebuilt by Berth, so what a later sandbox unpacks is never the
-//! bytes an earlier one wrote. Each turn writes the new archive before the record that names
-//! it; a crash leaves at most an archive no record names, which the next turn of the session
-//! (or its deletion) removes.
+//! of the owner's name): `as-ID.json` (the record, replaced each turn), `as-ID.HEX.tar` (the
+//! CLI's session record as Berth rebuilt it, HEX its SHA-256; the record names the one that is
+//! current) and `as-ID.turn-N.claim` (made create-only by the first of the turns resumed from
+//! turn N-1 to finish; the others become forks, so no turn overwrites another). Keys are flat,
+//! so a local store keeps no empty directory of a deleted session. The archive comes from a
+//! sandbox: it is read with the strict rules of a checkpoint (relative paths, every entry
+//! beneath a directory made before it, no special files or links, bounded) and rebuilt by
+//! Berth, so what a later sandbox unpacks is never the bytes an earlier one wrote. Each turn
+//! claims its number, writes the new archive, then the record that names it; what a crash
+//! leaves between them (an archive no record names, a claim) `gc` removes once it is old.
 
 use std::time::SystemTime;
 
@@ -239,6 +240,10 @@ impl SessionStore {
         format!("{}/as-{hex}.{sha}.tar", self.prefix)
     }
 
+    fn claim_key(&self, hex: &str, turn: u64) -> String {
+        format!("{}/as-{hex}.turn-{turn:08}.claim", self.prefix)
+    }
+
     /// A session's record.
     pub async fn record(&self, id: &str) -> Result<AgentSession, PortableError> {
         let hex = Self::hex_of(id)?;
@@ -310,18 +315,6 @@ impl SessionStore {
         archive: SessionArchive,
         resumed: Option<&AgentSession>,
     ) -> Result<(AgentSession, Saved), PortableError> {
-        let mut saved = Saved::Advanced;
-        if let Some(started) = resumed {
-            let current = self.record(&started.id).await.ok();
-            if current.as_ref() != Some(started) {
-                session.forked_from = Some(started.id.clone());
-                session.id = Self::new_id();
-                saved = Saved::Forked {
-                    from: started.id.clone(),
-                    why: "another turn of it finished first while this one ran".into(),
-                };
-            }
-        }
         if !plain_cli_session(&session.cli_session) {
             return Err(PortableError::Workspace(format!(
                 "the agent CLI named its conversation `{}`, not a plain id (letters, digits, `-`, \
@@ -333,6 +326,36 @@ impl SessionStore {
                     .collect::<String>()
                     .escape_debug()
             )));
+        }
+        let mut saved = Saved::Advanced;
+        if let Some(started) = resumed {
+            // Of the turns resumed from the same record, the first to claim the next turn's
+            // number goes on and every other becomes a fork: the claim is atomic in both
+            // stores, where reading the record and then writing it is not.
+            let started_hex = Self::hex_of(&started.id)?;
+            let claim = self.claim_key(started_hex, started.turns + 1);
+            let mut nonce = [0u8; 16];
+            getrandom::fill(&mut nonce).expect("the system's random source");
+            let claimed = self
+                .objects
+                .create_new(&claim, hex::encode(nonce).into_bytes().into())
+                .await?;
+            let why = if !claimed {
+                Some("another turn of it was saved first while this one ran")
+            } else if self.record(&started.id).await.ok().as_ref() != Some(started) {
+                self.objects.delete(&claim).await?;
+                Some("its record changed while this turn ran")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                session.forked_from = Some(started.id.clone());
+                session.id = Self::new_id();
+                saved = Saved::Forked {
+                    from: started.id.clone(),
+                    why: why.into(),
+                };
+            }
         }
         let hex = Self::hex_of(&session.id)?.to_owned();
         let sha = hex::encode(Sha256::digest(&archive.archive));
@@ -355,14 +378,17 @@ impl SessionStore {
         self.objects
             .put_overwrite(&self.record_key(&hex), json.into())
             .await?;
-        // The archive this turn supersedes goes now; any other (a turn saving at the same
-        // moment writes one) is `gc`'s once it is old.
+        // The archive this turn supersedes and the claim of the turn before go now; anything
+        // else a crash leaves is `gc`'s once it is old.
         if let (Some(started), Saved::Advanced) = (resumed, &saved) {
             if started.archive_sha256 != sha {
                 self.objects
                     .delete(&self.archive_key(&hex, &started.archive_sha256))
                     .await?;
             }
+            self.objects
+                .delete(&self.claim_key(&hex, started.turns))
+                .await?;
         }
         Ok((session, saved))
     }
@@ -431,6 +457,22 @@ impl SessionStore {
                 });
             }
         }
+        // A claim matters only while its turn is saved (seconds); an old one is a crash's
+        // (between claiming and writing the record) and would make every resume a fork.
+        for (key, written) in self.objects.listed(&self.prefix).await? {
+            let name = key.rsplit('/').next().unwrap_or_default();
+            let claim = name
+                .strip_suffix(".claim")
+                .and_then(|stem| stem.split_once('.'))
+                .filter(|(id, _)| Self::hex_of(id).is_ok());
+            if claim.is_some() && written.elapsed().unwrap_or_default() >= ORPHAN_AFTER {
+                self.objects.delete(&key).await?;
+                collected.push(crate::Collected {
+                    name: name.to_owned(),
+                    reason: "an agent session's turn claim a crash left".into(),
+                });
+            }
+        }
         for staged in self
             .objects
             .remove_stale_staging(&self.prefix, ORPHAN_AFTER)?
@@ -447,8 +489,9 @@ impl SessionStore {
     pub async fn delete(&self, id: &str) -> Result<bool, PortableError> {
         let hex = Self::hex_of(id)?.to_owned();
         let mut existed = self.objects.delete(&self.record_key(&hex)).await?;
-        for (key, of, _, _) in self.archives().await? {
-            if of == hex {
+        let own = format!("as-{hex}.");
+        for (key, _) in self.objects.listed(&self.prefix).await? {
+            if key.rsplit('/').next().unwrap_or_default().starts_with(&own) {
                 existed |= self.objects.delete(&key).await?;
             }
         }

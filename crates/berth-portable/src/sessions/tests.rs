@@ -88,8 +88,10 @@ async fn a_turn_is_saved_read_back_and_the_previous_archive_goes() {
     let (advanced, how) = sessions.save(next, archive, Some(&read)).await.unwrap();
     assert_eq!(how, Saved::Advanced);
     assert_eq!(advanced.id, id);
+    // The record, its archive and the claim of its turn.
     let stored = sessions.objects.listed(&sessions.prefix).await.unwrap();
-    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(stored.len(), 3, "{stored:?}");
+    assert!(stored[2].0.ends_with(".turn-00000002.claim"), "{stored:?}");
     assert_eq!(
         sessions.list().await.unwrap(),
         std::slice::from_ref(&advanced)
@@ -144,6 +146,36 @@ async fn a_turn_whose_session_moved_on_meanwhile_is_kept_as_a_fork() {
     assert_eq!(b.forked_from.as_deref(), Some(id.as_str()));
     assert_eq!(sessions.record(&id).await.unwrap(), a);
     assert_eq!(sessions.list().await.unwrap().len(), 2);
+}
+
+/// Two turns resumed from the same record and saved at the same moment (both read the record
+/// before either writes): exactly one goes on, the other is a fork.
+#[tokio::test]
+async fn turns_saved_at_the_same_moment_never_overwrite_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
+    let (started, _) = sessions.save(first(&id), archive, None).await.unwrap();
+    for round in 0..20 {
+        let current = sessions.record(&id).await.unwrap();
+        let next = |text: &'static [u8]| {
+            let mut turn = current.clone();
+            turn.turns += 1;
+            (turn, SessionArchive::read(&record_archive(text)).unwrap())
+        };
+        let ((a, a_archive), (b, b_archive)) = (next(b"a"), next(b"b"));
+        let (a, b) = tokio::join!(
+            sessions.save(a, a_archive, Some(&current)),
+            sessions.save(b, b_archive, Some(&current)),
+        );
+        let outcomes = [a.unwrap().1, b.unwrap().1];
+        let advanced = outcomes.iter().filter(|s| **s == Saved::Advanced).count();
+        assert_eq!(advanced, 1, "round {round}: {outcomes:?}");
+        assert_eq!(sessions.record(&id).await.unwrap().turns, current.turns + 1);
+        sessions.get(&id).await.unwrap();
+    }
+    assert_eq!(started.turns, 1);
 }
 
 #[tokio::test]
@@ -273,7 +305,8 @@ async fn gc_takes_archives_no_record_names_once_old() {
         &"b".repeat(64),
     );
     let young = sessions.archive_key(&hex, &"c".repeat(64));
-    for key in [&stray, &unrecorded, &young] {
+    let claim = sessions.claim_key(&hex, 2);
+    for key in [&stray, &unrecorded, &young, &claim] {
         sessions
             .objects
             .put_overwrite(key, record_archive(b"x").into())
@@ -281,7 +314,7 @@ async fn gc_takes_archives_no_record_names_once_old() {
             .unwrap();
     }
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
-    for key in [&stray, &unrecorded] {
+    for key in [&stray, &unrecorded, &claim] {
         std::fs::File::options()
             .write(true)
             .open(dir.path().join(key))
@@ -302,6 +335,7 @@ async fn gc_takes_archives_no_record_names_once_old() {
     let mut expected = vec![
         format!("{id}.{}.tar", "a".repeat(64)),
         format!("{unrecorded_id}.{}.tar", "b".repeat(64)),
+        format!("{id}.turn-00000002.claim"),
     ];
     expected.sort();
     assert_eq!(names, expected);
