@@ -305,10 +305,10 @@ impl SessionStore {
         Ok((record, archive))
     }
 
-    /// Saves a turn: `session` (its id, and its archive fields set here) with `archive`. When
-    /// `resumed` is the record the turn started from and the stored record has moved on since,
-    /// or `session` already names another id (a fork the caller decided on), the turn is saved
-    /// under a new id, forked from it.
+    /// Saves a turn: `session` (its archive fields are set here) with `archive`. `resumed`: the
+    /// record the turn started from; the turn claims the next turn's number, and when another
+    /// turn claimed it first or the record changed meanwhile, the turn is saved under a new id,
+    /// forked from it. `None`: a new session (or a fork the caller decided on), saved as it is.
     pub async fn save(
         &self,
         mut session: AgentSession,
