@@ -273,6 +273,7 @@ impl Command {
             Command::Prompt(_) => "prompt",
             Command::Attempt(cli::AttemptCommand::Trajectory { .. }) => "attempt trajectory",
             Command::Attempt(cli::AttemptCommand::Watch { .. }) => "attempt watch",
+            Command::Attempt(cli::AttemptCommand::Session { .. }) => "attempt session",
             Command::Mission(cli::MissionCommand::Watch { .. }) => "mission watch",
             Command::Artifacts(cli::ArtifactsCommand::Query { .. }) => "artifacts query",
             Command::Artifacts(cli::ArtifactsCommand::Export { .. }) => "artifacts export",

@@ -452,3 +452,95 @@ fn the_resume_benchmark_reports_its_ratio_and_leaves_nothing() {
     let out = home.run_as("bencher", &["bench", "resume", "host", "cursor"]);
     assert_eq!(out.status.code(), Some(5), "{}", common::text(&out.stderr));
 }
+
+/// A mission attempt's conversation becomes an agent session (`berth attempt session KEY`) and
+/// goes on in another sandbox: the CLI that ran the attempt is asked again, with its history.
+#[test]
+fn a_mission_attempts_conversation_goes_on_as_an_agent_session() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let dir = home.path().join("m");
+    std::fs::create_dir_all(dir.join("repo")).unwrap();
+    std::fs::write(dir.join("repo/a.txt"), "a\n").unwrap();
+    script(&dir, TWO_TURNS);
+    std::fs::write(
+        dir.join("mission.toml"),
+        r#"schema_version = 1
+name = "attempt-to-session"
+[repository]
+path = "repo"
+base = "snapshot"
+[sandbox]
+provider = "host"
+[harness]
+kind = "codex"
+model = "scripted"
+[harness.gateway]
+script = "model.toml"
+[[tasks]]
+id = "one"
+instructions = "Write one.txt"
+max_attempts = 1
+agent_timeout = "120s"
+[tasks.validator]
+command = "test -f one.txt && mkdir -p .berth && echo pass > .berth/verdict"
+timeout = "30s"
+evidence = [".berth/verdict"]
+"#,
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        home.command("tester", args)
+            .env("BERTH_AGENT_BIN_DIR", &bin)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "--json",
+        "mission",
+        "run",
+        dir.join("mission.toml").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let (_, listed) = home.json(&["mission", "list"]);
+    let mission = listed["missions"][0]["id"].as_str().unwrap().to_owned();
+    let (_, status) = home.json(&["mission", "status", &mission]);
+    let key = status["mission"]["tasks"][0]["attempts"][0]["key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{status}"))
+        .to_owned();
+
+    let (code, kept) = home.json(&["attempt", "session", &key]);
+    assert_eq!(code, 0, "{kept}");
+    let session = kept["session"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(kept["session"]["harness"], "codex");
+    assert!(
+        kept["session"]["origin"].as_str().unwrap().contains(&key),
+        "{kept}"
+    );
+    let sandbox = home.create("tester");
+    let (code, doc, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[
+            &sandbox,
+            "--resume",
+            &session,
+            "--script",
+            dir.join("model.toml").to_str().unwrap(),
+            "two",
+        ],
+    );
+    assert_eq!(code, 0, "{all}");
+    assert_eq!(
+        (doc["session"].as_str(), doc["turn"].as_u64()),
+        (Some(session.as_str()), Some(2))
+    );
+    assert_eq!(workspace(&home, &sandbox), "two.txt\n");
+
+    let (code, missing) = home.json(&["attempt", "session", "at-0000"]);
+    assert_eq!(code, 3, "{missing}");
+}

@@ -68,6 +68,8 @@ pub struct AgentSession {
     pub schema: String,
     /// `as-` and 32 hex digits.
     pub id: String,
+    /// Where the conversation began: `prompt`, or a mission attempt.
+    pub origin: String,
     /// The agent CLI (`opencode`, `codex`, `claude-code`).
     pub harness: String,
     /// The CLI's own id of the conversation (what it resumes).

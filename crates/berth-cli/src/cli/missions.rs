@@ -67,6 +67,12 @@ pub enum AttemptCommand {
         #[arg(long, default_value = "atif", value_parser = ["atif", "events"])]
         format: String,
     },
+    /// Keep an agent attempt's conversation as an agent session (`as-…`): `berth prompt ID
+    /// --resume as-… --cwd repo "…"` then goes on with it in any sandbox.
+    Session {
+        /// The attempt key.
+        key: String,
+    },
     /// Follow an agent attempt's normalized events live (from the start; heartbeats while the
     /// agent is quiet); ends when the agent's run is over.
     Watch {

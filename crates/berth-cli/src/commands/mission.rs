@@ -329,13 +329,15 @@ pub async fn run(app: &App, command: MissionCommand) -> Result<i32> {
     }
 }
 
-/// `berth attempt trajectory KEY [--format atif|events]`.
-pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i32> {
-    let crate::cli::AttemptCommand::Trajectory { key, format } = command else {
-        unreachable!("watch is dispatched to commands::watch")
-    };
+/// Attempt `key` of this owner's missions and the agent CLI it ran (`what` it has that a
+/// `script` attempt has not: for the error).
+pub(super) async fn agent_attempt(
+    app: &App,
+    key: &str,
+    what: &str,
+) -> Result<(berth_orchestrator::AttemptLogs, berth_harness::Harness)> {
     let orch = orchestrator(app);
-    let Some(logs) = orch.attempt_logs(&key).await? else {
+    let Some(logs) = orch.attempt_logs(key).await? else {
         return Err(crate::errors::CliError::not_found(
             format!("no attempt `{key}` in your missions"),
             "`berth mission status ID` lists a mission's attempts",
@@ -344,11 +346,19 @@ pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i
     };
     let Some(harness) = logs.harness() else {
         return Err(crate::errors::CliError::invalid(
-            format!("attempt `{key}` ran the `script` harness, which has no agent trajectory"),
-            "trajectories exist for opencode, codex and claude-code attempts",
+            format!("attempt `{key}` ran the `script` harness, which has no agent {what}"),
+            "only opencode, codex and claude-code attempts have one",
         )
         .into());
     };
+    Ok((logs, harness))
+}
+
+/// An agent attempt's normalized events: the file's text and the events.
+pub(super) fn attempt_events(
+    key: &str,
+    logs: &berth_orchestrator::AttemptLogs,
+) -> Result<(String, Vec<berth_harness::Event>)> {
     let path = logs.dir.join("events.jsonl");
     // Written by Berth from the agent's output, but its size is the agent's: bounded, and
     // opened without blocking.
@@ -373,6 +383,16 @@ pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i
         .map(serde_json::from_str::<berth_harness::Event>)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow::anyhow!("{} is unreadable: {e}", path.display()))?;
+    Ok((text, events))
+}
+
+/// `berth attempt trajectory KEY [--format atif|events]`.
+pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i32> {
+    let crate::cli::AttemptCommand::Trajectory { key, format } = command else {
+        unreachable!("watch and session are dispatched to their own commands")
+    };
+    let (logs, harness) = agent_attempt(app, &key, "trajectory").await?;
+    let (text, events) = attempt_events(&key, &logs)?;
     if format == "events" {
         if app.json {
             emit(

@@ -211,6 +211,9 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Attempt(crate::cli::AttemptCommand::Watch { key, watch }) => {
             watch::attempt(&app, &key, &watch).await
         }
+        Command::Attempt(crate::cli::AttemptCommand::Session { key }) => {
+            prompt::attempt_session(&app, &key).await
+        }
         Command::Attempt(command) => mission::attempt(&app, command).await,
         Command::Artifacts(command) => artifacts::run(&app, command).await,
         Command::Providers

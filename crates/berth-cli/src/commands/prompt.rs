@@ -108,6 +108,7 @@ async fn keep_session(
         None => AgentSession {
             schema: berth_portable::SESSION_SCHEMA.into(),
             id: SessionStore::new_id(),
+            origin: "prompt".into(),
             harness: harness.as_str().into(),
             cli_session,
             model: args.model.clone(),
@@ -175,6 +176,87 @@ pub async fn sessions(app: &App) -> Result<i32> {
         "{}",
         table.render(crate::human::colour_on_stdout(&app.config))
     );
+    Ok(code::OK)
+}
+
+/// `berth attempt session KEY`: an agent attempt's conversation (the session record the
+/// mission kept beside its logs, and the CLI's id in its events) kept as an agent session.
+pub async fn attempt_session(app: &App, key: &str) -> Result<i32> {
+    let (logs, harness) = super::mission::agent_attempt(app, key, "conversation").await?;
+    let (_, events) = super::mission::attempt_events(key, &logs)?;
+    let judged = judge(harness, &events);
+    let path = logs.dir.join("session.tar");
+    let max = berth_portable::MAX_SESSION_ARCHIVE as u64;
+    let record = match berth_files::read_regular(&path, max) {
+        Ok(bytes) => bytes,
+        Err(berth_files::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CliError::not_found(
+                format!(
+                    "attempt `{key}` kept no session record ({} is missing)",
+                    path.display()
+                ),
+                "its agent wrote none, or the attempt was rejected before the record was taken",
+            )
+            .into())
+        }
+        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+    };
+    let archive = SessionArchive::read(&record)?;
+    let cli_session = judged.session_id.clone().ok_or_else(|| {
+        CliError::invalid(
+            format!("attempt `{key}`'s events name no session id of its CLI"),
+            "the agent's run did not get far enough to start a conversation",
+        )
+    })?;
+    let model = logs
+        .spec
+        .file
+        .harness
+        .model
+        .clone()
+        .unwrap_or_else(|| "scripted".into());
+    let now = chrono::Utc::now();
+    let turn = SessionTurn {
+        turn: 1,
+        at: now,
+        sandbox: format!("attempt {key}"),
+        provider: logs.spec.file.sandbox.provider.clone(),
+        cwd: "repo".into(),
+        exit: "unknown here (the attempt's facts have it: berth mission status)".into(),
+        rejected: judged.verdict.err(),
+        tool_calls: judged.tool_calls as u64,
+        logs: logs.dir.display().to_string(),
+    };
+    let session = AgentSession {
+        schema: berth_portable::SESSION_SCHEMA.into(),
+        id: SessionStore::new_id(),
+        origin: format!("attempt {key} of mission {}", logs.mission),
+        harness: harness.as_str().into(),
+        cli_session,
+        model,
+        created_at: now,
+        updated_at: now,
+        turns: 1,
+        history: vec![turn],
+        forked_from: None,
+        archive_sha256: String::new(),
+        archive_bytes: 0,
+        not_carried: Vec::new(),
+    };
+    let (session, _) = session_store(app)?.save(session, archive, None).await?;
+    if app.json {
+        crate::output::emit(
+            "attempt session",
+            json!({ "attempt": key, "session": session }),
+        );
+    } else {
+        outln!(
+            "{} (attempt {key}'s {} conversation); go on with: berth prompt ID --resume {} --cwd repo \"…\"",
+            session.id,
+            session.harness,
+            session.id
+        );
+    }
     Ok(code::OK)
 }
 

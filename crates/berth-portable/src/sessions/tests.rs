@@ -44,6 +44,7 @@ fn first(id: &str) -> AgentSession {
     AgentSession {
         schema: SESSION_SCHEMA.into(),
         id: id.into(),
+        origin: "prompt".into(),
         harness: "codex".into(),
         cli_session: "cli-1".into(),
         model: "scripted".into(),
