@@ -5,7 +5,8 @@
 //! - `BERTH_OWNER` — owner label on everything Berth creates (default `$USER@<hostname>`).
 //! - `BERTH_FAULT` — test hook: `panic-after-create`, `error-after-create`,
 //!   `kill-before-event:N`, `kill-after-event:N` or `kill-in-publication:N` (missions),
-//!   `kill-in-move:PHASE` or `term-in-move:PHASE` (`berth move`).
+//!   `kill-in-move:PHASE` or `term-in-move:PHASE` (`berth move`), `kill-in-session:STEP`
+//!   (`berth prompt` saving its session).
 //!
 //! Everything else in the environment is passed to the factory as an opaque snapshot, from
 //! which adapters read only the credential variables their manifest names, and the gateway
@@ -92,13 +93,14 @@ impl Config {
         };
         let fault = match get("BERTH_FAULT").as_deref() {
             None => None,
-            // Mission and move boundaries are read by those commands themselves.
+            // Mission, move and session boundaries are read by those commands themselves.
             Some(f)
                 if f.starts_with("kill-before-event:")
                     || f.starts_with("kill-after-event:")
                     || f.starts_with("kill-in-publication:")
                     || f.starts_with("kill-in-move:")
-                    || f.starts_with("term-in-move:") =>
+                    || f.starts_with("term-in-move:")
+                    || f.starts_with("kill-in-session:") =>
             {
                 None
             }

@@ -315,7 +315,7 @@ fn resuming_refuses_what_it_cannot_go_on_with_and_loses_no_turn() {
         forked[0]["fork_reason"]
             .as_str()
             .unwrap()
-            .contains("saved first"),
+            .contains("claimed its next turn first"),
         "{docs:?}"
     );
     let (_, listed) = home.json(&["sessions"]);
@@ -543,4 +543,130 @@ evidence = [".berth/verdict"]
 
     let (code, missing) = home.json(&["attempt", "session", "at-0000"]);
     assert_eq!(code, 3, "{missing}");
+}
+
+/// SIGKILL while a turn's session is being saved, after each durable step: the session stays
+/// readable — at its previous turn (killed after the claim or the archive) or at the new one
+/// (after the record). What the kill left (the claim, an archive no record names) makes the
+/// next resume a fork, never an overwrite, until `berth gc` takes it once it is 2 minutes old;
+/// then the session goes on again, and no archive is left that no record names.
+#[test]
+fn a_prompt_killed_while_saving_its_session_loses_no_turn() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let mut many = String::from("schema_version = 1\n");
+    for n in 1..=8 {
+        many.push_str(&format!(
+            "[[step]]\nshell = \"printf {n} > {n}.txt\"\n[[step]]\ntext = \"Done: {n}\"\n"
+        ));
+    }
+    let model = script(home.path(), &many);
+    let model = model.to_str().unwrap();
+    let sessions_dir = home.path().join("artifacts/sessions");
+    let age_everything = || {
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        for path in common::walk(&sessions_dir) {
+            if path.is_file() {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_modified(old)
+                    .unwrap();
+            }
+        }
+    };
+    for step in ["claimed", "archived", "recorded"] {
+        let id = home.create("tester");
+        let (code, first, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--harness", "codex", "--script", model, "one"],
+        );
+        assert_eq!(code, 0, "{all}");
+        let session = first["session"].as_str().unwrap().to_owned();
+        let out = home
+            .command(
+                "tester",
+                &[
+                    "--json", "prompt", &id, "--resume", &session, "--script", model, "two",
+                ],
+            )
+            .env("BERTH_AGENT_BIN_DIR", &bin)
+            .env("BERTH_FAULT", format!("kill-in-session:{step}"))
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(out.status.signal(), Some(9), "{step}: {out:?}");
+
+        let (code, listed) = home.json(&["sessions"]);
+        assert_eq!(code, 0, "{listed}");
+        let kept = listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == session.as_str())
+            .unwrap_or_else(|| panic!("{step}: {listed}"))
+            .clone();
+        let saved = step == "recorded";
+        assert_eq!(kept["turns"], if saved { 2 } else { 1 }, "{step}: {kept}");
+
+        // At once: the claim the kill left makes this turn a fork (or, after the record, the
+        // next turn goes on as usual).
+        let (code, next, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--resume", &session, "--script", model, "three"],
+        );
+        assert_eq!(code, 0, "{step}: {all}");
+        if saved {
+            assert_eq!(
+                (next["session"].as_str(), next["turn"].as_u64()),
+                (Some(session.as_str()), Some(3)),
+                "{step}: {next}"
+            );
+        } else {
+            assert_eq!(next["forked_from"], session.as_str(), "{step}: {next}");
+            assert!(
+                next["fork_reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("claimed its next turn first"),
+                "{next}"
+            );
+        }
+
+        // Once old, gc takes what the kill left; the session goes on again.
+        age_everything();
+        let out = home.run_as("tester", &["gc"]);
+        assert!(
+            out.status.success(),
+            "{step}: {}",
+            common::text(&out.stderr)
+        );
+        let (code, again, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--resume", &session, "--script", model, "four"],
+        );
+        assert_eq!(code, 0, "{step}: {all}");
+        assert_eq!(again["session"], session.as_str(), "{step}: {again}");
+        assert_eq!(again["turn"], if saved { 4 } else { 2 }, "{step}: {again}");
+    }
+    // Every archive left is one a record names.
+    age_everything();
+    let out = home.run_as("tester", &["gc"]);
+    assert!(out.status.success());
+    let (_, listed) = home.json(&["sessions"]);
+    let records = listed["sessions"].as_array().unwrap().len();
+    let archives = common::walk(&sessions_dir)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "tar"))
+        .count();
+    assert_eq!(archives, records, "{listed}");
 }

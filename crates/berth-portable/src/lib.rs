@@ -24,7 +24,7 @@ mod stored;
 pub use checkpoint::{Checkpoint, Counts, Entry, EntryKind, ARCHIVE_SCRIPT, LIMIT, MAX_ENTRIES};
 pub use moving::{move_sandbox, MoveRecord, MoveRequest, Moved, Phase, PhaseTimes, RECORD_SCHEMA};
 pub use sessions::{
-    AgentSession, Saved, SessionArchive, SessionStore, SessionTurn, MAX_SESSION_ARCHIVE,
+    AgentSession, SaveStep, Saved, SessionArchive, SessionStore, SessionTurn, MAX_SESSION_ARCHIVE,
     SESSION_PREFIX, SESSION_SCHEMA,
 };
 pub use stored::{

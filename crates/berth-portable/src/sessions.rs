@@ -185,6 +185,28 @@ fn no_session(id: &str, reason: &str) -> PortableError {
     }
 }
 
+/// The durable steps of saving a turn, in order (for crash tests: each is passed once done).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveStep {
+    /// The turn's number is claimed (a resumed turn only).
+    Claimed,
+    /// The new archive is written.
+    Archived,
+    /// The record names the new archive: the turn is saved.
+    Recorded,
+}
+
+impl SaveStep {
+    /// Its name (`claimed`, `archived`, `recorded`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaveStep::Claimed => "claimed",
+            SaveStep::Archived => "archived",
+            SaveStep::Recorded => "recorded",
+        }
+    }
+}
+
 /// What saving a turn came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Saved {
@@ -313,9 +335,21 @@ impl SessionStore {
     /// forked from it. `None`: a new session (or a fork the caller decided on), saved as it is.
     pub async fn save(
         &self,
+        session: AgentSession,
+        archive: SessionArchive,
+        resumed: Option<&AgentSession>,
+    ) -> Result<(AgentSession, Saved), PortableError> {
+        self.save_observed(session, archive, resumed, &mut |_| {})
+            .await
+    }
+
+    /// [`SessionStore::save`], telling `on_step` each durable step as it is done.
+    pub async fn save_observed(
+        &self,
         mut session: AgentSession,
         archive: SessionArchive,
         resumed: Option<&AgentSession>,
+        on_step: &mut (dyn FnMut(SaveStep) + Send),
     ) -> Result<(AgentSession, Saved), PortableError> {
         if !plain_cli_session(&session.cli_session) {
             return Err(PortableError::Workspace(format!(
@@ -343,13 +377,19 @@ impl SessionStore {
                 .create_new(&claim, hex::encode(nonce).into_bytes().into())
                 .await?;
             let why = if !claimed {
-                Some("another turn of it was saved first while this one ran")
+                Some(
+                    "another run claimed its next turn first (a turn saved meanwhile, or one \
+                     killed while saving: `berth gc` clears its claim once 2 minutes old)",
+                )
             } else if self.record(&started.id).await.ok().as_ref() != Some(started) {
                 self.objects.delete(&claim).await?;
                 Some("its record changed while this turn ran")
             } else {
                 None
             };
+            if claimed {
+                on_step(SaveStep::Claimed);
+            }
             if let Some(why) = why {
                 session.forked_from = Some(started.id.clone());
                 session.id = Self::new_id();
@@ -373,6 +413,7 @@ impl SessionStore {
         self.objects
             .put_overwrite(&self.archive_key(&hex, &sha), archive.archive.into())
             .await?;
+        on_step(SaveStep::Archived);
         let json = serde_json::to_vec_pretty(&session).map_err(|e| PortableError::Record {
             path: self.record_key(&hex),
             message: e.to_string(),
@@ -380,6 +421,7 @@ impl SessionStore {
         self.objects
             .put_overwrite(&self.record_key(&hex), json.into())
             .await?;
+        on_step(SaveStep::Recorded);
         // The archive this turn supersedes and the claim of the turn before go now; anything
         // else a crash leaves is `gc`'s once it is old.
         if let (Some(started), Saved::Advanced) = (resumed, &saved) {

@@ -63,6 +63,16 @@ impl Live {
     }
 }
 
+/// `BERTH_FAULT=kill-in-session:STEP`: SIGKILL this process once saving the turn's session has
+/// done STEP (crash tests).
+fn crash_after(step: berth_portable::SaveStep) {
+    if std::env::var("BERTH_FAULT").ok().as_deref()
+        == Some(&format!("kill-in-session:{}", step.as_str()))
+    {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
 /// Keeps the run's session: a new one, or the next turn of the resumed one.
 #[allow(clippy::too_many_arguments)]
 async fn keep_session(
@@ -123,10 +133,11 @@ async fn keep_session(
         },
     };
     let (session, saved) = sessions
-        .save(
+        .save_observed(
             session,
             archive,
             resumed.as_ref().filter(|_| forked.is_none()),
+            &mut crash_after,
         )
         .await
         .map_err(|e| format!("the agent session could not be stored: {e}"))?;
