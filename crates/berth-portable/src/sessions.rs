@@ -213,8 +213,9 @@ pub enum Saved {
     /// The session's record now names this turn.
     Advanced,
     /// The turn is kept as a new session forked from the one it resumed, which stays as it
-    /// was: another turn of it finished first while this one ran (that turn is not
-    /// overwritten), or the CLI went on in another conversation.
+    /// was: another run claimed its next turn first (a turn saved meanwhile, which is not
+    /// overwritten, or one killed while saving), its record changed, or the CLI went on in
+    /// another conversation.
     Forked {
         /// The session the turn resumed.
         from: String,
