@@ -127,8 +127,8 @@ impl DockerProvider {
         }
     }
 
-    /// Removes `images` by id, so the image goes and not just a tag; 404 (already gone) is
-    /// always fine, and so is any status in `also_ok`. Every image is tried; the first failure
+    /// Removes `images` by id, so the image goes and not just a tag; already gone (404, or the
+    /// engine's 500 saying so) is always fine, and so is any status in `also_ok`. Every image is tried; the first failure
     /// is returned.
     pub(crate) async fn remove_images(
         &self,
@@ -163,8 +163,13 @@ impl DockerProvider {
                 )
                 .await;
             deleted.push(answer.as_ref().is_ok_and(|r| r.status.is_success()));
-            if let Err(e) = answer {
-                first_failure.get_or_insert(e);
+            match answer {
+                // Gone by another call meanwhile (some engines say so with a 500).
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => {
+                    first_failure.get_or_insert(e);
+                }
+                Ok(_) => {}
             }
         }
         Ok((deleted, first_failure))

@@ -432,8 +432,11 @@ pub fn classify(path: &str, status: StatusCode, body: &[u8]) -> ProviderError {
         401 | 403 => ErrorKind::Auth,
         404 => ErrorKind::NotFound,
         409 => ErrorKind::Conflict,
-        // Some engines answer a missing image with 500.
-        500 if message.contains("No such image") => ErrorKind::NotFound,
+        // Some engines answer a missing image with 500; one deleted by another call while this
+        // one looked it up is "unrecognized image ID" (seen when two housekeepings raced).
+        500 if message.contains("No such image") || message.contains("unrecognized image ID") => {
+            ErrorKind::NotFound
+        }
         503 => ErrorKind::Unavailable,
         500..=599 => ErrorKind::Provider5xx,
         _ => ErrorKind::Unknown,
@@ -508,6 +511,11 @@ mod tests {
             (
                 500,
                 "{\"message\":\"No such image: y\"}",
+                ErrorKind::NotFound,
+            ),
+            (
+                500,
+                "{\"message\":\"unrecognized image ID sha256:76487e2ab58d\"}",
                 ErrorKind::NotFound,
             ),
             (500, "{\"message\":\"boom\"}", ErrorKind::Provider5xx),

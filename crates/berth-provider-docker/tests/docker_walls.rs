@@ -571,6 +571,44 @@ async fn residue_removal_names_the_abandoned_commits_it_removed() {
     );
 }
 
+/// Two housekeepings at once (two `berth gc`, or a gc beside a destroy) both succeed: an image
+/// the other removed first is gone, not a failure — the engine can say so with a 500
+/// ("unrecognized image ID"), which failed a `remove_residue` in CI.
+#[tokio::test]
+async fn racing_housekeepings_both_succeed_and_remove_everything() {
+    let Some(f) = fixture("racing-residue").await else {
+        return;
+    };
+    let _alone = HOUSEKEEPING.lock().await;
+    let dir = tempfile::Builder::new()
+        .prefix("berth-test-racing-residue-")
+        .tempdir()
+        .unwrap();
+    let run = std::process::id();
+    for round in 0..4 {
+        let images: Vec<String> = (0..6)
+            .map(|n| {
+                load_untagged_image(
+                    dir.path(),
+                    &format!("2026-01-01T00:0{round}:0{n}Z"),
+                    &format!("key:ck-racing-{run}-{round}-{n}"),
+                )
+            })
+            .collect();
+        let (a, b) = tokio::join!(f.docker.remove_residue(), f.docker.remove_residue());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        for image in &images {
+            assert!(!image_exists(image), "round {round}: {image} stayed");
+        }
+        // Each image is reported once, by whichever call removed it.
+        let reported = images
+            .iter()
+            .filter(|image| a.iter().chain(&b).any(|line| line.contains(image.as_str())))
+            .count();
+        assert!(reported <= images.len(), "{a:?} {b:?}");
+    }
+}
+
 /// A directory the sandbox filled with more names than a listing may hold is refused at the
 /// limit; one at the limit is listed whole.
 #[tokio::test]
