@@ -82,6 +82,11 @@ impl Table {
         );
     }
 
+    /// Appends a row of plain cells.
+    pub fn row(&mut self, cells: impl IntoIterator<Item = String>) {
+        self.styled_row(cells.into_iter().map(|cell| (cell, Style::Plain)).collect());
+    }
+
     /// The rendered table, one line per row, the last column unpadded.
     pub fn render(&self, colour: bool) -> String {
         let columns = self.headers.len();

@@ -192,21 +192,16 @@ pub async fn checkpoints(app: &App) -> Result<i32> {
     let mut table =
         crate::human::Table::new(&["ID", "SOURCE", "FILES", "BYTES", "TAKEN", "KEPT UNTIL"]);
     for c in &stored {
-        table.styled_row(
-            [
-                c.id.clone(),
-                format!("{} ({})", c.source, c.source_provider),
-                c.counts.files.to_string(),
-                c.counts.bytes.to_string(),
-                c.created_at.format("%Y-%m-%d %H:%M").to_string(),
-                c.expires_at
-                    .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
-                    .unwrap_or_else(|| "deleted".into()),
-            ]
-            .into_iter()
-            .map(|cell| (cell, crate::human::Style::Plain))
-            .collect(),
-        );
+        table.row([
+            c.id.clone(),
+            format!("{} ({})", c.source, c.source_provider),
+            c.counts.files.to_string(),
+            c.counts.bytes.to_string(),
+            c.created_at.format("%Y-%m-%d %H:%M").to_string(),
+            c.expires_at
+                .map(|t| t.format("%Y-%m-%d %H:%M").to_string())
+                .unwrap_or_else(|| "deleted".into()),
+        ]);
     }
     out!(
         "{}",

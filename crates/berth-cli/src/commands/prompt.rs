@@ -170,18 +170,13 @@ pub async fn sessions(app: &App) -> Result<i32> {
             .last()
             .map(|t| format!("{} ({})", t.sandbox, t.provider))
             .unwrap_or_default();
-        table.styled_row(
-            [
-                s.id.clone(),
-                s.harness.clone(),
-                s.turns.to_string(),
-                last,
-                s.updated_at.format("%Y-%m-%d %H:%M").to_string(),
-            ]
-            .into_iter()
-            .map(|cell| (cell, crate::human::Style::Plain))
-            .collect(),
-        );
+        table.row([
+            s.id.clone(),
+            s.harness.clone(),
+            s.turns.to_string(),
+            last,
+            s.updated_at.format("%Y-%m-%d %H:%M").to_string(),
+        ]);
     }
     out!(
         "{}",
