@@ -247,15 +247,7 @@ impl Attempt<'_, '_> {
             .with_env(vars::BIN, bin)
             .with_env(vars::GATEWAY_URL, link.url.clone())
             .with_env(vars::GATEWAY_TOKEN, token.expose().to_owned())
-            .with_env(
-                vars::MODEL,
-                self.spec
-                    .file
-                    .harness
-                    .model
-                    .clone()
-                    .unwrap_or_else(|| "scripted".into()),
-            )
+            .with_env(vars::MODEL, self.spec.file.harness.model_name().to_owned())
             .with_env(vars::INSTRUCTIONS, self.task.instructions.clone())
             .with_env("BERTH_TASK", self.task.id.clone())
             .with_env("BERTH_ATTEMPT", self.attempt.ordinal.to_string());

@@ -146,7 +146,7 @@ fn harness_input(spec: &MissionSpec) -> String {
     format!(
         "{}/{package}@{version}/model={}/{answered_by}",
         cli.as_str(),
-        harness.model.as_deref().unwrap_or("scripted")
+        harness.model_name()
     )
 }
 

@@ -267,7 +267,7 @@ async fn gather(
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
-        let model = spec.file.harness.model.as_deref().unwrap_or("scripted");
+        let model = spec.file.harness.model_name();
         if let Ok(trajectory) =
             berth_harness::atif::trajectory(harness, &task.instructions, Some(model), &events)
         {

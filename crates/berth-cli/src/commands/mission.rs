@@ -404,15 +404,9 @@ pub async fn attempt(app: &App, command: crate::cli::AttemptCommand) -> Result<i
         }
         return Ok(code::OK);
     }
-    let model = logs
-        .spec
-        .file
-        .harness
-        .model
-        .clone()
-        .unwrap_or_else(|| "scripted".into());
+    let model = logs.spec.file.harness.model_name();
     let trajectory =
-        berth_harness::atif::trajectory(harness, logs.instructions(), Some(&model), &events)
+        berth_harness::atif::trajectory(harness, logs.instructions(), Some(model), &events)
             .map_err(|why| {
                 crate::errors::CliError::invalid(why, "the attempt did nothing to export")
             })?;

@@ -214,13 +214,7 @@ pub async fn attempt_session(app: &App, key: &str) -> Result<i32> {
             "the agent's run did not get far enough to start a conversation",
         )
     })?;
-    let model = logs
-        .spec
-        .file
-        .harness
-        .model
-        .clone()
-        .unwrap_or_else(|| "scripted".into());
+    let model = logs.spec.file.harness.model_name().to_owned();
     let now = chrono::Utc::now();
     let turn = SessionTurn {
         turn: 1,

@@ -129,6 +129,16 @@ pub struct Harness {
 /// The idle watchdog's default for agent CLIs.
 pub const DEFAULT_IDLE_TIMEOUT: &str = "5m";
 
+/// The model name an agent CLI asks for when the mission file names none.
+pub const DEFAULT_MODEL: &str = "scripted";
+
+impl Harness {
+    /// The model name the CLI asks for: the file's, or [`DEFAULT_MODEL`].
+    pub fn model_name(&self) -> &str {
+        self.model.as_deref().unwrap_or(DEFAULT_MODEL)
+    }
+}
+
 /// The agent CLIs a mission can run, by `harness.kind`.
 pub const AGENT_HARNESSES: [&str; 3] = ["opencode", "codex", "claude-code"];
 
