@@ -15,8 +15,6 @@
 //! claims its number, writes the new archive, then the record that names it; what a crash
 //! leaves between them (an archive no record names, a claim) `gc` removes once it is old.
 
-use std::time::SystemTime;
-
 use berth_artifacts::{ArtifactError, Objects};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -438,24 +436,6 @@ impl SessionStore {
         Ok((session, saved))
     }
 
-    /// Every stored archive: its key, session hex, SHA-256 hex and when it was written.
-    async fn archives(&self) -> Result<Vec<(String, String, String, SystemTime)>, PortableError> {
-        let mut found = Vec::new();
-        for (key, written) in self.objects.listed(&self.prefix).await? {
-            let name = key.rsplit('/').next().unwrap_or_default();
-            let Some((id, sha)) = name
-                .strip_suffix(".tar")
-                .and_then(|stem| stem.split_once('.'))
-            else {
-                continue;
-            };
-            if let Ok(hex) = Self::hex_of(id) {
-                found.push((key.clone(), hex.to_owned(), sha.to_owned(), written));
-            }
-        }
-        Ok(found)
-    }
-
     /// This owner's sessions, most recently used last (a record that cannot be read is passed
     /// over).
     pub async fn list(&self) -> Result<Vec<AgentSession>, PortableError> {
@@ -482,41 +462,41 @@ impl SessionStore {
     /// turn being saved writes them).
     pub async fn gc(&self) -> Result<Vec<crate::Collected>, PortableError> {
         let mut collected = Vec::new();
-        for (key, hex, sha, written) in self.archives().await? {
+        for (key, written) in self.objects.listed(&self.prefix).await? {
             if written.elapsed().unwrap_or_default() < ORPHAN_AFTER {
                 continue;
             }
-            let id = format!("{SESSION_PREFIX}{hex}");
-            let named = match self.record(&id).await {
-                Ok(record) => record.archive_sha256 == sha,
-                Err(PortableError::NoSession { .. }) => false,
-                // A record that cannot be read is not proof the archive is unused.
-                Err(_) => true,
-            };
-            if !named {
-                self.objects.delete(&key).await?;
-                collected.push(crate::Collected {
-                    name: format!("{id}.{sha}.tar"),
-                    reason: "an agent session's archive no record names (a crash between them)"
-                        .into(),
-                });
-            }
-        }
-        // A claim matters only while its turn is saved (seconds); an old one is a crash's
-        // (between claiming and writing the record) and would make every resume a fork.
-        for (key, written) in self.objects.listed(&self.prefix).await? {
             let name = key.rsplit('/').next().unwrap_or_default();
-            let claim = name
-                .strip_suffix(".claim")
-                .and_then(|stem| stem.split_once('.'))
-                .filter(|(id, _)| Self::hex_of(id).is_ok());
-            if claim.is_some() && written.elapsed().unwrap_or_default() >= ORPHAN_AFTER {
-                self.objects.delete(&key).await?;
-                collected.push(crate::Collected {
-                    name: name.to_owned(),
-                    reason: "an agent session's turn claim a crash left".into(),
-                });
+            let Some((id, rest)) = name.split_once('.') else {
+                continue;
+            };
+            if Self::hex_of(id).is_err() {
+                continue;
             }
+            let reason = if let Some(sha) = rest.strip_suffix(".tar") {
+                let named = match self.record(id).await {
+                    Ok(record) => record.archive_sha256 == sha,
+                    Err(PortableError::NoSession { .. }) => false,
+                    // A record that cannot be read is not proof the archive is unused.
+                    Err(_) => true,
+                };
+                if named {
+                    continue;
+                }
+                "an agent session's archive no record names (a crash between them)"
+            } else if rest.ends_with(".claim") {
+                // A claim matters only while its turn is saved (seconds); an old one is a
+                // crash's (between claiming and writing the record) and would make every
+                // resume a fork.
+                "an agent session's turn claim a crash left"
+            } else {
+                continue;
+            };
+            self.objects.delete(&key).await?;
+            collected.push(crate::Collected {
+                name: name.to_owned(),
+                reason: reason.into(),
+            });
         }
         for staged in self
             .objects
