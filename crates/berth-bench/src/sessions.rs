@@ -17,7 +17,6 @@
 //! deleted.
 
 use std::fmt::Write as _;
-use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,11 +88,10 @@ async fn round(
     ctx: &BenchContext,
     provider: &Arc<dyn Provider>,
     harness: &str,
-    script: &Path,
+    script: &str,
     image: Option<&str>,
     resumed_first: bool,
 ) -> Result<(Duration, Duration)> {
-    let script = script.to_str().expect("a UTF-8 scratch path");
     let mut made: Vec<Tracked> = Vec::new();
     for _ in 0..3 {
         made.push(berth_create_tracked(ctx, provider, image).await?);
@@ -159,13 +157,20 @@ pub async fn bench(
         .tempdir_in(&ctx.home)?;
     let script = scratch.path().join("model.toml");
     std::fs::write(&script, SCRIPT)?;
+    // Passed to `berth prompt` as an argument.
+    let script = script.to_str().ok_or_else(|| {
+        BenchError::Invalid(format!(
+            "the scratch path {} is not UTF-8 (set BERTH_HOME to a UTF-8 path)",
+            script.display()
+        ))
+    })?;
     let (mut resumed, mut fresh) = (Vec::new(), Vec::new());
     for n in 0..rounds {
         ctx.progress.say(&format!(
             "bench resume {provider_id} ({harness}): round {}/{rounds}",
             n + 1
         ));
-        let (r, f) = round(ctx, &provider, harness, &script, image, n % 2 == 0).await?;
+        let (r, f) = round(ctx, &provider, harness, script, image, n % 2 == 0).await?;
         resumed.push(r);
         fresh.push(f);
     }
