@@ -208,78 +208,53 @@ fn resuming_refuses_what_it_cannot_go_on_with_and_loses_no_turn() {
     assert_eq!(got, 3, "{all}");
     assert_eq!(runs(), before, "nothing ran");
 
-    // The agent's second turn makes its session record larger than Berth keeps: the turn's
+    // The agent's second turn makes its session record larger than Berth keeps, or plants a
+    // link in it (the next run's CLI, on any provider, would write through it): the turn's
     // work stands, the session stays at turn 1, and the home is gone all the same.
-    let bloat = home.path().join("bloat.toml");
-    std::fs::write(
-        &bloat,
-        TWO_TURNS.replace(
-            "printf two > two.txt",
-            "head -c 70000000 /dev/zero > \\\"$CODEX_HOME/sessions/bloat\\\"; printf two > two.txt",
+    for (name, planted, says) in [
+        (
+            "bloat",
+            "head -c 70000000 /dev/zero > \\\"$CODEX_HOME/sessions/bloat\\\"",
+            "larger than 64 MiB",
         ),
-    )
-    .unwrap();
-    let (code, doc, all) = prompt(
-        &home,
-        "tester",
-        &bin,
-        &[
-            &id,
-            "--resume",
-            &session,
-            "--script",
-            bloat.to_str().unwrap(),
-            "two",
-        ],
-    );
-    assert_eq!(code, 0, "{all}");
-    assert!(doc["session"].is_null(), "{doc}");
-    assert!(
-        doc["session_not_kept"]
-            .as_str()
-            .unwrap()
-            .contains("larger than 64 MiB"),
-        "{doc}"
-    );
-    assert_eq!(workspace(&home, &id), "one.txt\ntwo.txt\n");
-    let (_, listed) = home.json(&["sessions"]);
-    assert_eq!(listed["sessions"][0]["turns"], 1, "{listed}");
-
-    // A link planted in the session record (the next run's CLI, on any provider, would write
-    // through it): not kept either.
-    let linked = home.path().join("linked.toml");
-    std::fs::write(
-        &linked,
-        TWO_TURNS.replace(
-            "printf two > two.txt",
-            "ln -s / \\\"$CODEX_HOME/sessions/escape\\\"; printf two > two.txt",
+        (
+            "linked",
+            "ln -s / \\\"$CODEX_HOME/sessions/escape\\\"",
+            "symbolic link",
         ),
-    )
-    .unwrap();
-    let (code, doc, all) = prompt(
-        &home,
-        "tester",
-        &bin,
-        &[
-            &id,
-            "--resume",
-            &session,
-            "--script",
-            linked.to_str().unwrap(),
-            "two",
-        ],
-    );
-    assert_eq!(code, 0, "{all}");
-    assert!(doc["session"].is_null(), "{doc}");
-    assert!(
-        doc["session_not_kept"]
-            .as_str()
-            .unwrap()
-            .contains("symbolic link"),
-        "{doc}"
-    );
-    let (_, listed) = home.json(&["sessions"]);
-    assert_eq!(listed["sessions"][0]["turns"], 1, "{listed}");
+    ] {
+        let planting = home.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &planting,
+            TWO_TURNS.replace(
+                "printf two > two.txt",
+                &format!("{planted}; printf two > two.txt"),
+            ),
+        )
+        .unwrap();
+        let (code, doc, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[
+                &id,
+                "--resume",
+                &session,
+                "--script",
+                planting.to_str().unwrap(),
+                "two",
+            ],
+        );
+        assert_eq!(code, 0, "{name}: {all}");
+        assert!(doc["session"].is_null(), "{name}: {doc}");
+        assert!(
+            doc["session_not_kept"].as_str().unwrap().contains(says),
+            "{name}: {doc}"
+        );
+        assert_eq!(workspace(&home, &id), "one.txt\ntwo.txt\n", "{name}");
+        let (_, listed) = home.json(&["sessions"]);
+        assert_eq!(listed["sessions"][0]["turns"], 1, "{name}: {listed}");
+    }
 
     // Two turns of the same session at once, in two sandboxes: one goes on, the other is kept
     // as a fork of it; neither is lost.
