@@ -256,7 +256,14 @@ pub fn build(input: BundleInput, redactor: &Redactor) -> Result<Bundle, Artifact
         }
     }
     // Masking and hashing are per file: spread over the cores.
-    let masks = for_each_file(&mut files, |file| redactor.redact(&mut file.bytes) as u64);
+    // An archive (an agent's session record) keeps its databases' logs readable.
+    let masks = for_each_file(&mut files, |file| {
+        if file.mime == "application/x-tar" {
+            crate::redact_archive(redactor, &mut file.bytes) as u64
+        } else {
+            redactor.redact(&mut file.bytes) as u64
+        }
+    });
     let total_masked: u64 = masks.iter().sum();
     let hashes = for_each_file(&mut files, |file| {
         if file.opaque && total_masked > 0 {

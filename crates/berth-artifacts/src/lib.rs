@@ -11,6 +11,7 @@
 //!
 //! Layout in the object store: `cas/blake3/XX/HASH` (content), `bundles/ID/manifest.json`.
 
+mod archive_redaction;
 pub mod bundle;
 pub mod export;
 #[cfg(feature = "iceberg")]
@@ -22,6 +23,7 @@ pub mod redact {
     pub use berth_redact::*;
 }
 
+pub use archive_redaction::redact_archive;
 pub use berth_redact::Redactor;
 pub use bundle::{build, Bundle, BundleFile, BundleInput, Lifecycle, Manifest};
 pub use objects::{Objects, S3Config};
