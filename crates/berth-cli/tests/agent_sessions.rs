@@ -645,3 +645,87 @@ fn a_prompt_killed_while_saving_its_session_loses_no_turn() {
         .count();
     assert_eq!(archives, records, "{listed}");
 }
+
+/// `berth-gw-` and the hex of a gateway token (48 digits; 32 are enough to be one).
+fn holds_gateway_token(bytes: &[u8]) -> bool {
+    let prefix = b"berth-gw-";
+    bytes
+        .windows(prefix.len() + 32)
+        .any(|w| w.starts_with(prefix) && w[prefix.len()..].iter().all(u8::is_ascii_hexdigit))
+}
+
+/// A hostile agent prints the run's gateway token (its tool reads it from the agent CLI's
+/// environment) into its conversation. The token is in nothing Berth keeps or prints — the
+/// events on stdout, the prompt's logs, the session record — where the masks are (the agent
+/// did print it), and the masked conversation still goes on. Before, the logs, stdout and the
+/// session archive in the store held it whole.
+#[test]
+fn what_an_agent_prints_of_its_token_is_masked_in_everything_kept() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let model = script(
+        home.path(),
+        r#"schema_version = 1
+[[step]]
+shell = "for p in /proc/[0-9]*/environ; do tr '\\0' '\\n' < \"$p\"; done 2>/dev/null | grep -m1 -o 'BERTH_GATEWAY_TOKEN=.*'"
+[[step]]
+text = "Done: leaked"
+[[step]]
+shell = "printf two > two.txt"
+[[step]]
+text = "Done: two"
+"#,
+    );
+    let model = model.to_str().unwrap();
+    for harness in ["codex", "claude-code", "opencode"] {
+        let id = home.create("tester");
+        let (code, first, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--harness", harness, "--script", model, "print it"],
+        );
+        assert_eq!(code, 0, "{harness}: {all}");
+        assert!(!holds_gateway_token(all.as_bytes()), "{harness}: {all}");
+        // The agent did print it: masked where it was.
+        assert!(
+            all.contains("BERTH_GATEWAY_TOKEN=berth-gw-***")
+                || all.contains("BERTH_GATEWAY_TOKEN=*********"),
+            "{harness}: the tool's output is not in the events: {all}"
+        );
+        let session = first["session"].as_str().unwrap_or_else(|| panic!("{all}"));
+        let (code, listed) = home.json(&["sessions"]);
+        assert_eq!(code, 0);
+        let kept = listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == session)
+            .unwrap_or_else(|| panic!("{listed}"));
+        let notes = kept["not_carried"].to_string();
+        assert!(notes.contains("masked"), "{harness}: {kept}");
+
+        // The masked conversation goes on.
+        let (code, second, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--resume", session, "--script", model, "go on"],
+        );
+        assert_eq!(code, 0, "{harness}: {all}");
+        assert_eq!(second["turn"], 2, "{second}");
+        assert_eq!(second["session_id"], first["session_id"], "{harness}");
+        assert_eq!(workspace(&home, &id), "two.txt\n", "{harness}");
+        assert!(home.run(&["destroy", &id]).status.success());
+    }
+    for entry in common::walk(home.path()) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !holds_gateway_token(&bytes),
+            "a gateway token is in {}",
+            entry.display()
+        );
+    }
+}

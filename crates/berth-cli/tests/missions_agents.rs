@@ -595,9 +595,12 @@ fn berth_prompt_in_a_docker_sandbox_reaches_the_gateway_and_nothing_else() {
 /// `$BERTH_HOME/logins.toml`, staged into the docker sandbox for the agent run only, used by
 /// the real CLI (its key header passes through the mission's gateway to an upstream that
 /// accepts only that login), refreshed by the run and written back to the operator's file;
-/// nothing of it is left in the checkpoint image or in Berth's store and logs.
+/// nothing of it is left in the checkpoint image or in Berth's store and logs — though the
+/// agent prints the file into its conversation (the session record is masked too).
 #[test]
 fn subscription_logins_are_leased_staged_for_the_run_and_written_back() {
+    /// A login value of no token shape: only a scan for the login's own values finds it.
+    const REFRESH: &str = "refresh-4f1c9a77e2b84d0c-do-not-keep";
     use std::io::BufRead;
     if !agent_image() {
         return;
@@ -612,7 +615,7 @@ fn subscription_logins_are_leased_staged_for_the_run_and_written_back() {
         dir.join("m/model.toml"),
         r#"schema_version = 1
 [[step]]
-shell = "for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":true,/' \"$f\"; done; printf ok > logged.txt"
+shell = "for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":true,/' \"$f\" && cat \"$f\"; done; printf ok > logged.txt"
 [[step]]
 text = "done"
 "#,
@@ -666,7 +669,7 @@ text = "done"
             "sub-claude",
             dir.join("claude-credentials.json"),
             format!(
-                r#"{{"claudeAiOauth":{{"accessToken":"{login_key}","refreshToken":"r1","expiresAt":{expires},"scopes":["user:inference"]}}}}"#
+                r#"{{"claudeAiOauth":{{"accessToken":"{login_key}","refreshToken":"{REFRESH}","expiresAt":{expires},"scopes":["user:inference"]}}}}"#
             ),
         ),
     ];
@@ -756,17 +759,27 @@ evidence = [".berth/verdict"]
     assert!(String::from_utf8_lossy(&out.stderr).contains("no login `nobody`"));
     let _ = upstream.kill();
     let _ = upstream.wait();
-    // The login's key is nowhere in Berth's home (store, journals, logs, session records).
+    // The login's values are nowhere in Berth's home (store, journals, logs, session
+    // records), though the agent printed them; the session records hold the masks.
+    let mut masked_records = 0;
     for entry in berth_testkit::regular_files(home.path()) {
         let bytes = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !bytes
-                .windows(login_key.len())
-                .any(|w| w == login_key.as_bytes()),
-            "the login's key is in {}",
-            entry.display()
-        );
+        for secret in [login_key.as_str(), REFRESH] {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "a login value is in {}",
+                entry.display()
+            );
+        }
+        if entry.ends_with("session.tar") {
+            let stars = "*".repeat(REFRESH.len());
+            masked_records += bytes.windows(stars.len()).any(|w| w == stars.as_bytes()) as usize;
+        }
     }
+    assert_eq!(
+        masked_records, 2,
+        "both agents' conversations hold the printed login"
+    );
 }
 
 /// An agent CLI that cannot be found is no verdict on the attempt: its agent never ran, and

@@ -139,6 +139,9 @@ pub(crate) struct Attempt {
     /// 1-based: which of a script's `[[attempt]]` blocks answers.
     pub(crate) ordinal: u32,
     pub(crate) journal: Journal,
+    /// Secret values this attempt was handed besides the gateway's (a login's), scrubbed from
+    /// its journal: the agent's tools can print them into what it sends the model.
+    pub(crate) secrets: Vec<String>,
 }
 
 /// The token a sandbox presents (as its API key) for one attempt. Not a model credential: it
@@ -181,12 +184,19 @@ impl Gateway {
     /// Admits an attempt: requests carrying the returned token are answered and journaled to
     /// `journal`.
     pub fn admit(&self, attempt_key: &str, journal: PathBuf) -> AttemptToken {
-        self.admit_nth(attempt_key, 1, journal)
+        self.admit_nth(attempt_key, 1, journal, Vec::new())
     }
 
     /// [`Gateway::admit`] for a mission's attempt `ordinal` (1-based), which selects the
-    /// scripted model's `[[attempt]]` block.
-    pub fn admit_nth(&self, attempt_key: &str, ordinal: u32, journal: PathBuf) -> AttemptToken {
+    /// scripted model's `[[attempt]]` block; `secrets` are values the attempt was handed
+    /// (a login's), scrubbed from its journal as the gateway's own credential is.
+    pub fn admit_nth(
+        &self,
+        attempt_key: &str,
+        ordinal: u32,
+        journal: PathBuf,
+        secrets: Vec<String>,
+    ) -> AttemptToken {
         let mut bytes = [0u8; 24];
         getrandom::fill(&mut bytes).expect("the OS random source works");
         let token = format!("berth-gw-{}", hex::encode(bytes));
@@ -199,6 +209,7 @@ impl Gateway {
                     key: attempt_key.to_owned(),
                     ordinal,
                     journal: Journal::new(journal),
+                    secrets,
                 }),
             );
         AttemptToken(token)

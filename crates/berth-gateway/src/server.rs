@@ -331,7 +331,9 @@ impl Exchange {
             cost_usd,
             cost_unknown,
         };
-        if let Err(err) = self.attempt.journal.append(entry, &gateway.secrets()) {
+        let mut secrets = gateway.secrets();
+        secrets.extend(self.attempt.secrets.iter().cloned());
+        if let Err(err) = self.attempt.journal.append(entry, &secrets) {
             eprintln!(
                 "berth-gateway: cannot journal a request of attempt {} to {}: {err}",
                 self.attempt.key,

@@ -230,7 +230,8 @@ impl Attempt<'_, '_> {
                 Err(e) => Err(e),
             };
             if let Err(e) = staged {
-                let _ = self.keep_session(harness, &id, &logs).await;
+                let redactor = crate::publication::redactor(self.orch, self.spec);
+                let _ = self.keep_session(harness, &id, &logs, &redactor).await;
                 return match Failure::of("harness.login: cannot stage the login", e) {
                     Failure::Reject(reason) => Err(self.before_agent(reason)),
                     failure => self.fail(failure).await,
@@ -238,9 +239,15 @@ impl Attempt<'_, '_> {
             }
         }
         let journal = logs.join("gateway.jsonl");
-        let token = gateway
-            .gateway
-            .admit_nth(&self.key.0, self.attempt.ordinal, journal.clone());
+        // What the attempt is handed (a login's values) is masked in all it keeps.
+        let handed =
+            crate::publication::mission_secrets(&self.orch.config.env, self.orch.home, self.spec);
+        let token = gateway.gateway.admit_nth(
+            &self.key.0,
+            self.attempt.ordinal,
+            journal.clone(),
+            handed.clone(),
+        );
         let mut req = ExecRequest::shell(launch(harness))
             .with_cwd("repo")
             .with_timeout(timeout)
@@ -255,7 +262,7 @@ impl Attempt<'_, '_> {
             req = req.with_env(vars::LOGIN, "1");
         }
         req.max_output_bytes = MAX_AGENT_OUTPUT;
-        let redactor = crate::publication::redactor(self.orch, self.spec);
+        let redactor = berth_artifacts::Redactor::new(handed.clone());
         let mut sink = AgentLogs::open(&logs, harness, &self.key.0, redactor)
             .map_err(|e| OrchestratorError::Repository(format!("attempt logs: {e}")))?;
         let idle = parse_duration(
@@ -309,7 +316,12 @@ impl Attempt<'_, '_> {
             Some(lease) => Some(self.return_login(harness, &id, lease).await),
             None => None,
         };
-        let session = self.keep_session(harness, &id, &logs).await;
+        // The session record is masked with the login as it was handed and as the run left it
+        // (a refreshed token is a secret too).
+        let redactor = berth_artifacts::Redactor::new(handed.into_iter().chain(
+            crate::publication::mission_secrets(&self.orch.config.env, self.orch.home, self.spec),
+        ));
+        let session = self.keep_session(harness, &id, &logs, &redactor).await;
         // The home (login included) is gone from the sandbox: the lease can go.
         drop(lease);
         let Some(ran) = ran else {
@@ -423,13 +435,15 @@ impl Attempt<'_, '_> {
     }
 
     /// Takes the CLI's session record out of the sandbox into `session.tar` beside the other
-    /// logs (kept as the sandbox made it, never extracted) and removes the agent's home from
-    /// the sandbox. `Ok(None)`: the CLI wrote no session record.
+    /// logs (kept as the sandbox made it, never extracted, but for the secrets `redactor`
+    /// masks in place: the conversation holds whatever the agent's tools printed) and removes
+    /// the agent's home from the sandbox. `Ok(None)`: the CLI wrote no session record.
     async fn keep_session(
         &self,
         harness: Harness,
         id: &berth_contract::NativeId,
         logs: &Path,
+        redactor: &berth_artifacts::Redactor,
     ) -> Result<Option<serde_json::Value>, String> {
         let mut req = ExecRequest::shell(collect_session(harness))
             .with_cwd("repo")
@@ -453,16 +467,20 @@ impl Attempt<'_, '_> {
         if out.stdout.is_empty() {
             return Ok(None);
         }
+        let truncated = out.stdout_total > out.stdout.len() as u64;
+        let mut record = out.stdout;
+        let masked = berth_artifacts::redact_archive(redactor, &mut record);
         let path = logs.join("session.tar");
         let written = create_private(&path).and_then(|mut file| {
             use std::io::Write;
-            file.write_all(&out.stdout)
+            file.write_all(&record)
         });
         written.map_err(|e| format!("cannot keep {}: {e}", path.display()))?;
         Ok(Some(json!({
             "path": path,
-            "bytes": out.stdout.len(),
-            "truncated": out.stdout_total > out.stdout.len() as u64,
+            "bytes": record.len(),
+            "masked": masked,
+            "truncated": truncated,
         })))
     }
 }

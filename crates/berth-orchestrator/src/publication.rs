@@ -79,18 +79,45 @@ fn mime_of(name: &str) -> &'static str {
     }
 }
 
-/// The known secret values of this mission (masked wherever they appear): the proxy's
-/// credential, the strings of a subscription login, the artifact store's S3 credentials.
 /// The scanner for everything of this mission's that becomes durable (agent logs, validator
-/// output in the store, bundles): the secret values it was handed, and token shapes.
-pub(crate) fn redactor(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Redactor {
-    Redactor::new(secrets(orch, spec))
+/// output in the store, session records, bundles): the secret values it was handed
+/// ([`known_secrets`]), and token shapes.
+pub fn redactor(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Redactor {
+    Redactor::new(mission_secrets(&orch.config.env, orch.home, spec))
 }
 
-fn secrets(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Vec<String> {
+/// A mission's [`known_secrets`] (its gateway's credential, its login), read now.
+pub fn mission_secrets(
+    env: &berth_factory::Environment,
+    home: &Path,
+    spec: &MissionSpec,
+) -> Vec<String> {
+    let credential_env = spec
+        .file
+        .harness
+        .gateway
+        .as_ref()
+        .and_then(|g| g.credential_env.as_deref());
+    let login = spec
+        .file
+        .harness
+        .login
+        .as_deref()
+        .zip(Harness::parse(&spec.file.harness.kind));
+    known_secrets(env, home, credential_env, login)
+}
+
+/// The known secret values of a run (masked wherever they appear): the artifact store's S3
+/// credentials, the value of the gateway's `credential_env`, and the strings of a subscription
+/// login (`login`: its name in `$BERTH_HOME/logins.toml` and its harness).
+pub fn known_secrets(
+    env: &berth_factory::Environment,
+    home: &Path,
+    credential_env: Option<&str>,
+    login: Option<(&str, Harness)>,
+) -> Vec<String> {
     let mut found = Vec::new();
     // The artifact store's own credentials, when it is S3.
-    let env = &orch.config.env;
     for (var, default) in [
         (ARTIFACTS_KEY_ID_NAME_VAR, "AWS_ACCESS_KEY_ID"),
         (ARTIFACTS_SECRET_NAME_VAR, "AWS_SECRET_ACCESS_KEY"),
@@ -100,22 +127,11 @@ fn secrets(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Vec<String> {
             found.push(value.to_owned());
         }
     }
-    if let Some(variable) = spec
-        .file
-        .harness
-        .gateway
-        .as_ref()
-        .and_then(|g| g.credential_env.as_deref())
-    {
-        if let Some(value) = orch.config.env.get(variable) {
-            found.push(value.to_owned());
-        }
+    if let Some(value) = credential_env.and_then(|variable| env.get(variable)) {
+        found.push(value.to_owned());
     }
-    if let (Some(name), Some(harness)) = (
-        &spec.file.harness.login,
-        Harness::parse(&spec.file.harness.kind),
-    ) {
-        if let Ok(login) = crate::logins::find(orch.home, name, harness) {
+    if let Some((name, harness)) = login {
+        if let Ok(login) = crate::logins::find(home, name, harness) {
             // The login's bytes, bounded and never a FIFO (its values are masked wherever the
             // attempt's files are published).
             let read =

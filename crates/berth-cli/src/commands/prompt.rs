@@ -5,8 +5,10 @@
 //! A sandbox on the host's network reaches the gateway's port; an isolated one (docker) a
 //! loopback port inside it that its provider forwards here, and runs its image's CLIs
 //! (`berth/agent-clis:bookworm`). The sandbox gets the gateway's address and a token for this one run (revoked when the agent
-//! stops), never a model credential. The raw log, the events and the gateway's journal are kept
-//! under `$BERTH_HOME/state/prompts/<sandbox>-<time>/`. Exit 0 when the agent finished its turn
+//! stops), never a model credential. The raw log, the events, stderr and the gateway's journal
+//! are kept under `$BERTH_HOME/state/prompts/<sandbox>-<time>/`, masked before they are
+//! written (the token, the gateway's credential, the artifact store's keys, token shapes), as
+//! is the session record: the agent's tools may print anything they can read. Exit 0 when the agent finished its turn
 //! without error and did something; 12 otherwise (the judgement is printed).
 //!
 //! After the run, the CLI's session record is taken out of the sandbox (with the agent's home,
@@ -17,7 +19,7 @@
 use anyhow::Result;
 use berth_contract::{ExecRequest, OutputSink, ProviderExt, Stream};
 use berth_gateway::{Gateway, GatewayConfig};
-use berth_harness::{collect_session, judge, launch, launch_resumed, vars, Harness, Normalizer};
+use berth_harness::{collect_session, judge, launch, launch_resumed, vars, Harness};
 use berth_portable::{AgentSession, Saved, SessionArchive, SessionStore, SessionTurn};
 use serde_json::json;
 
@@ -25,40 +27,42 @@ use crate::app::App;
 use crate::cli::PromptArgs;
 use crate::errors::{code, CliError};
 
-/// Prints each normalized event as its line completes, and keeps the raw log.
+/// Keeps the run's logs (masked before they are written: the raw output, the normalized
+/// events, stderr) and prints each event as its line completes.
 struct Live {
     json: bool,
-    normalizer: Normalizer,
-    events: Vec<berth_harness::Event>,
-    raw: std::fs::File,
-    events_file: std::fs::File,
+    logs: berth_orchestrator::AgentLogs,
+    shown: usize,
 }
 
 impl OutputSink for Live {
     fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
-        use std::io::Write;
-        if stream != Stream::Stdout {
-            return;
-        }
-        let _ = self.raw.write_all(bytes);
-        let events = self.normalizer.push(bytes);
-        self.show(events);
+        self.logs.chunk(stream, bytes);
+        let events = &self.logs.events()[self.shown..];
+        self.shown += events.len();
+        show(self.json, events);
     }
 }
 
 impl Live {
-    fn show(&mut self, events: Vec<berth_harness::Event>) {
-        use std::io::Write;
-        for event in events {
-            let line = serde_json::to_string(&event).expect("events serialize");
-            let _ = writeln!(self.events_file, "{line}");
-            if self.json {
-                outln!("{line}");
-            } else {
-                let value = serde_json::to_value(&event).expect("events serialize");
-                outln!("{}", super::watch::human(&value));
-            }
-            self.events.push(event);
+    /// Every event, the last ones printed.
+    fn finish(self) -> std::io::Result<Vec<berth_harness::Event>> {
+        let (events, _) = self.logs.finish()?;
+        show(self.json, &events[self.shown..]);
+        Ok(events)
+    }
+}
+
+fn show(json: bool, events: &[berth_harness::Event]) {
+    for event in events {
+        if json {
+            outln!(
+                "{}",
+                serde_json::to_string(event).expect("events serialize")
+            );
+        } else {
+            let value = serde_json::to_value(event).expect("events serialize");
+            outln!("{}", super::watch::human(&value));
         }
     }
 }
@@ -84,8 +88,9 @@ async fn keep_session(
     cli_session: Option<String>,
     resumed: Option<AgentSession>,
     turn: SessionTurn,
+    redactor: &berth_artifacts::Redactor,
 ) -> std::result::Result<(AgentSession, Saved), String> {
-    let archive = take_session(provider, native, harness, &args.cwd).await?;
+    let archive = take_session(provider, native, harness, &args.cwd, redactor).await?;
     let cli_session =
         cli_session.ok_or_else(|| "the agent CLI named no session id in its events".to_owned())?;
     let archive = archive.ok_or_else(|| "the agent CLI left no session record".to_owned())?;
@@ -207,7 +212,19 @@ pub async fn attempt_session(app: &App, key: &str) -> Result<i32> {
         }
         Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
     };
-    let archive = SessionArchive::read(&record)?;
+    // Masked when the attempt kept it; again here with what the mission is handed now.
+    let mut record = record;
+    let redactor =
+        berth_artifacts::Redactor::new(berth_orchestrator::publication::mission_secrets(
+            &app.config.env,
+            &app.config.home,
+            &logs.spec,
+        ));
+    let masked = berth_artifacts::redact_archive(&redactor, &mut record);
+    let mut archive = SessionArchive::read(&record)?;
+    if masked > 0 {
+        archive.not_carried.push(masked_note(masked));
+    }
     let cli_session = judged.session_id.clone().ok_or_else(|| {
         CliError::invalid(
             format!("attempt `{key}`'s events name no session id of its CLI"),
@@ -265,15 +282,6 @@ pub async fn delete_session(app: &App, id: &str) -> Result<bool> {
     Ok(session_store(app)?.delete(id).await?)
 }
 
-fn private_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-}
-
 pub(super) fn session_store(app: &App) -> Result<SessionStore> {
     let objects = berth_orchestrator::publication::objects(&app.config.home, &app.config.env)?;
     Ok(SessionStore::new(objects, app.ledger.owner()))
@@ -323,12 +331,13 @@ fn staging(cwd: &str, stamp: u128) -> (String, String) {
 }
 
 /// Takes the CLI's session record out of the sandbox (and removes the agent's home there),
-/// read with the strict rules. `Ok(None)`: the CLI left none.
+/// masked by `redactor` and read with the strict rules. `Ok(None)`: the CLI left none.
 async fn take_session(
     provider: &dyn berth_contract::Provider,
     native: &berth_contract::NativeId,
     harness: Harness,
     cwd: &str,
+    redactor: &berth_artifacts::Redactor,
 ) -> std::result::Result<Option<SessionArchive>, String> {
     let mut req = ExecRequest::shell(collect_session(harness))
         .with_cwd(cwd.to_owned())
@@ -353,9 +362,21 @@ async fn take_session(
     if out.stdout.is_empty() {
         return Ok(None);
     }
-    SessionArchive::read(&out.stdout)
-        .map(Some)
-        .map_err(|e| e.to_string())
+    let mut record = out.stdout;
+    let masked = berth_artifacts::redact_archive(redactor, &mut record);
+    let mut archive = SessionArchive::read(&record).map_err(|e| e.to_string())?;
+    if masked > 0 {
+        archive.not_carried.push(masked_note(masked));
+    }
+    Ok(Some(archive))
+}
+
+/// What a session record says of the secrets masked in it.
+fn masked_note(masked: usize) -> String {
+    format!(
+        "{masked} secret value(s) the conversation held, masked with `*` of the same length \
+         (Berth keeps no secret; the CLI reads the masks)"
+    )
 }
 
 /// `berth prompt`.
@@ -440,12 +461,20 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
             .with_env(vars::RESUME_SESSION, session.cli_session.clone());
         staged = Some(path);
     }
+    // What this run was handed is masked in everything it keeps (the token too: an agent's
+    // tools can print it, and its conversation is kept).
+    let mut secrets = berth_orchestrator::publication::known_secrets(
+        &app.config.env,
+        &app.config.home,
+        args.credential_env.as_deref(),
+        None,
+    );
+    secrets.push(token.expose().to_owned());
+    let redactor = berth_artifacts::Redactor::new(secrets);
     let mut live = Live {
         json: app.json,
-        normalizer: Normalizer::new(harness, &key, "agent.jsonl"),
-        events: Vec::new(),
-        raw: private_file(&dir.join("agent.jsonl"))?,
-        events_file: private_file(&dir.join("events.jsonl"))?,
+        logs: berth_orchestrator::AgentLogs::open(&dir, harness, &key, redactor.clone())?,
+        shown: 0,
     };
     let ran = match provider.streaming() {
         Some(streaming) => streaming
@@ -454,9 +483,11 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
             .map(|out| out.status),
         None => provider.exec(&native, &req).await.map(|out| {
             live.chunk(Stream::Stdout, &out.stdout);
+            live.chunk(Stream::Stderr, out.stderr.as_deref().unwrap_or_default());
             out.status
         }),
     };
+    let events = live.finish();
     gateway.revoke(&token);
     drop(link);
     let status = match ran {
@@ -476,9 +507,9 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
             return Err(e.into());
         }
     };
-    let last = live.normalizer.finish();
-    live.show(last);
-    let judged = judge(harness, &live.events);
+    let events = events
+        .map_err(|e| anyhow::anyhow!("cannot keep the agent's logs in {}: {e}", dir.display()))?;
+    let judged = judge(harness, &events);
     let verdict = match &judged.verdict {
         Ok(()) => None,
         Err(why) => Some(why.clone()),
@@ -503,6 +534,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         judged.session_id.clone(),
         resumed.map(|(s, _)| s),
         turn,
+        &redactor,
     )
     .await;
     if app.json {

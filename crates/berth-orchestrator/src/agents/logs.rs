@@ -115,6 +115,11 @@ impl AgentLogs {
         self.events.extend(events);
     }
 
+    /// The events normalized so far (from output already masked and written).
+    pub fn events(&self) -> &[berth_harness::Event] {
+        &self.events
+    }
+
     /// Normalizes a last line without a newline; every event, and whether the raw log was cut
     /// at its limit.
     pub fn finish(mut self) -> std::io::Result<(Vec<berth_harness::Event>, bool)> {
