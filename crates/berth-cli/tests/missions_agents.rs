@@ -601,6 +601,8 @@ fn berth_prompt_in_a_docker_sandbox_reaches_the_gateway_and_nothing_else() {
 fn subscription_logins_are_leased_staged_for_the_run_and_written_back() {
     /// A login value of no token shape: only a scan for the login's own values finds it.
     const REFRESH: &str = "refresh-4f1c9a77e2b84d0c-do-not-keep";
+    /// The value the run "refreshes" into the login (unknown to Berth until it reads it back).
+    const REFRESHED: &str = "refreshed-77e2b84d0c4f1c9a-new";
     use std::io::BufRead;
     if !agent_image() {
         return;
@@ -615,7 +617,7 @@ fn subscription_logins_are_leased_staged_for_the_run_and_written_back() {
         dir.join("m/model.toml"),
         r#"schema_version = 1
 [[step]]
-shell = "for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":true,/' \"$f\" && cat \"$f\"; done; printf ok > logged.txt"
+shell = "for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":\"refreshed-77e2b84d0c4f1c9a-new\",/' \"$f\" && cat \"$f\"; done; printf ok > logged.txt"
 [[step]]
 text = "done"
 "#,
@@ -723,7 +725,10 @@ evidence = [".berth/verdict"]
         assert_eq!(code, 0, "{kind}: {doc:#}");
         // Written back: the operator's file is the refreshed one, still private.
         let now = std::fs::read_to_string(path).unwrap();
-        assert!(now.starts_with(r#"{"refreshed":true,"#), "{kind}: {now}");
+        assert!(
+            now.starts_with(&format!(r#"{{"refreshed":"{REFRESHED}","#)),
+            "{kind}: {now}"
+        );
         {
             use std::os::unix::fs::MetadataExt;
             assert_eq!(std::fs::metadata(path).unwrap().mode() & 0o777, 0o600);
@@ -764,7 +769,7 @@ evidence = [".berth/verdict"]
     let mut masked_records = 0;
     for entry in berth_testkit::regular_files(home.path()) {
         let bytes = std::fs::read(&entry).unwrap_or_default();
-        for secret in [login_key.as_str(), REFRESH] {
+        for secret in [login_key.as_str(), REFRESH, REFRESHED] {
             assert!(
                 !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
                 "a login value is in {}",

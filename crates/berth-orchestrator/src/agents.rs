@@ -29,6 +29,7 @@ mod reach;
 
 use logs::create_private;
 use logs::log_dir;
+use logs::mask_again;
 pub use logs::{AgentLogs, AttemptLogs};
 pub use reach::{
     agent_bin_dir, link_gateway, GatewayLink, GatewayReach, AGENT_BIN_DIR_VAR, IMAGE_AGENT_BIN_DIR,
@@ -312,20 +313,28 @@ impl Attempt<'_, '_> {
         // (and, forwarded, cannot reach the gateway at all).
         gateway.gateway.revoke(&token);
         drop(link);
-        let login = match &lease {
-            Some(lease) => Some(self.return_login(harness, &id, lease).await),
-            None => None,
+        let (login, refreshed) = match &lease {
+            Some(lease) => {
+                let (facts, left) = self.return_login(harness, &id, lease).await;
+                (Some(facts), left)
+            }
+            None => (None, Vec::new()),
         };
-        // The session record is masked with the login as it was handed and as the run left it
-        // (a refreshed token is a secret too).
-        let redactor = berth_artifacts::Redactor::new(handed.into_iter().chain(
-            crate::publication::mission_secrets(&self.orch.config.env, self.orch.home, self.spec),
-        ));
+        // Values the run made (a refreshed login's tokens) were unknown while its logs were
+        // written: masked there now, and in the session record with all the rest.
+        let refreshed: Vec<String> = refreshed
+            .into_iter()
+            .filter(|value| !handed.contains(value))
+            .collect();
+        let redactor =
+            berth_artifacts::Redactor::new(handed.into_iter().chain(refreshed.iter().cloned()));
         let session = self.keep_session(harness, &id, &logs, &redactor).await;
+        let refreshed = berth_artifacts::Redactor::new(refreshed);
         // The home (login included) is gone from the sandbox: the lease can go.
         drop(lease);
         let Some(ran) = ran else {
             let _ = sink.finish();
+            mask_again(&logs, &refreshed);
             return self
                 .reject(format!(
                     "the agent was idle for {idle:?} (no output; harness.idle_timeout) and was \
@@ -338,7 +347,9 @@ impl Attempt<'_, '_> {
             Ok(ran) => ran,
             Err(e) => return self.fail(Failure::of("the agent could not run", e)).await,
         };
-        let (normalized, truncated) = sink.finish().map_err(|e| {
+        let finished = sink.finish();
+        mask_again(&logs, &refreshed);
+        let (normalized, truncated) = finished.map_err(|e| {
             OrchestratorError::Repository(format!(
                 "cannot keep the agent's logs in {}: {e}",
                 logs.display()
@@ -396,28 +407,33 @@ const MAX_SESSION_ARCHIVE: usize = 64 << 20;
 
 impl Attempt<'_, '_> {
     /// Reads the login file back as the run left it and writes a refreshed one back to the
-    /// operator's file; what happened, for the attempt's facts (never the content).
+    /// operator's file; what happened, for the attempt's facts (never the content), and the
+    /// secret values the file holds now.
     async fn return_login(
         &self,
         harness: Harness,
         id: &berth_contract::NativeId,
         lease: &crate::logins::Lease,
-    ) -> serde_json::Value {
+    ) -> (serde_json::Value, Vec<String>) {
         use crate::logins::WriteBack;
         let line = collect_login(harness).expect("a leased login has a file");
         let mut req = ExecRequest::shell(line)
             .with_cwd("repo")
             .with_timeout(Duration::from_secs(30));
         req.max_output_bytes = crate::logins::MAX_LOGIN_BYTES + 1;
+        let mut left = Vec::new();
         let outcome = match self.provider.exec(id, &req).await {
-            Ok(out) if out.status.success() => lease.write_back(&out.stdout),
+            Ok(out) if out.status.success() => {
+                left = crate::publication::login_strings(&out.stdout);
+                lease.write_back(&out.stdout)
+            }
             Ok(out) => WriteBack::Refused(format!(
                 "no login file was left to read back ({})",
                 out.status
             )),
             Err(e) => WriteBack::Refused(format!("the login could not be read back: {e}")),
         };
-        match outcome {
+        let facts = match outcome {
             WriteBack::Unchanged => {
                 json!({"name": lease.name(), "written_back": false, "changed": false})
             }
@@ -431,7 +447,8 @@ impl Attempt<'_, '_> {
             WriteBack::Refused(why) => {
                 json!({"name": lease.name(), "written_back": false, "reason": why})
             }
-        }
+        };
+        (facts, left)
     }
 
     /// Takes the CLI's session record out of the sandbox into `session.tar` beside the other

@@ -137,11 +137,18 @@ pub fn known_secrets(
             let read =
                 berth_files::read_regular(&login.file, crate::logins::MAX_LOGIN_BYTES as u64);
             if let Ok(text) = read {
-                if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&text) {
-                    collect_strings(&value, &mut found);
-                }
+                found.extend(login_strings(&text));
             }
         }
+    }
+    found
+}
+
+/// The secret values of a login file's bytes: its JSON strings of 16 characters or more.
+pub(crate) fn login_strings(bytes: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+        collect_strings(&value, &mut found);
     }
     found
 }

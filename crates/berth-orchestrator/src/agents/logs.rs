@@ -292,6 +292,52 @@ impl Orchestrator<'_> {
     }
 }
 
+/// Masks what `redactor` knows in the attempt's logs as they are on disk, in place and the
+/// same length (a watcher's offsets stay true), a window at a time. Berth's own files; one
+/// that cannot be opened is left, said on stderr.
+pub(super) fn mask_again(logs: &Path, redactor: &berth_artifacts::Redactor) {
+    use std::os::unix::fs::FileExt;
+    const WINDOW: u64 = 8 << 20;
+    let overlap = redactor.longest_known() as u64;
+    if overlap == 0 {
+        return;
+    }
+    for name in [
+        "agent.jsonl",
+        "events.jsonl",
+        "agent.stderr",
+        "gateway.jsonl",
+    ] {
+        let path = logs.join(name);
+        let masked = (|| -> std::io::Result<()> {
+            let file = match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+            {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                opened => opened?,
+            };
+            let size = file.metadata()?.len();
+            let mut at = 0;
+            while at < size {
+                // A value that starts in this window ends in it or in its overlap.
+                let len = (WINDOW + overlap).min(size - at) as usize;
+                let mut window = vec![0; len];
+                file.read_exact_at(&mut window, at)?;
+                if redactor.redact_known(&mut window) > 0 {
+                    file.write_all_at(&window, at)?;
+                }
+                at += WINDOW;
+            }
+            Ok(())
+        })();
+        if let Err(e) = masked {
+            eprintln!("berth: cannot mask {} again: {e}", path.display());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,5 +408,49 @@ mod tests {
         assert!(raw.starts_with("{\"type\":\"item.completed\""));
         assert!(raw.ends_with(&format!("tail {}", "*".repeat(CANARY.len()))));
         assert!(total > raw.len());
+    }
+}
+
+#[cfg(test)]
+mod mask_again_tests {
+    use super::mask_again;
+
+    /// Values at the start, across a window's edge, in the overlap and at the end of a log
+    /// longer than two windows are all masked; nothing else changes, the length stays.
+    #[test]
+    fn every_value_in_a_long_log_is_masked_in_place() {
+        let value = "refreshed-oauth-0123456789abcdef";
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = vec![b'.'; (20 << 20) + 7];
+        let window = 8 << 20;
+        let places = [
+            0,
+            window - 5,
+            window + 40,
+            2 * window - value.len(),
+            log.len() - value.len(),
+        ];
+        for at in places {
+            log[at..at + value.len()].copy_from_slice(value.as_bytes());
+        }
+        std::fs::write(dir.path().join("agent.jsonl"), &log).unwrap();
+        std::fs::write(dir.path().join("gateway.jsonl"), format!("x{value}y")).unwrap();
+        mask_again(
+            dir.path(),
+            &berth_artifacts::Redactor::new([value.to_owned()]),
+        );
+        let after = std::fs::read(dir.path().join("agent.jsonl")).unwrap();
+        assert_eq!(after.len(), log.len());
+        let mut expected = log.clone();
+        for at in places {
+            expected[at..at + value.len()].fill(b'*');
+        }
+        assert!(after == expected, "a value was left or other bytes changed");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("gateway.jsonl")).unwrap(),
+            format!("x{}y", "*".repeat(value.len()))
+        );
+        // Absent logs are no error; no known value changes nothing.
+        mask_again(dir.path(), &berth_artifacts::Redactor::default());
     }
 }
