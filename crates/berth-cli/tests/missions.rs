@@ -522,3 +522,72 @@ fn a_repository_cannot_run_code_on_the_host() {
         "a URL reached git as an option"
     );
 }
+
+/// An agent that writes a secret the run was handed (here the artifact store's key, in
+/// Berth's environment) into the workspace: the attempt is rejected at capture, naming the
+/// file, and nothing of it is committed — the value is in no file of Berth's home (before, the
+/// attempt's patch and the validator's checkout held it, and the attempt could be accepted).
+#[test]
+fn a_secret_written_into_the_workspace_is_never_committed() {
+    const SECRET: &str = "s3-secret-7c1e9a4b2d6f8e0a-canary";
+    let home = home();
+    let file = write_mission(
+        home.path(),
+        // Made of two halves: the agent's script (in the base) does not hold the value.
+        &format!(
+            "mkdir -p notes && printf 'key=%s%s\\n' '{}' '{}' > notes/leak.txt\n",
+            &SECRET[..10],
+            &SECRET[10..]
+        ),
+        "echo ok > .berth-out",
+        "10s",
+        "\".berth-out\"",
+        1,
+    );
+    let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .output()
+        .unwrap();
+    let (_, reason, doc) = first_reason(home.path());
+    assert_eq!(out.status.code(), Some(12), "{doc}");
+    assert_eq!(doc["mission"]["state"]["state"], "failed", "{doc}");
+    assert!(
+        reason.contains("holds a secret value") && reason.contains("notes/leak.txt"),
+        "{reason}"
+    );
+    // The attempt's sandbox is gone; no validator ran.
+    let (_, ledger) = json(home.path(), &["ledger", "list", "--all"]);
+    let rows = ledger["entries"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{ledger}");
+    assert_eq!(rows[0]["state"], "verified_gone", "{ledger}");
+    for entry in berth_testkit::regular_files(home.path()) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(
+            !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "the secret is in {}",
+            entry.display()
+        );
+    }
+
+    // The control: the same agent without the value in Berth's environment is accepted.
+    let home = missions_support::home();
+    let file = write_mission(
+        home.path(),
+        // Made of two halves: the agent's script (in the base) does not hold the value.
+        &format!(
+            "mkdir -p notes && printf 'key=%s%s\\n' '{}' '{}' > notes/leak.txt\n",
+            &SECRET[..10],
+            &SECRET[10..]
+        ),
+        "echo ok > .berth-out",
+        "10s",
+        "\".berth-out\"",
+        1,
+    );
+    let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

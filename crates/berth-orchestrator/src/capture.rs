@@ -57,6 +57,22 @@ impl Capture {
     pub fn bytes(&self) -> usize {
         self.files.values().map(|f| f.data.len()).sum()
     }
+
+    /// The path of the first file whose content (a symlink's target) or path holds one of
+    /// `secrets` (values of [`berth_artifacts::redact::MIN_SECRET_LEN`] bytes or more).
+    pub fn first_holding(&self, secrets: &[String]) -> Option<&[u8]> {
+        let finders: Vec<memchr::memmem::Finder<'_>> = secrets
+            .iter()
+            .filter(|s| s.len() >= berth_artifacts::redact::MIN_SECRET_LEN)
+            .map(|s| memchr::memmem::Finder::new(s.as_bytes()))
+            .collect();
+        self.files.iter().find_map(|(path, file)| {
+            finders
+                .iter()
+                .any(|f| f.find(&file.data).is_some() || f.find(path).is_some())
+                .then_some(path.as_slice())
+        })
+    }
 }
 
 /// The path git stores for an archive entry, or why it is left out.

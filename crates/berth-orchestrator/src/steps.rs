@@ -265,6 +265,21 @@ impl Attempt<'_, '_> {
             Ok(captured) => captured,
             Err(failure) => return self.fail(failure).await,
         };
+        // A secret the run was handed (a login's value, the gateway's credential, the artifact
+        // store's keys) written into the workspace would be committed, bundled, judged and
+        // checkpointed: the attempt is rejected instead, and nothing of it is committed.
+        let handed = crate::publication::mission_secrets(&orch.config.env, orch.home, spec);
+        if let Some(path) = captured.first_holding(&handed) {
+            let mut path = path.to_vec();
+            crate::publication::redactor(orch, spec).redact(&mut path);
+            return self
+                .reject(format!(
+                    "the workspace holds a secret value this run was handed, in `{}`: \
+                     nothing of the attempt is committed",
+                    String::from_utf8_lossy(&path).escape_debug()
+                ))
+                .await;
+        }
         let (input, parent) = input_of(orch, spec, record, index);
         let repo = capture::work_repo(&orch.mission_dir(mission), &spec.base_bundle)?;
         let commit = capture::commit(
