@@ -33,17 +33,20 @@ fn script(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
-/// `berth --json prompt …` as `owner`: exit code and the final document.
-fn prompt(home: &Home, owner: &str, bin: &Path, args: &[&str]) -> (i32, Value, String) {
+/// `berth --json prompt …` as `owner`, with the scripted model's keys as canaries.
+fn prompt_command(home: &Home, owner: &str, bin: &Path, args: &[&str]) -> std::process::Command {
     let mut full = vec!["--json", "prompt"];
     full.extend_from_slice(args);
-    let out = home
-        .command(owner, &full)
+    let mut command = home.command(owner, &full);
+    command
         .env("BERTH_AGENT_BIN_DIR", bin)
         .env("OPENAI_API_KEY", CANARY)
-        .env("ANTHROPIC_API_KEY", CANARY)
-        .output()
-        .unwrap();
+        .env("ANTHROPIC_API_KEY", CANARY);
+    command
+}
+
+/// A finished `berth --json prompt`: exit code, the final document, everything it printed.
+fn finished(out: std::process::Output) -> (i32, Value, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let last = stdout
@@ -54,9 +57,17 @@ fn prompt(home: &Home, owner: &str, bin: &Path, args: &[&str]) -> (i32, Value, S
     (out.status.code().unwrap_or(-1), last, stdout + &stderr)
 }
 
+/// `berth --json prompt …` as `owner`: exit code and the final document.
+fn prompt(home: &Home, owner: &str, bin: &Path, args: &[&str]) -> (i32, Value, String) {
+    finished(prompt_command(home, owner, bin, args).output().unwrap())
+}
+
 /// The workspace's names, and that nothing of the agent's home is left beside it.
 fn workspace(home: &Home, id: &str) -> String {
-    let out = home.sh(id, "ls -A; [ ! -e ../.berth-agent ] || echo HOME-LEFT");
+    let out = home.sh(
+        id,
+        "ls -A; for h in ../.berth-agent*; do [ ! -e \"$h\" ] || echo HOME-LEFT; done",
+    );
     assert!(out.status.success(), "{}", common::text(&out.stderr));
     common::text(&out.stdout)
 }
@@ -728,4 +739,77 @@ text = "Done: two"
             entry.display()
         );
     }
+}
+
+/// Two prompts at once in one sandbox: each run has its own agent home, so neither wipes the
+/// other's at its start nor takes it as its own session record at its end. Both turns are kept
+/// as two sessions, each the conversation its CLI named, and each goes on. Before, the second
+/// run's start removed the first's home: the first ended with "the agent CLI left no session
+/// record" (or kept the other's conversation).
+#[test]
+fn two_prompts_at_once_in_one_sandbox_keep_their_own_sessions() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let model = script(
+        home.path(),
+        r#"schema_version = 1
+[[step]]
+shell = "sleep 3"
+[[step]]
+text = "Done: slept"
+[[step]]
+shell = "true"
+[[step]]
+text = "Done: again"
+"#,
+    );
+    let model = model.to_str().unwrap();
+    let id = home.create("tester");
+    let one = prompt_command(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--harness", "codex", "--script", model, "one"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The second starts while the first's agent runs its command.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let second = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--harness", "codex", "--script", model, "two"],
+    );
+    let first = finished(one.wait_with_output().unwrap());
+    let mut sessions = Vec::new();
+    for (code, doc, all) in [first, second] {
+        assert_eq!(code, 0, "{all}");
+        assert!(doc["session_not_kept"].is_null(), "{doc}");
+        sessions.push((
+            doc["session"].as_str().unwrap().to_owned(),
+            doc["session_id"].as_str().unwrap().to_owned(),
+        ));
+    }
+    assert_ne!(sessions[0].1, sessions[1].1, "two conversations");
+    for (session, cli_session) in &sessions {
+        let (code, doc, all) = prompt(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--resume", session, "--script", model, "go on"],
+        );
+        assert_eq!(code, 0, "{all}");
+        assert_eq!(doc["turn"], 2, "{doc}");
+        assert_eq!(
+            doc["session_id"].as_str(),
+            Some(cli_session.as_str()),
+            "{doc}"
+        );
+    }
+    assert_eq!(workspace(&home, &id), "");
 }

@@ -118,6 +118,10 @@ pub mod vars {
     /// at this path relative to the working directory (removed by the line before the CLI
     /// starts).
     pub const SESSION_ARCHIVE: &str = "BERTH_SESSION_ARCHIVE";
+    /// The name of the run's home beside the repository, when not [`super::HOME_FROM_REPO`]'s
+    /// (`.berth-agent-…`: runs that may share a sandbox each have their own). The launch,
+    /// session and login lines of one run must all be given the same.
+    pub const AGENT_HOME: &str = "BERTH_AGENT_HOME";
 }
 
 /// Where the orchestrator stages a subscription login before the run, relative to the
@@ -128,8 +132,18 @@ pub const LOGIN_STAGED_FROM_REPO: &str = "../.berth-login/login.json";
 pub const TOKEN_HEADER: &str = "x-berth-token";
 
 /// The per-attempt home, relative to the repository (outside it, so the capture never takes
-/// it).
+/// it), unless [`vars::AGENT_HOME`] names another beside it.
 pub const HOME_FROM_REPO: &str = "../.berth-agent";
+
+/// The shell words that set `home` to the run's home (fixed text: the name comes from
+/// [`vars::AGENT_HOME`], which only Berth sets).
+fn home_line() -> String {
+    format!(
+        "home=\"$(cd .. && pwd)/${{{var}:-{default}}}\"\n",
+        var = vars::AGENT_HOME,
+        default = HOME_FROM_REPO.trim_start_matches("../")
+    )
+}
 
 /// The shell line that runs `harness` headless in the repository: stdin closed, a fresh home
 /// beside the repository, the gateway as its only endpoint. Every variable part comes from
@@ -149,11 +163,11 @@ pub fn launch_resumed(harness: Harness) -> String {
 
 fn launch_line(harness: Harness, resumed: bool) -> String {
     let mut prologue = format!(
-        "set -eu\nhome=\"$(cd .. && pwd)/{home}\"\nrm -rf \"$home\"\nmkdir -p \"$home/tmp\"\n\
+        "set -eu\n{home}rm -rf \"$home\"\nmkdir -p \"$home/tmp\"\n\
          export HOME=\"$home\" TMPDIR=\"$home/tmp\" XDG_CONFIG_HOME=\"$home/.config\" \
          XDG_DATA_HOME=\"$home/.local/share\" XDG_CACHE_HOME=\"$home/.cache\" \
          XDG_STATE_HOME=\"$home/.local/state\"\n",
-        home = HOME_FROM_REPO.trim_start_matches("../")
+        home = home_line()
     );
     if !resumed {
         prologue.push_str("resume=\n");
@@ -244,8 +258,8 @@ fn launch_line(harness: Harness, resumed: bool) -> String {
 /// capture, validators or snapshots. Fixed text: nothing is spliced in.
 pub fn collect_session(harness: Harness) -> String {
     let mut line = format!(
-        "home=\"$(cd .. && pwd)/{home}\"\nif cd \"$home\" 2>/dev/null; then\n  set --\n",
-        home = HOME_FROM_REPO.trim_start_matches("../")
+        "{home}if cd \"$home\" 2>/dev/null; then\n  set --\n",
+        home = home_line()
     );
     for path in harness.session_paths() {
         // Each parent directory as an entry of its own before the path, so the archive makes
@@ -275,8 +289,8 @@ pub fn collect_session(harness: Harness) -> String {
 pub fn collect_login(harness: Harness) -> Option<String> {
     let file = harness.login_file()?;
     Some(format!(
-        "f=\"$(cd .. && pwd)/{home}/{file}\"\n[ -f \"$f\" ] && [ ! -L \"$f\" ] || exit 3\nexec head -c 65537 -- \"$f\"\n",
-        home = HOME_FROM_REPO.trim_start_matches("../")
+        "{home}f=\"$home/{file}\"\n[ -f \"$f\" ] && [ ! -L \"$f\" ] || exit 3\nexec head -c 65537 -- \"$f\"\n",
+        home = home_line()
     ))
 }
 
@@ -525,7 +539,9 @@ mod tests {
                 assert!(!path.contains('\'') && !path.starts_with('/'));
             }
             assert!(line.contains("rm -rf \"$home\""), "{line}");
-            assert!(!line.contains('$') || !line.contains("BERTH_"), "{line}");
+            // The run's home is the only variable it reads of Berth's.
+            let others = line.replace(vars::AGENT_HOME, "");
+            assert!(!others.contains("BERTH_"), "{line}");
         }
     }
 }

@@ -88,9 +88,10 @@ async fn keep_session(
     cli_session: Option<String>,
     resumed: Option<AgentSession>,
     turn: SessionTurn,
+    run: &str,
     redactor: &berth_artifacts::Redactor,
 ) -> std::result::Result<(AgentSession, Saved), String> {
-    let archive = take_session(provider, native, harness, &args.cwd, redactor).await?;
+    let archive = take_session(provider, native, harness, &args.cwd, run, redactor).await?;
     let cli_session =
         cli_session.ok_or_else(|| "the agent CLI named no session id in its events".to_owned())?;
     let archive = archive.ok_or_else(|| "the agent CLI left no session record".to_owned())?;
@@ -317,10 +318,28 @@ fn harness_of(args: &PromptArgs, resumed: Option<&AgentSession>) -> Result<Harne
     })
 }
 
+/// This run's name: its time and 8 random hex digits, so runs started together in one
+/// sandbox (or one millisecond) keep apart their logs, staged archives and agent homes.
+fn run_name() -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let mut random = [0u8; 4];
+    getrandom::fill(&mut random).expect("the OS random source works");
+    format!("{millis}-{}", hex::encode(random))
+}
+
+/// The run's agent home beside the working directory: its own, so another run in the same
+/// sandbox neither wipes it at its start nor takes it as its session record at its end.
+fn agent_home(run: &str) -> String {
+    format!(".berth-agent-{run}")
+}
+
 /// Where the resumed session's archive is staged, relative to the workspace, and its name
 /// relative to the working directory.
-fn staging(cwd: &str, stamp: u128) -> (String, String) {
-    let name = format!(".berth-session-{stamp}.tar");
+fn staging(cwd: &str, run: &str) -> (String, String) {
+    let name = format!(".berth-session-{run}.tar");
     let dir = cwd.trim_end_matches('/');
     let path = if dir.is_empty() || dir == "." {
         name.clone()
@@ -337,10 +356,12 @@ async fn take_session(
     native: &berth_contract::NativeId,
     harness: Harness,
     cwd: &str,
+    run: &str,
     redactor: &berth_artifacts::Redactor,
 ) -> std::result::Result<Option<SessionArchive>, String> {
     let mut req = ExecRequest::shell(collect_session(harness))
         .with_cwd(cwd.to_owned())
+        .with_env(vars::AGENT_HOME, agent_home(run))
         .with_timeout(std::time::Duration::from_secs(60));
     req.max_output_bytes = berth_portable::MAX_SESSION_ARCHIVE + 1;
     let out = provider
@@ -411,15 +432,12 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         args.proxy.as_deref(),
         args.credential_env.as_deref(),
     )?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
+    let run = run_name();
     let dir = app
         .config
         .state_dir()
         .join("prompts")
-        .join(format!("{}-{stamp}", args.id));
+        .join(format!("{}-{run}", args.id));
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -431,7 +449,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         upstream,
         prices: None,
     });
-    let key = format!("prompt-{}-{stamp}", args.id);
+    let key = format!("prompt-{}-{run}", args.id);
     let token = gateway.admit(&key, dir.join("gateway.jsonl"));
     let running = gateway.listen(0).await?;
     let link =
@@ -447,11 +465,12 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         .with_env(vars::GATEWAY_URL, link.url.clone())
         .with_env(vars::GATEWAY_TOKEN, token.expose().to_owned())
         .with_env(vars::MODEL, args.model.clone())
-        .with_env(vars::INSTRUCTIONS, args.instructions.clone());
+        .with_env(vars::INSTRUCTIONS, args.instructions.clone())
+        .with_env(vars::AGENT_HOME, agent_home(&run));
     req.max_output_bytes = 64 << 20;
     let mut staged = None;
     if let Some((session, archive)) = &resumed {
-        let (path, name) = staging(&args.cwd, stamp);
+        let (path, name) = staging(&args.cwd, &run);
         provider
             .require_files()?
             .write(&native, &path, archive)
@@ -534,6 +553,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         judged.session_id.clone(),
         resumed.map(|(s, _)| s),
         turn,
+        &run,
         &redactor,
     )
     .await;
