@@ -308,6 +308,12 @@ fn classify_move(e: &berth_portable::PortableError) -> Option<Classified> {
             code::CONFLICT,
             "wait for that move to end (or stop it), then run this one again",
         ),
+        M::SessionBusy { .. } => (
+            "conflict",
+            code::CONFLICT,
+            "wait for that `berth prompt` to end, then delete the session again (a claim a \
+             killed one left is cleared once 2 minutes old)",
+        ),
         M::NotMovable { .. } => (
             "conflict",
             code::CONFLICT,

@@ -102,6 +102,14 @@ pub enum PortableError {
         #[source]
         cause: Box<LedgerError>,
     },
+    /// A turn of the agent session is being saved: it cannot be deleted under it.
+    #[error("a turn of session `{id}` is being saved (it claimed turn {turn}); it cannot be deleted under it")]
+    SessionBusy {
+        /// The session.
+        id: String,
+        /// The turn claimed.
+        turn: u64,
+    },
     /// No such agent session (or not an id of one).
     #[error("session `{id}`: {reason}")]
     NoSession {

@@ -33,6 +33,9 @@ const MAX_RECORD_BYTES: u64 = 1 << 20;
 pub const MAX_SESSION_ARCHIVE: usize = 64 << 20;
 /// How old an archive no record names must be before `gc` takes it for a crash's leftover.
 const ORPHAN_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// How long deleting a session waits for a turn of it being saved.
+const DELETE_WAITS_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 /// Turns a record lists (the most recent); the count goes on.
 const LISTED_TURNS: usize = 100;
 
@@ -510,9 +513,59 @@ impl SessionStore {
         Ok(collected)
     }
 
-    /// Deletes a session, record first. Whether it existed.
+    /// Deletes an agent session: its record, archives and claims. A turn of it saved at the
+    /// same time can no longer bring it back: the delete first claims the next turn's number
+    /// (create-only, as a saving turn does), so a turn that has not claimed it yet finds it
+    /// taken — or the record gone — and is kept as a fork; one that has claimed it is waited
+    /// for (up to a minute; longer is [`PortableError::SessionBusy`]) and then
+    /// deleted with the rest. A claim older than two minutes is a killed save's, and is
+    /// cleared. `false`: there was nothing to delete.
     pub async fn delete(&self, id: &str) -> Result<bool, PortableError> {
+        self.delete_waiting(id, DELETE_WAITS_FOR).await
+    }
+
+    pub(crate) async fn delete_waiting(
+        &self,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> Result<bool, PortableError> {
         let hex = Self::hex_of(id)?.to_owned();
+        let started = std::time::Instant::now();
+        loop {
+            let turns = match self.record(id).await {
+                Ok(record) => record.turns,
+                // Gone already (or unreadable): what is left of it goes.
+                Err(_) => break,
+            };
+            let claim = self.claim_key(&hex, turns + 1);
+            if self
+                .objects
+                .create_new(&claim, b"deleting".to_vec().into())
+                .await?
+            {
+                break;
+            }
+            let stale =
+                self.objects
+                    .listed(&self.prefix)
+                    .await?
+                    .into_iter()
+                    .any(|(key, written)| {
+                        key == claim && written.elapsed().unwrap_or_default() >= ORPHAN_AFTER
+                    });
+            if stale {
+                self.objects.delete(&claim).await?;
+                continue;
+            }
+            if started.elapsed() >= wait {
+                return Err(PortableError::SessionBusy {
+                    id: id.to_owned(),
+                    turn: turns + 1,
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // The record first: a turn that claims after this finds no record to go on from.
         let mut existed = self.objects.delete(&self.record_key(&hex)).await?;
         let own = format!("as-{hex}.");
         for (key, _) in self.objects.listed(&self.prefix).await? {

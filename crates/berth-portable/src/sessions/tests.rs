@@ -352,3 +352,120 @@ async fn gc_takes_archives_no_record_names_once_old() {
     assert_eq!(left.len(), 3, "{left:?}");
     sessions.get(&id).await.unwrap();
 }
+
+/// A delete while a turn of the session is being saved: the turn that had claimed its number
+/// is waited for and deleted with the rest — the session does not come back — and a turn that
+/// claims after the delete is kept as a fork. Before, the delete removed the record under the
+/// saving turn, which then wrote it again: a deleted session came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_deleted_while_a_turn_is_saved_stays_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = std::sync::Arc::new(store(dir.path(), "alice"));
+    let id = SessionStore::new_id();
+    let archive = || SessionArchive::read(&record_archive(b"turn")).unwrap();
+    let (started, _) = sessions.save(first(&id), archive(), None).await.unwrap();
+
+    // A turn that has claimed its number and stops there until told to go on.
+    let (claimed_tx, claimed_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let saving = {
+        let sessions = sessions.clone();
+        let started = started.clone();
+        let mut next = started.clone();
+        next.turns = 2;
+        next.history.push(turn(2));
+        let go = std::sync::Mutex::new(go_rx);
+        tokio::spawn(async move {
+            let mut on_step = move |step: SaveStep| {
+                if step == SaveStep::Claimed {
+                    claimed_tx.send(()).unwrap();
+                    go.lock().unwrap().recv().unwrap();
+                }
+            };
+            sessions
+                .save_observed(next, archive(), Some(&started), &mut on_step)
+                .await
+        })
+    };
+    tokio::task::spawn_blocking(move || claimed_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let deleting = {
+        let sessions = sessions.clone();
+        let id = id.clone();
+        tokio::spawn(async move { sessions.delete(&id).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !deleting.is_finished(),
+        "the delete waits for the claimed turn"
+    );
+    go_tx.send(()).unwrap();
+    let (_, how) = saving.await.unwrap().unwrap();
+    assert_eq!(how, Saved::Advanced);
+    assert!(deleting.await.unwrap().unwrap());
+    assert!(matches!(
+        sessions.get(&id).await,
+        Err(PortableError::NoSession { .. })
+    ));
+    assert!(sessions
+        .objects
+        .listed(&sessions.prefix)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // A turn resumed before the delete and saved after it: kept as a fork, the deleted one
+    // stays gone.
+    let mut late = started.clone();
+    late.turns = 2;
+    late.history.push(turn(2));
+    let (kept, how) = sessions
+        .save(late, archive(), Some(&started))
+        .await
+        .unwrap();
+    assert!(matches!(how, Saved::Forked { .. }), "{how:?}");
+    assert_ne!(kept.id, id);
+    assert!(sessions.get(&id).await.is_err());
+}
+
+/// A claim a killed save left (over two minutes old) does not block a delete; a fresh one
+/// makes it wait, and past its wait it is refused (busy), deleting nothing.
+#[tokio::test]
+async fn a_delete_clears_a_stale_claim_and_refuses_under_a_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"turn")).unwrap();
+    sessions.save(first(&id), archive, None).await.unwrap();
+    let hex = SessionStore::hex_of(&id).unwrap().to_owned();
+    let claim = sessions.claim_key(&hex, 2);
+    assert!(sessions
+        .objects
+        .create_new(&claim, b"live".to_vec().into())
+        .await
+        .unwrap());
+    let refused = sessions
+        .delete_waiting(&id, std::time::Duration::from_millis(200))
+        .await;
+    assert!(
+        matches!(refused, Err(PortableError::SessionBusy { turn: 2, .. })),
+        "{refused:?}"
+    );
+    assert!(sessions.get(&id).await.is_ok(), "nothing was deleted");
+
+    // The same claim, two minutes and more old: a killed save's.
+    let file = dir.path().join(&claim);
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(180);
+    std::fs::File::options()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    assert!(sessions
+        .delete_waiting(&id, std::time::Duration::from_millis(200))
+        .await
+        .unwrap());
+    assert!(sessions.get(&id).await.is_err());
+}
