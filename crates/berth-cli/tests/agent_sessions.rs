@@ -813,3 +813,41 @@ text = "Done: again"
     }
     assert_eq!(workspace(&home, &id), "");
 }
+
+/// A session archive staged by a run killed before it started is removed by a later run in
+/// the same directory once ten minutes old; a fresh one (a run starting now) stays. Before, it
+/// stayed in the workspace for good (and went with it into captures and moves).
+#[test]
+fn a_staged_archive_a_killed_run_left_is_cleared_once_old() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let model = script(home.path(), TWO_TURNS);
+    let id = home.create("tester");
+    let planted = home.sh(
+        &id,
+        "printf x > .berth-session-1-old.tar && touch -d '@1000000000' .berth-session-1-old.tar \
+         && printf y > .berth-session-2-new.tar",
+    );
+    assert!(
+        planted.status.success(),
+        "{}",
+        common::text(&planted.stderr)
+    );
+    let (code, _, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[
+            &id,
+            "--harness",
+            "codex",
+            "--script",
+            model.to_str().unwrap(),
+            "make one",
+        ],
+    );
+    assert_eq!(code, 0, "{all}");
+    assert_eq!(workspace(&home, &id), ".berth-session-2-new.tar\none.txt\n");
+}

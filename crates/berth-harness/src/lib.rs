@@ -169,6 +169,12 @@ fn launch_line(harness: Harness, resumed: bool) -> String {
          XDG_STATE_HOME=\"$home/.local/state\"\n",
         home = home_line()
     );
+    // A session archive staged here by a run killed before it started (it removes its own
+    // first thing) is gone once ten minutes old; one staged for a run starting now is not.
+    prologue.push_str(
+        "find . -maxdepth 1 -type f -name '.berth-session-*.tar' -mmin +10 -exec rm -f -- {} + \
+         2>/dev/null || true\n",
+    );
     if !resumed {
         prologue.push_str("resume=\n");
     } else {
