@@ -1205,3 +1205,89 @@ fn checkpoints_are_taken_restored_and_deleted_over_the_api() {
         vec![404, 200, 404]
     );
 }
+
+/// Agent sessions over the API: listed (`read`), the owner's only, and deleted (`exec`) — an
+/// id that is no session's is not found, a second delete too, every change audited.
+#[test]
+fn agent_sessions_are_listed_and_deleted_over_the_api() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (reader, _) = token(&home, "alice", "read");
+    let (bob, _) = token(&home, "bob", "exec");
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let sandbox = create(addr, &alice);
+    let model = home.path().join("model.toml");
+    std::fs::write(
+        &model,
+        "schema_version = 1\n[[step]]\nshell = \"true\"\n[[step]]\ntext = \"done\"\n",
+    )
+    .unwrap();
+    let out = home
+        .command(
+            "alice",
+            &[
+                "--json",
+                "prompt",
+                &sandbox,
+                "--harness",
+                "codex",
+                "--script",
+                model.to_str().unwrap(),
+                "go",
+            ],
+        )
+        .env("BERTH_AGENT_BIN_DIR", &bin)
+        .output()
+        .unwrap();
+    let last: Value = serde_json::from_str(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or("null"),
+    )
+    .unwrap();
+    let session = last["session"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{last}"))
+        .to_owned();
+
+    let (status, listed) = call(addr, "GET", "/v1/sessions", &reader, None);
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["sessions"][0]["id"], session.as_str(), "{listed}");
+    assert_eq!(listed["sessions"][0]["harness"], "codex", "{listed}");
+    let (_, theirs) = call(addr, "GET", "/v1/sessions", &bob, None);
+    assert_eq!(theirs["sessions"].as_array().unwrap().len(), 0, "{theirs}");
+
+    let delete = format!("/v1/sessions/{session}");
+    assert_eq!(call(addr, "DELETE", &delete, &reader, None).0, 403);
+    assert_eq!(call(addr, "DELETE", &delete, &bob, None).0, 404);
+    let (status, doc) = call(
+        addr,
+        "DELETE",
+        &format!("/v1/sessions/{sandbox}"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 404, "a sandbox is no session: {doc}");
+    assert_eq!(call(addr, "DELETE", &delete, &alice, None).0, 200);
+    assert_eq!(call(addr, "DELETE", &delete, &alice, None).0, 404);
+    let (_, listed) = call(addr, "GET", "/v1/sessions", &reader, None);
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 0, "{listed}");
+    assert_eq!(
+        audited(&home, addr, "alice", "/v1/sessions/{id}"),
+        vec![403, 404, 200, 404]
+    );
+    // The sandbox was not touched by the delete aimed at it.
+    let (status, _) = call(
+        addr,
+        "GET",
+        &format!("/v1/sandboxes/{sandbox}"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200);
+}

@@ -10,7 +10,7 @@ pub mod gateway;
 pub(crate) mod ledger;
 pub(crate) mod mission;
 pub(crate) mod moving;
-mod prompt;
+pub(crate) mod prompt;
 pub(crate) mod sandbox;
 pub mod scaffold;
 pub mod verify;

@@ -215,3 +215,60 @@ pub(crate) async fn delete_checkpoint(
     })
     .await
 }
+
+/// This owner's agent sessions (scope `read`), as `berth sessions`: each conversation `berth
+/// prompt` kept, with its harness, turns and where each ran.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
+    responses((status = 200, description = "`sessions` document: `sessions` (records: `id`, \
+        `harness`, `cli_session`, `turns`, `history`, `forked_from`, `not_carried`, …)",
+        body = Document),
+              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+pub(crate) async fn list_sessions(
+    State(server): State<Arc<Server>>,
+    headers: HeaderMap,
+) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::GET,
+        "/v1/sessions",
+        "sessions",
+        Scope::Read,
+        None,
+    )
+    .run(|app| async move { crate::commands::prompt::sessions(&app).await })
+    .await
+}
+
+/// Delete an agent session (scope `exec`), as `berth destroy as-…`: a turn of it being saved
+/// meanwhile is waited for and deleted too, or kept as a fork (409 past a minute's wait).
+#[utoipa::path(delete, path = "/v1/sessions/{id}", tag = "sessions", security(("bearer" = [])),
+    params(("id" = String, Path, description = "Agent session id (`as-…`)")),
+    responses((status = 200, description = "`destroy` document", body = Document),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub(crate) async fn delete_session(
+    State(server): State<Arc<Server>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    call(
+        &server,
+        &headers,
+        Method::DELETE,
+        "/v1/sessions/{id}",
+        "destroy",
+        Scope::Exec,
+        Some(id.clone()),
+    )
+    .run(|app| async move {
+        if !id.starts_with(berth_portable::SESSION_PREFIX) {
+            return Err(crate::errors::CliError::not_found(
+                format!("`{}` is no agent session id", id.escape_debug()),
+                "`GET /v1/sessions` lists them",
+            )
+            .into());
+        }
+        crate::commands::sandbox::destroy(&app, &[id]).await
+    })
+    .await
+}

@@ -67,6 +67,11 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             "/v1/checkpoints/{id}/restore",
             axum::routing::post(super::portable::restore_checkpoint),
         )
+        .route("/v1/sessions", get(super::portable::list_sessions))
+        .route(
+            "/v1/sessions/{id}",
+            axum::routing::delete(super::portable::delete_session),
+        )
         .route(
             "/v1/sandboxes/{id}/execs",
             axum::routing::post(super::jobs::start),
@@ -148,6 +153,8 @@ pub(crate) struct ErrorBody {
         super::portable::list_checkpoints,
         super::portable::restore_checkpoint,
         super::portable::delete_checkpoint,
+        super::portable::list_sessions,
+        super::portable::delete_session,
         super::jobs::start,
         super::jobs::events,
         resources::ledger,
