@@ -43,6 +43,10 @@ pub mod code {
     pub const COMMAND_NOT_EXECUTABLE: i32 = 126;
     /// `exec`/`run`: no such command in the sandbox (as `docker exec`).
     pub const COMMAND_NOT_FOUND: i32 = 127;
+    /// Stopped by SIGINT (128 + 2, as a shell reports it).
+    pub const INTERRUPTED: i32 = 130;
+    /// Stopped by SIGTERM (128 + 15).
+    pub const TERMINATED: i32 = 143;
 }
 
 /// A user-facing error.

@@ -46,6 +46,7 @@ mod errors;
 mod human;
 mod output;
 mod serve;
+mod stop;
 
 use std::sync::Arc;
 
@@ -149,6 +150,7 @@ async fn run(cli: Cli) -> i32 {
         Command::Run(_) | Command::Ssh(_) => true,
         _ => false,
     };
+    let winds_down = matches!(&cli.command, Command::Prompt(_));
     let mut task = tokio::spawn(commands::dispatch(app.clone(), cli.command));
     let ending = tokio::select! {
         joined = &mut task => match joined {
@@ -156,8 +158,29 @@ async fn run(cli: Cli) -> i32 {
             Ok(Err(err)) => Ending::Failed(err),
             Err(join) => Ending::Panicked(join.to_string()),
         },
-        _ = interrupt.recv() => Ending::Signalled(130, "interrupted"),
-        _ = terminate.recv() => Ending::Signalled(143, "terminated"),
+        _ = interrupt.recv() => {
+            stop::request("SIGINT");
+            Ending::Signalled(code::INTERRUPTED, "interrupted")
+        }
+        _ = terminate.recv() => {
+            stop::request("SIGTERM");
+            Ending::Signalled(code::TERMINATED, "terminated")
+        }
+    };
+    // A command that winds down on a signal itself (`prompt` stops its agent and keeps the
+    // turn) is given the time to; a second signal, or 90 seconds, cuts it short.
+    let ending = match ending {
+        Ending::Signalled(..) if winds_down => tokio::select! {
+            joined = &mut task => match joined {
+                Ok(Ok(code)) => Ending::Done(code),
+                Ok(Err(err)) => Ending::Failed(err),
+                Err(join) => Ending::Panicked(join.to_string()),
+            },
+            _ = interrupt.recv() => ending,
+            _ = terminate.recv() => ending,
+            () = tokio::time::sleep(std::time::Duration::from_secs(90)) => ending,
+        },
+        ending => ending,
     };
     if let Ending::Signalled(..) = ending {
         // Dropping the command's future kills any process group it was running.

@@ -851,3 +851,93 @@ fn a_staged_archive_a_killed_run_left_is_cleared_once_old() {
     assert_eq!(code, 0, "{all}");
     assert_eq!(workspace(&home, &id), ".berth-session-2-new.tar\none.txt\n");
 }
+
+/// `berth prompt` interrupted (SIGINT) while its agent runs a long command: the agent is
+/// stopped, and the turn so far is kept — the session, its turn marked interrupted, the exit
+/// not fabricated — so the conversation goes on with `--resume`. Exit 130. Before, the signal
+/// ended `berth` at once and the conversation of that run was lost (its home left behind).
+#[test]
+fn an_interrupted_prompt_keeps_its_turn_and_goes_on() {
+    use std::io::BufRead;
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let model = script(
+        home.path(),
+        r#"schema_version = 1
+[[step]]
+shell = "sleep 60"
+[[step]]
+shell = "printf two > two.txt"
+[[step]]
+text = "Done: two"
+"#,
+    );
+    let model = model.to_str().unwrap();
+    let id = home.create("tester");
+    let started = std::time::Instant::now();
+    let mut running = prompt_command(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--harness", "codex", "--script", model, "wait"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = std::io::BufReader::new(running.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains("\"kind\":\"tool_call\"") {
+            break;
+        }
+    }
+    // The agent is in its command: interrupt berth as a terminal's Ctrl-C would.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(running.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    for line in lines {
+        printed.push_str(&line.unwrap());
+        printed.push('\n');
+    }
+    let status = running.wait().unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(45),
+        "{printed}"
+    );
+    assert_eq!(status.code(), Some(130), "{printed}");
+    let last: Value = serde_json::from_str(printed.lines().last().unwrap()).unwrap();
+    assert_eq!(last["kind"], "prompt_finished", "{printed}");
+    assert_eq!(last["exit"]["status"], "unknown", "{last}");
+    assert!(
+        last["rejected"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("interrupted"),
+        "{last}"
+    );
+    let session = last["session"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert_eq!(last["turn"], 1, "{last}");
+    assert_eq!(workspace(&home, &id), "", "the agent's home was collected");
+
+    let (code, next, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--resume", session, "--script", model, "go on"],
+    );
+    assert!(code == 0 || code == 12, "{all}");
+    assert_eq!(next["session"], session, "{next}");
+    assert_eq!(next["turn"], 2, "{next}");
+    assert_eq!(next["session_id"], last["session_id"], "{next}");
+}

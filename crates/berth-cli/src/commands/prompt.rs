@@ -4,12 +4,13 @@
 //!
 //! A sandbox on the host's network reaches the gateway's port; an isolated one (docker) a
 //! loopback port inside it that its provider forwards here, and runs its image's CLIs
-//! (`berth/agent-clis:bookworm`). The sandbox gets the gateway's address and a token for this one run (revoked when the agent
-//! stops), never a model credential. The raw log, the events, stderr and the gateway's journal
-//! are kept under `$BERTH_HOME/state/prompts/<sandbox>-<time>/`, masked before they are
-//! written (the token, the gateway's credential, the artifact store's keys, token shapes), as
-//! is the session record: the agent's tools may print anything they can read. Exit 0 when the agent finished its turn
-//! without error and did something; 12 otherwise (the judgement is printed).
+//! (`berth/agent-clis:bookworm`). The sandbox gets the gateway's address and a token for this
+//! one run (revoked when the agent stops), never a model credential. The raw log, the events,
+//! stderr and the gateway's journal are kept under `$BERTH_HOME/state/prompts/<sandbox>-<run>/`,
+//! masked before they are written (the token, the gateway's credential, the artifact store's
+//! keys, token shapes), as is the session record: the agent's tools may print anything they
+//! can read. Exit 0 when the agent finished its turn without error and did something; 12
+//! otherwise (the judgement is printed).
 //!
 //! After the run, the CLI's session record is taken out of the sandbox (with the agent's home,
 //! which goes) and kept by Berth as an agent session (`as-…`, `berth_portable::SessionStore`);
@@ -495,16 +496,35 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         logs: berth_orchestrator::AgentLogs::open(&dir, harness, &key, redactor.clone())?,
         shown: 0,
     };
-    let ran = match provider.streaming() {
-        Some(streaming) => streaming
-            .exec_streaming(&native, &req, &mut live)
-            .await
-            .map(|out| out.status),
-        None => provider.exec(&native, &req).await.map(|out| {
-            live.chunk(Stream::Stdout, &out.stdout);
-            live.chunk(Stream::Stderr, out.stderr.as_deref().unwrap_or_default());
-            out.status
-        }),
+    // Interrupted (SIGINT, SIGTERM), the agent is stopped and what it did is kept: the turn
+    // and its conversation so far (`berth` itself waits for this, up to its bound).
+    let mut interrupted = None;
+    let ran = {
+        let exec = async {
+            match provider.streaming() {
+                Some(streaming) => streaming
+                    .exec_streaming(&native, &req, &mut live)
+                    .await
+                    .map(|out| out.status),
+                None => provider.exec(&native, &req).await.map(|out| {
+                    live.chunk(Stream::Stdout, &out.stdout);
+                    live.chunk(Stream::Stderr, out.stderr.as_deref().unwrap_or_default());
+                    out.status
+                }),
+            }
+        };
+        // Dropping the exec stops the agent's whole process group.
+        tokio::select! {
+            ran = exec => ran,
+            signal = crate::stop::requested() => {
+                let exit = match signal {
+                    "SIGTERM" => code::TERMINATED,
+                    _ => code::INTERRUPTED,
+                };
+                interrupted = Some((exit, signal));
+                Ok(stopped_by(signal))
+            }
+        }
     };
     let events = live.finish();
     gateway.revoke(&token);
@@ -529,9 +549,12 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     let events = events
         .map_err(|e| anyhow::anyhow!("cannot keep the agent's logs in {}: {e}", dir.display()))?;
     let judged = judge(harness, &events);
-    let verdict = match &judged.verdict {
-        Ok(()) => None,
-        Err(why) => Some(why.clone()),
+    let verdict = match (&judged.verdict, interrupted) {
+        (_, Some((_, signal))) => Some(format!(
+            "interrupted: berth received {signal} and stopped the agent before its turn ended"
+        )),
+        (Ok(()), None) => None,
+        (Err(why), None) => Some(why.clone()),
     };
     let turn = SessionTurn {
         turn: resumed.as_ref().map_or(1, |(s, _)| s.turns + 1),
@@ -607,9 +630,16 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
             Err(why) => outln!("berth: the agent session was not kept: {why}"),
         }
     }
-    Ok(if verdict.is_none() {
-        code::OK
-    } else {
-        code::VERIFICATION_FAILED
+    Ok(match (interrupted, &verdict) {
+        (Some((exit, _)), _) => exit,
+        (None, None) => code::OK,
+        (None, Some(_)) => code::VERIFICATION_FAILED,
     })
+}
+
+/// The status of an agent Berth stopped: its own exit was never seen.
+fn stopped_by(signal: &str) -> berth_contract::ExitStatus {
+    berth_contract::ExitStatus::Unknown {
+        reason: format!("berth received {signal} and stopped the agent; its exit was not seen"),
+    }
 }
