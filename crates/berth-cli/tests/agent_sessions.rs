@@ -767,16 +767,18 @@ text = "Done: again"
     );
     let model = model.to_str().unwrap();
     let id = home.create("tester");
-    let one = prompt_command(
-        &home,
-        "tester",
-        &bin,
-        &[&id, "--harness", "codex", "--script", model, "one"],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let one = common::RunningCli::from(
+        prompt_command(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--harness", "codex", "--script", model, "one"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
     // The second starts while the first's agent runs its command.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let second = prompt(
@@ -877,16 +879,18 @@ text = "Done: two"
     let model = model.to_str().unwrap();
     let id = home.create("tester");
     let started = std::time::Instant::now();
-    let mut running = prompt_command(
-        &home,
-        "tester",
-        &bin,
-        &[&id, "--harness", "codex", "--script", model, "wait"],
-    )
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut running = common::RunningCli::from(
+        prompt_command(
+            &home,
+            "tester",
+            &bin,
+            &[&id, "--harness", "codex", "--script", model, "wait"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap(),
+    );
     let mut lines = std::io::BufReader::new(running.stdout.take().unwrap()).lines();
     let mut printed = String::new();
     for line in lines.by_ref() {

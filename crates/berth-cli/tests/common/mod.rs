@@ -188,6 +188,12 @@ pub fn start_run(home: &Home) -> (RunningCli, String, i32) {
 /// it waiting forever: the home's sweep then takes its sandbox, its run being over).
 pub struct RunningCli(Option<Child>);
 
+impl From<Child> for RunningCli {
+    fn from(child: Child) -> RunningCli {
+        RunningCli(Some(child))
+    }
+}
+
 impl RunningCli {
     pub fn wait_with_output(mut self) -> std::io::Result<std::process::Output> {
         self.0.take().expect("not yet waited").wait_with_output()
