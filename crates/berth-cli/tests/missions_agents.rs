@@ -617,15 +617,16 @@ fn subscription_logins_are_leased_staged_for_the_run_and_written_back() {
         dir.join("m/model.toml"),
         r#"schema_version = 1
 [[step]]
-shell = "for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":\"refreshed-77e2b84d0c4f1c9a-new\",/' \"$f\" && cat \"$f\"; done; printf ok > logged.txt"
+shell = "if [ -f .hostile ]; then printf '{\"planted\":\"plain-words-the-agent-chose\"}' > \"$CODEX_HOME/auth.json\"; echo plain-words-the-agent-chose; else for f in \"${CODEX_HOME:-/none}/auth.json\" \"${CLAUDE_CONFIG_DIR:-/none}/.credentials.json\"; do [ -f \"$f\" ] && sed -i 's/^{/{\"refreshed\":\"refreshed-77e2b84d0c4f1c9a-new\",/' \"$f\" && cat \"$f\"; done; fi; printf ok > logged.txt"
 [[step]]
 text = "done"
 "#,
     )
     .unwrap();
     // The "vendor": a scripted gateway that accepts only its own token — the login's key.
-    let mut upstream = home
-        .command(
+    // Killed when the test ends, whether it passes or not.
+    let mut upstream = common::RunningCli::from(
+        home.command(
             "tester",
             &[
                 "--json",
@@ -638,7 +639,8 @@ text = "done"
         )
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap(),
+    );
     let mut announced = String::new();
     let mut lines = std::io::BufReader::new(upstream.stdout.take().unwrap()).lines();
     for line in lines.by_ref() {
@@ -750,6 +752,36 @@ evidence = [".berth/verdict"]
             .args(["rmi", checkpoint.as_str()])
             .output();
     }
+    // A login file the run leaves that is not taken as the login (its keys are not the
+    // staged one's) does not choose what is masked: the words it holds stay readable in the
+    // attempt's logs.
+    std::fs::create_dir_all(dir.join("m/hostile")).unwrap();
+    std::fs::write(dir.join("m/hostile/a.txt"), "a\n").unwrap();
+    std::fs::write(dir.join("m/hostile/.hostile"), "").unwrap();
+    let text = std::fs::read_to_string(dir.join("m/codex.toml"))
+        .unwrap()
+        .replace("path = \"repo\"", "path = \"hostile\"")
+        .replace("name = \"login-codex\"", "name = \"login-hostile\"");
+    std::fs::write(dir.join("m/hostile.toml"), text).unwrap();
+    let before = std::fs::read(&files[0].2).unwrap();
+    let (code, doc) = home.json(&[
+        "mission",
+        "run",
+        dir.join("m/hostile.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{doc:#}");
+    assert_eq!(
+        std::fs::read(&files[0].2).unwrap(),
+        before,
+        "the operator's login stays"
+    );
+    let id = doc["mission"]["id"].as_str().unwrap();
+    let log = home
+        .path()
+        .join(format!("missions/{id}/attempts/t-1/agent.jsonl"));
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(log.contains("plain-words-the-agent-chose"), "{log}");
+
     // An unknown login is refused at registration, before anything is durable.
     let text = std::fs::read_to_string(dir.join("m/codex.toml"))
         .unwrap()

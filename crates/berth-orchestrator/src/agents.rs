@@ -408,7 +408,7 @@ const MAX_SESSION_ARCHIVE: usize = 64 << 20;
 impl Attempt<'_, '_> {
     /// Reads the login file back as the run left it and writes a refreshed one back to the
     /// operator's file; what happened, for the attempt's facts (never the content), and the
-    /// secret values the file holds now.
+    /// secret values of the file written back (none when it was refused).
     async fn return_login(
         &self,
         harness: Harness,
@@ -424,8 +424,13 @@ impl Attempt<'_, '_> {
         let mut left = Vec::new();
         let outcome = match self.provider.exec(id, &req).await {
             Ok(out) if out.status.success() => {
-                left = crate::publication::login_strings(&out.stdout);
-                lease.write_back(&out.stdout)
+                let outcome = lease.write_back(&out.stdout);
+                // Only a file taken as the login is one: the sandbox writes this file, and
+                // would otherwise choose what is masked in its own logs.
+                if matches!(outcome, WriteBack::Written | WriteBack::KeptBeside(..)) {
+                    left = crate::publication::login_strings(&out.stdout);
+                }
+                outcome
             }
             Ok(out) => WriteBack::Refused(format!(
                 "no login file was left to read back ({})",
