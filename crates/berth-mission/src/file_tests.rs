@@ -163,6 +163,16 @@ fn syntax_errors_carry_line_and_column() {
     let err = parse("m.toml", &long).unwrap_err().to_string();
     assert!(err.len() < 400, "{} bytes of error", err.len());
     assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+    // A well-formed value of the wrong type: the parser's message quotes it whole.
+    let typed = GOOD.replacen(
+        "max_attempts = 3",
+        &format!("max_attempts = \"{}\"", "a".repeat(300_000)),
+        1,
+    );
+    let err = parse("m.toml", &typed).unwrap_err().to_string();
+    let head: String = err.chars().take(300).collect();
+    assert!(err.contains("invalid type: string"), "{head}");
+    assert!(err.len() < 800, "{} bytes of error", err.len());
     let future = GOOD.replacen("schema_version = 1", "schema_version = 2", 1);
     assert!(matches!(
         parse("m.toml", &future),

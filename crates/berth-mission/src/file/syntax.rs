@@ -3,11 +3,17 @@
 
 /// Characters of the failing line shown on each side of the error.
 const CONTEXT: usize = 40;
+/// Characters of the parser's message kept (it quotes a value of the wrong type whole).
+const MESSAGE: usize = 240;
 
 /// "line L, column C: MESSAGE", then at most [`CONTEXT`] characters of the line on each side
 /// of the error (escaped, so no control character reaches a terminal) and a caret under it.
 pub(super) fn describe(text: &str, err: &toml::de::Error) -> String {
-    let message = err.message().trim_end().replace('\n', "; ");
+    let message = escape_controls(&err.message().trim_end().replace('\n', "; "));
+    let message = match message.char_indices().nth(MESSAGE) {
+        Some((cut, _)) => format!("{}…", &message[..cut]),
+        None => message,
+    };
     let Some(at) = err.span().map(|span| span.start.min(text.len())) else {
         return message;
     };
