@@ -82,7 +82,7 @@ fn mime_of(name: &str) -> &'static str {
 /// The scanner for everything of this mission's that becomes durable (agent logs, validator
 /// output in the store, session records, bundles): the secret values it was handed
 /// ([`known_secrets`]), and token shapes.
-pub fn redactor(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Redactor {
+pub(crate) fn redactor(orch: &Orchestrator<'_>, spec: &MissionSpec) -> Redactor {
     Redactor::new(mission_secrets(&orch.config.env, orch.home, spec))
 }
 
