@@ -775,6 +775,14 @@ evidence = [".berth/verdict"]
         before,
         "the operator's login stays"
     );
+    // Its checkpoint image is the mission's artifact; the test removes it.
+    if let Some(checkpoint) =
+        doc["mission"]["tasks"][0]["attempts"][0]["status"]["checkpoint"].as_str()
+    {
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", checkpoint])
+            .output();
+    }
     let id = doc["mission"]["id"].as_str().unwrap();
     let log = home
         .path()
