@@ -271,7 +271,7 @@ impl Attempt<'_, '_> {
         let handed = crate::publication::mission_secrets(&orch.config.env, orch.home, spec);
         if let Some(path) = captured.first_holding(&handed) {
             let mut path = path.to_vec();
-            crate::publication::redactor(orch, spec).redact(&mut path);
+            berth_artifacts::Redactor::new(handed.iter().cloned()).redact(&mut path);
             return self
                 .reject(format!(
                     "the workspace holds a secret value this run was handed, in `{}`: \

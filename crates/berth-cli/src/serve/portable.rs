@@ -194,25 +194,14 @@ pub(crate) async fn delete_checkpoint(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    call(
+    delete_kept(
         &server,
         &headers,
-        Method::DELETE,
+        id,
         "/v1/checkpoints/{id}",
-        "destroy",
-        Scope::Exec,
-        Some(id.clone()),
+        berth_portable::CHECKPOINT_PREFIX,
+        "checkpoint",
     )
-    .run(|app| async move {
-        if !id.starts_with(berth_portable::CHECKPOINT_PREFIX) {
-            return Err(crate::errors::CliError::not_found(
-                format!("`{}` is no checkpoint id", id.escape_debug()),
-                "`GET /v1/checkpoints` lists them",
-            )
-            .into());
-        }
-        crate::commands::sandbox::destroy(&app, &[id]).await
-    })
     .await
 }
 
@@ -251,20 +240,41 @@ pub(crate) async fn delete_session(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    call(
+    delete_kept(
         &server,
         &headers,
-        Method::DELETE,
+        id,
         "/v1/sessions/{id}",
+        berth_portable::SESSION_PREFIX,
+        "agent session",
+    )
+    .await
+}
+
+/// `DELETE` of one of Berth's own records (a checkpoint, an agent session), as `berth destroy
+/// ID`: an id without `prefix` is not one of them (404, nothing touched).
+async fn delete_kept(
+    server: &Server,
+    headers: &HeaderMap,
+    id: String,
+    route: &'static str,
+    prefix: &'static str,
+    what: &'static str,
+) -> Response {
+    call(
+        server,
+        headers,
+        Method::DELETE,
+        route,
         "destroy",
         Scope::Exec,
         Some(id.clone()),
     )
     .run(|app| async move {
-        if !id.starts_with(berth_portable::SESSION_PREFIX) {
+        if !id.starts_with(prefix) {
             return Err(crate::errors::CliError::not_found(
-                format!("`{}` is no agent session id", id.escape_debug()),
-                "`GET /v1/sessions` lists them",
+                format!("`{}` is no {what} id", id.escape_debug()),
+                &format!("`GET {}` lists them", route.trim_end_matches("/{id}")),
             )
             .into());
         }
