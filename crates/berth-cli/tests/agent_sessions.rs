@@ -62,6 +62,19 @@ fn prompt(home: &Home, owner: &str, bin: &Path, args: &[&str]) -> (i32, Value, S
     finished(prompt_command(home, owner, bin, args).output().unwrap())
 }
 
+/// Session `id` as `berth sessions` lists it.
+fn listed_session(home: &Home, id: &str) -> Value {
+    let (code, listed) = home.json(&["sessions"]);
+    assert_eq!(code, 0, "{listed}");
+    listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not listed: {listed}"))
+        .clone()
+}
+
 /// The workspace's names, and that nothing of the agent's home is left beside it.
 fn workspace(home: &Home, id: &str) -> String {
     let out = home.sh(
@@ -122,14 +135,7 @@ fn an_agent_session_goes_on_in_another_sandbox_on_another_provider() {
         // agent's home are gone.
         assert_eq!(workspace(&home, &target), "one.txt\ntwo.txt\n", "{harness}");
 
-        let (code, listed) = home.json(&["sessions"]);
-        assert_eq!(code, 0);
-        let kept = listed["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == session)
-            .unwrap_or_else(|| panic!("{listed}"));
+        let kept = listed_session(&home, session);
         assert_eq!(kept["harness"], harness);
         assert_eq!(kept["turns"], 2);
         let history = kept["history"].as_array().unwrap();
@@ -588,15 +594,7 @@ fn a_prompt_killed_while_saving_its_session_loses_no_turn() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(out.status.signal(), Some(9), "{step}: {out:?}");
 
-        let (code, listed) = home.json(&["sessions"]);
-        assert_eq!(code, 0, "{listed}");
-        let kept = listed["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == session.as_str())
-            .unwrap_or_else(|| panic!("{step}: {listed}"))
-            .clone();
+        let kept = listed_session(&home, &session);
         let saved = step == "recorded";
         assert_eq!(kept["turns"], if saved { 2 } else { 1 }, "{step}: {kept}");
 
@@ -707,14 +705,7 @@ text = "Done: two"
             "{harness}: the tool's output is not in the events: {all}"
         );
         let session = first["session"].as_str().unwrap_or_else(|| panic!("{all}"));
-        let (code, listed) = home.json(&["sessions"]);
-        assert_eq!(code, 0);
-        let kept = listed["sessions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == session)
-            .unwrap_or_else(|| panic!("{listed}"));
+        let kept = listed_session(&home, session);
         let notes = kept["not_carried"].to_string();
         assert!(notes.contains("masked"), "{harness}: {kept}");
 

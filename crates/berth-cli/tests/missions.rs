@@ -530,20 +530,23 @@ fn a_repository_cannot_run_code_on_the_host() {
 #[test]
 fn a_secret_written_into_the_workspace_is_never_committed() {
     const SECRET: &str = "s3-secret-7c1e9a4b2d6f8e0a-canary";
+    // An agent writing the value in two halves: its script (in the base) does not hold it.
+    let leaking = |dir: &std::path::Path| {
+        write_mission(
+            dir,
+            &format!(
+                "mkdir -p notes && printf 'key=%s%s\\n' '{}' '{}' > notes/leak.txt\n",
+                &SECRET[..10],
+                &SECRET[10..]
+            ),
+            "echo ok > .berth-out",
+            "10s",
+            "\".berth-out\"",
+            1,
+        )
+    };
     let home = home();
-    let file = write_mission(
-        home.path(),
-        // Made of two halves: the agent's script (in the base) does not hold the value.
-        &format!(
-            "mkdir -p notes && printf 'key=%s%s\\n' '{}' '{}' > notes/leak.txt\n",
-            &SECRET[..10],
-            &SECRET[10..]
-        ),
-        "echo ok > .berth-out",
-        "10s",
-        "\".berth-out\"",
-        1,
-    );
+    let file = leaking(home.path());
     let out = berth(home.path(), &["mission", "run", file.to_str().unwrap()])
         .env("AWS_SECRET_ACCESS_KEY", SECRET)
         .output()
@@ -560,30 +563,12 @@ fn a_secret_written_into_the_workspace_is_never_committed() {
     let rows = ledger["entries"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{ledger}");
     assert_eq!(rows[0]["state"], "verified_gone", "{ledger}");
-    for entry in berth_testkit::regular_files(home.path()) {
-        let bytes = std::fs::read(&entry).unwrap_or_default();
-        assert!(
-            !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
-            "the secret is in {}",
-            entry.display()
-        );
-    }
+    let holding = berth_testkit::files_holding(home.path(), SECRET.as_bytes());
+    assert!(holding.is_empty(), "the secret is in {holding:?}");
 
     // The control: the same agent without the value in Berth's environment is accepted.
     let home = missions_support::home();
-    let file = write_mission(
-        home.path(),
-        // Made of two halves: the agent's script (in the base) does not hold the value.
-        &format!(
-            "mkdir -p notes && printf 'key=%s%s\\n' '{}' '{}' > notes/leak.txt\n",
-            &SECRET[..10],
-            &SECRET[10..]
-        ),
-        "echo ok > .berth-out",
-        "10s",
-        "\".berth-out\"",
-        1,
-    );
+    let file = leaking(home.path());
     let out = run(home.path(), &["mission", "run", file.to_str().unwrap()]);
     assert!(
         out.status.success(),

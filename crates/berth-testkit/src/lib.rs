@@ -116,6 +116,22 @@ pub fn regular_files(dir: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// The regular files under `dir` (as [`regular_files`]) whose bytes hold `needle` — where a
+/// planted secret was persisted.
+pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    regular_files(dir)
+        .into_iter()
+        .filter(|path| {
+            let bytes = std::fs::read(path).unwrap_or_default();
+            contains(&bytes, needle)
+        })
+        .collect()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 /// Whether the ComputeSDK bridge is installed (`scripts/install-computesdk-bridge` puts its
 /// pinned packages in `bridge/computesdk/node_modules`). `false` only when
 /// `BERTH_SKIP_COMPUTESDK` says to skip explicitly; a missing bridge otherwise fails the test.

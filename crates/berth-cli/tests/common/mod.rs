@@ -106,11 +106,8 @@ impl Home {
 
     /// Every byte Berth persisted: the database files and the provider state.
     pub fn assert_no_canary_persisted(&self) {
-        for entry in walk(self.path()) {
-            let bytes = std::fs::read(&entry).unwrap_or_default();
-            let hit = bytes.windows(CANARY.len()).any(|w| w == CANARY.as_bytes());
-            assert!(!hit, "canary secret persisted in {}", entry.display());
-        }
+        let holding = berth_testkit::files_holding(self.path(), CANARY.as_bytes());
+        assert!(holding.is_empty(), "canary secret persisted in {holding:?}");
     }
 }
 
