@@ -143,7 +143,7 @@ pub enum Command {
     /// past their retention, sandboxes, snapshots and checkpoints a crash left half-made (intent rows whose call has
     /// shown no sign of life for 2 minutes) and what killed calls left that no row names,
     /// never what a running mission will adopt or an unexpired row of a run still live in
-    /// another berth process.
+    /// another berth process. First it keeps the turns of killed `berth prompt` runs.
     Gc,
     /// Fork a sandbox into a new one.
     Fork {

@@ -936,3 +936,180 @@ text = "Done: two"
     assert_eq!(next["turn"], 2, "{next}");
     assert_eq!(next["session_id"], last["session_id"], "{next}");
 }
+
+/// A `berth --json prompt …` of `model` under way, once its agent is in its first command.
+fn prompt_in_a_command(
+    home: &Home,
+    bin: &Path,
+    args: &[&str],
+) -> (
+    common::RunningCli,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let mut running = common::RunningCli::from(
+        prompt_command(home, "tester", bin, args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = std::io::BufReader::new(running.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        if line.unwrap().contains("\"kind\":\"tool_call\"") {
+            break;
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    (running, lines)
+}
+
+/// SIGKILL of `berth prompt` while its agent runs (a crash, the OOM killer): the run's record,
+/// written before it began, outlives it. `berth sessions` lists it as not kept yet; the next
+/// `berth prompt` in that sandbox keeps its turn before its own (which follows it), and `berth
+/// gc` keeps another's. The agent's home goes from the sandbox each time; a live run's record
+/// is left alone.
+#[test]
+fn a_killed_prompts_turn_is_kept_by_the_next_prompt_and_by_gc() {
+    let Some(bin) = berth_testkit::agent_cli_dir() else {
+        return;
+    };
+    let home = Home::new();
+    let finishing = script(
+        home.path(),
+        "schema_version = 1\n[[step]]\nshell = \"printf one > one.txt\"\n[[step]]\ntext = \"Done\"\n",
+    );
+    let finishing = finishing.to_str().unwrap();
+    let waiting = home.path().join("waiting.toml");
+    std::fs::write(
+        &waiting,
+        // Stateless, the model answers by the tool results already in a request; its one step
+        // repeats, so every turn resumed with it is in this command.
+        "schema_version = 1\n[[step]]\nshell = \"sleep 60\"\n",
+    )
+    .unwrap();
+    let waiting = waiting.to_str().unwrap();
+    let id = home.create("tester");
+    let (code, first, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--harness", "codex", "--script", finishing, "one"],
+    );
+    assert_eq!(code, 0, "{all}");
+    let session = first["session"].as_str().unwrap().to_owned();
+    let killed_runs = |home: &Home| {
+        let (code, doc) = home.json(&["sessions"]);
+        assert_eq!(code, 0, "{doc}");
+        doc["killed_runs"].as_array().unwrap().clone()
+    };
+
+    let (mut running, _lines) = prompt_in_a_command(
+        &home,
+        &bin,
+        &[&id, "--resume", &session, "--script", waiting, "two"],
+    );
+    // While it lives, its record is no one else's to take.
+    let (_, swept) = home.json(&["gc"]);
+    assert_eq!(swept["prompts"], serde_json::json!([]), "{swept}");
+    assert_eq!(killed_runs(&home), Vec::<Value>::new());
+    running.kill().unwrap();
+    running.wait().unwrap();
+    let waiting_runs = killed_runs(&home);
+    assert_eq!(waiting_runs.len(), 1, "{waiting_runs:?}");
+    assert_eq!(waiting_runs[0]["sandbox"], id.as_str());
+    assert_eq!(waiting_runs[0]["resumed"], session.as_str());
+    assert!(workspace(&home, &id).contains("HOME-LEFT"));
+
+    // The next prompt here keeps the killed turn first, then goes on after it.
+    let (code, next, all) = prompt(
+        &home,
+        "tester",
+        &bin,
+        &[&id, "--resume", &session, "--script", finishing, "three"],
+    );
+    // 12: its model's step is text alone (the conversation holds a tool result already).
+    assert!(code == 0 || code == 12, "{all}");
+    assert!(
+        all.contains(&format!("its turn is kept as {session} (turn 2)")),
+        "{all}"
+    );
+    assert_eq!(next["session"], session.as_str(), "{next}");
+    assert_eq!(next["turn"], 3, "{next}");
+    assert_eq!(next["session_id"], first["session_id"], "{next}");
+    let kept = listed_session(&home, &session);
+    let turn2 = &kept["history"][1];
+    assert_eq!(turn2["turn"], 2, "{kept}");
+    assert!(
+        turn2["rejected"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("interrupted: the berth process running this turn was killed"),
+        "{kept}"
+    );
+    assert!(
+        turn2["exit"].as_str().unwrap().starts_with("unknown"),
+        "{kept}"
+    );
+    assert_eq!(turn2["tool_calls"], 1, "{kept}");
+    assert_eq!(killed_runs(&home), Vec::<Value>::new());
+    let left = workspace(&home, &id);
+    assert!(
+        !left.contains("HOME-LEFT") && !left.contains(".berth-session-"),
+        "{left}"
+    );
+
+    // Killed again, `berth gc` keeps the turn.
+    let (mut running, _lines) = prompt_in_a_command(
+        &home,
+        &bin,
+        &[&id, "--resume", &session, "--script", waiting, "four"],
+    );
+    running.kill().unwrap();
+    running.wait().unwrap();
+    let (code, swept) = home.json(&["gc"]);
+    assert_eq!(code, 0, "{swept}");
+    let prompts = swept["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 1, "{swept}");
+    assert_eq!(prompts[0]["outcome"], "kept", "{swept}");
+    assert_eq!(prompts[0]["session"], session.as_str(), "{swept}");
+    assert_eq!(prompts[0]["turn"], 4, "{swept}");
+    assert_eq!(listed_session(&home, &session)["turns"], 4);
+    assert_eq!(killed_runs(&home), Vec::<Value>::new());
+    assert!(!workspace(&home, &id).contains("HOME-LEFT"));
+
+    // Killed, then its sandbox destroyed: nothing to keep, said so; the session is as it was.
+    let (mut running, _lines) = prompt_in_a_command(
+        &home,
+        &bin,
+        &[&id, "--resume", &session, "--script", waiting, "five"],
+    );
+    running.kill().unwrap();
+    running.wait().unwrap();
+    let (code, destroyed) = home.json(&["destroy", &id]);
+    assert_eq!(code, 0, "{destroyed}");
+    // A record that is not one (garbage in Berth's state) is reported, kept, and makes the
+    // collection incomplete.
+    let running_dir = home.path().join("state/prompts/running");
+    std::fs::write(running_dir.join("1-00000000.json"), "{ not json").unwrap();
+    let (code, swept) = home.json(&["gc"]);
+    assert_eq!(code, 10, "{swept}");
+    let prompts = swept["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 2, "{swept}");
+    assert_eq!(prompts[0]["outcome"], "waiting", "{swept}");
+    assert!(
+        prompts[0]["reason"].as_str().unwrap().contains("unreadable"),
+        "{swept}"
+    );
+    assert_eq!(prompts[1]["outcome"], "not_kept", "{swept}");
+    assert!(
+        prompts[1]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("sandbox is gone"),
+        "{swept}"
+    );
+    assert_eq!(listed_session(&home, &session)["turns"], 4);
+    std::fs::remove_file(running_dir.join("1-00000000.json")).unwrap();
+    assert_eq!(killed_runs(&home), Vec::<Value>::new());
+}

@@ -136,6 +136,16 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
         })
         .collect();
     let discover = if discover { here.clone() } else { Vec::new() };
+    // `gc` keeps what killed `berth prompt` runs left of their turns first: their sandboxes
+    // may be among what it destroys.
+    let prompts = if expired {
+        super::prompt::recover_killed_runs(app, "berth gc", |_| true).await
+    } else {
+        Vec::new()
+    };
+    let prompts_waiting = prompts
+        .iter()
+        .any(|p| matches!(p.outcome, super::prompt::RecoveredOutcome::Waiting { .. }));
     let report = app
         .ledger
         .sweep(
@@ -163,11 +173,18 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
     if app.json {
         emit(
             "ledger sweep",
-            json!({ "owner": app.ledger.owner(), "complete": report.complete() && checkpoints_failed.is_none(), "entries": report.entries, "checkpoints": checkpoints, "checkpoints_failed": checkpoints_failed }),
+            json!({ "owner": app.ledger.owner(), "complete": report.complete() && checkpoints_failed.is_none() && !prompts_waiting, "entries": report.entries, "checkpoints": checkpoints, "checkpoints_failed": checkpoints_failed, "prompts": prompts }),
         );
     } else {
-        if report.entries.is_empty() && checkpoints.is_empty() && checkpoints_failed.is_none() {
+        if report.entries.is_empty()
+            && checkpoints.is_empty()
+            && checkpoints_failed.is_none()
+            && prompts.is_empty()
+        {
             outln!("sweep: nothing to do for owner {}", app.ledger.owner());
+        }
+        for recovered in &prompts {
+            outln!("{}", recovered.line());
         }
         for entry in &report.entries {
             outln!("{}", sweep_line(entry));
@@ -183,11 +200,13 @@ pub async fn sweep(app: &App, run: Option<String>, expired: bool, discover: bool
             );
         }
     }
-    Ok(if report.complete() && checkpoints_failed.is_none() {
-        code::OK
-    } else {
-        code::CLEANUP_INCOMPLETE
-    })
+    Ok(
+        if report.complete() && checkpoints_failed.is_none() && !prompts_waiting {
+            code::OK
+        } else {
+            code::CLEANUP_INCOMPLETE
+        },
+    )
 }
 
 /// One sweep entry for people: id, provider, what happened. The provider's messages and an

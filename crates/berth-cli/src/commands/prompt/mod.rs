@@ -28,6 +28,14 @@ use crate::app::App;
 use crate::cli::PromptArgs;
 use crate::errors::{code, CliError};
 
+mod runs;
+mod sessions;
+
+pub(crate) use sessions::session_store;
+pub use sessions::{attempt_session, delete_session, sessions};
+
+pub(crate) use runs::{recover as recover_killed_runs, Outcome as RecoveredOutcome};
+
 /// Keeps the run's logs (masked before they are written: the raw output, the normalized
 /// events, stderr) and prints each event as its line completes.
 struct Live {
@@ -78,6 +86,17 @@ fn crash_after(step: berth_portable::SaveStep) {
     }
 }
 
+/// A turn to keep: what it ran and what it resumed.
+pub(super) struct TurnOf<'a> {
+    pub harness: Harness,
+    pub model: &'a str,
+    /// The CLI's conversation id, from its events.
+    pub cli_session: String,
+    /// The session record the turn started from.
+    pub resumed: Option<AgentSession>,
+    pub turn: SessionTurn,
+}
+
 /// Keeps the run's session: a new one, or the next turn of the resumed one.
 #[allow(clippy::too_many_arguments)]
 async fn keep_session(
@@ -96,6 +115,43 @@ async fn keep_session(
     let cli_session =
         cli_session.ok_or_else(|| "the agent CLI named no session id in its events".to_owned())?;
     let archive = archive.ok_or_else(|| "the agent CLI left no session record".to_owned())?;
+    // Out of the sandbox, the conversation is kept beside the logs until it is saved: a
+    // process killed while saving loses nothing (the recovery takes it from there).
+    let beside = runs::beside_logs(std::path::Path::new(&turn.logs));
+    std::fs::write(&beside, &archive.archive).map_err(|e| {
+        format!(
+            "cannot keep the session record in {}: {e}",
+            beside.display()
+        )
+    })?;
+    let of = TurnOf {
+        harness,
+        model: &args.model,
+        cli_session,
+        resumed,
+        turn,
+    };
+    let saved = save_turn(sessions, of, archive)
+        .await
+        .map_err(|why| format!("{why}; its record is kept in {}", beside.display()))?;
+    let _ = std::fs::remove_file(&beside);
+    Ok(saved)
+}
+
+/// Saves a turn with its conversation `archive`: a new session, the next turn of the resumed
+/// one, or a fork of it.
+pub(super) async fn save_turn(
+    sessions: &SessionStore,
+    of: TurnOf<'_>,
+    archive: SessionArchive,
+) -> std::result::Result<(AgentSession, Saved), String> {
+    let TurnOf {
+        harness,
+        model,
+        cli_session,
+        resumed,
+        turn,
+    } = of;
     // A resumed CLI that reports another conversation than the one it was given did not go
     // on with it: the turn is a new session, and the resumed one stays as it was.
     let mut forked = None;
@@ -116,7 +172,7 @@ async fn keep_session(
                 next.forked_from = Some(started.id.clone());
             }
             next.cli_session = cli_session;
-            next.model = args.model.clone();
+            next.model = model.to_owned();
             next.updated_at = turn.at;
             next.turns += 1;
             next.history.push(turn);
@@ -128,7 +184,7 @@ async fn keep_session(
             origin: "prompt".into(),
             harness: harness.as_str().into(),
             cli_session,
-            model: args.model.clone(),
+            model: model.to_owned(),
             created_at: turn.at,
             updated_at: turn.at,
             turns: 1,
@@ -158,135 +214,6 @@ async fn keep_session(
         )),
         _ => Ok((session, saved)),
     }
-}
-
-/// `berth sessions`.
-pub async fn sessions(app: &App) -> Result<i32> {
-    let found = session_store(app)?.list().await?;
-    if app.json {
-        crate::output::emit("sessions", json!({ "sessions": found }));
-        return Ok(code::OK);
-    }
-    if found.is_empty() {
-        outln!("no agent sessions for owner {}", app.ledger.owner());
-        return Ok(code::OK);
-    }
-    let mut table = crate::human::Table::new(&["ID", "HARNESS", "TURNS", "LAST RAN IN", "AT"]);
-    for s in &found {
-        let last = s
-            .last()
-            .map(|t| format!("{} ({})", t.sandbox, t.provider))
-            .unwrap_or_default();
-        table.row([
-            s.id.clone(),
-            s.harness.clone(),
-            s.turns.to_string(),
-            last,
-            s.updated_at.format("%Y-%m-%d %H:%M").to_string(),
-        ]);
-    }
-    out!(
-        "{}",
-        table.render(crate::human::colour_on_stdout(&app.config))
-    );
-    Ok(code::OK)
-}
-
-/// `berth attempt session KEY`: an agent attempt's conversation (the session record the
-/// mission kept beside its logs, and the CLI's id in its events) kept as an agent session.
-pub async fn attempt_session(app: &App, key: &str) -> Result<i32> {
-    let (logs, harness) = super::mission::agent_attempt(app, key, "conversation").await?;
-    let (_, events) = super::mission::attempt_events(key, &logs)?;
-    let judged = judge(harness, &events);
-    let path = logs.dir.join("session.tar");
-    let max = berth_portable::MAX_SESSION_ARCHIVE as u64;
-    let record = match berth_files::read_regular(&path, max) {
-        Ok(bytes) => bytes,
-        Err(berth_files::ReadError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(CliError::not_found(
-                format!(
-                    "attempt `{key}` kept no session record ({} is missing)",
-                    path.display()
-                ),
-                "its agent wrote none, or the attempt was rejected before the record was taken",
-            )
-            .into())
-        }
-        Err(e) => return Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
-    };
-    // Masked when the attempt kept it; again here with what the mission is handed now.
-    let mut record = record;
-    let redactor =
-        berth_artifacts::Redactor::new(berth_orchestrator::publication::mission_secrets(
-            &app.config.env,
-            &app.config.home,
-            &logs.spec,
-        ));
-    let masked = berth_artifacts::redact_archive(&redactor, &mut record);
-    let mut archive = SessionArchive::read(&record)?;
-    if masked > 0 {
-        archive.not_carried.push(masked_note(masked));
-    }
-    let cli_session = judged.session_id.clone().ok_or_else(|| {
-        CliError::invalid(
-            format!("attempt `{key}`'s events name no session id of its CLI"),
-            "the agent's run did not get far enough to start a conversation",
-        )
-    })?;
-    let model = logs.spec.file.harness.model_name().to_owned();
-    let now = chrono::Utc::now();
-    let turn = SessionTurn {
-        turn: 1,
-        at: now,
-        sandbox: format!("attempt {key}"),
-        provider: logs.spec.file.sandbox.provider.clone(),
-        cwd: "repo".into(),
-        exit: "unknown here (the attempt's facts have it: berth mission status)".into(),
-        rejected: judged.verdict.err(),
-        tool_calls: judged.tool_calls as u64,
-        logs: logs.dir.display().to_string(),
-    };
-    let session = AgentSession {
-        schema: berth_portable::SESSION_SCHEMA.into(),
-        id: SessionStore::new_id(),
-        origin: format!("attempt {key} of mission {}", logs.mission),
-        harness: harness.as_str().into(),
-        cli_session,
-        model,
-        created_at: now,
-        updated_at: now,
-        turns: 1,
-        history: vec![turn],
-        forked_from: None,
-        archive_sha256: String::new(),
-        archive_bytes: 0,
-        not_carried: Vec::new(),
-    };
-    let (session, _) = session_store(app)?.save(session, archive, None).await?;
-    if app.json {
-        crate::output::emit(
-            "attempt session",
-            json!({ "attempt": key, "session": session }),
-        );
-    } else {
-        outln!(
-            "{} (attempt {key}'s {} conversation); go on with: berth prompt ID --resume {} --cwd repo \"…\"",
-            session.id,
-            session.harness,
-            session.id
-        );
-    }
-    Ok(code::OK)
-}
-
-/// `berth destroy as-…`: deletes an agent session.
-pub async fn delete_session(app: &App, id: &str) -> Result<bool> {
-    Ok(session_store(app)?.delete(id).await?)
-}
-
-pub(super) fn session_store(app: &App) -> Result<SessionStore> {
-    let objects = berth_orchestrator::publication::objects(&app.config.home, &app.config.env)?;
-    Ok(SessionStore::new(objects, app.ledger.owner()))
 }
 
 /// The harness a run uses: the resumed session's, which `--harness` may only repeat.
@@ -352,7 +279,7 @@ fn staging(cwd: &str, run: &str) -> (String, String) {
 
 /// Takes the CLI's session record out of the sandbox (and removes the agent's home there),
 /// masked by `redactor` and read with the strict rules. `Ok(None)`: the CLI left none.
-async fn take_session(
+pub(super) async fn take_session(
     provider: &dyn berth_contract::Provider,
     native: &berth_contract::NativeId,
     harness: Harness,
@@ -404,6 +331,15 @@ fn masked_note(masked: usize) -> String {
 /// `berth prompt`.
 pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     let timeout = crate::duration::parse(&args.timeout)?;
+    // A killed run's turn in this sandbox or of this session is kept first, so this turn
+    // follows it.
+    for recovered in runs::recover(app, "berth prompt", |r| {
+        r.sandbox == args.id || r.resumed.as_ref().map(|s| &s.id) == args.resume.as_ref()
+    })
+    .await
+    {
+        errln!("berth: {}", recovered.line());
+    }
     let sessions = session_store(app)?;
     let resumed = match &args.resume {
         Some(id) => Some(sessions.get(id).await?),
@@ -469,6 +405,26 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         .with_env(vars::INSTRUCTIONS, args.instructions.clone())
         .with_env(vars::AGENT_HOME, agent_home(&run));
     req.max_output_bytes = 64 << 20;
+    // Recorded before anything of the run is in the sandbox: a killed run's turn is recovered.
+    let in_flight = runs::InFlight::record(
+        app,
+        &runs::RunRecord {
+            schema: runs::RUN_SCHEMA.into(),
+            owner: app.ledger.owner().to_owned(),
+            run: run.clone(),
+            sandbox: args.id.clone(),
+            provider: provider.id().to_owned(),
+            harness: harness.as_str().into(),
+            cwd: args.cwd.clone(),
+            model: args.model.clone(),
+            credential_env: args.credential_env.clone(),
+            staged: resumed.as_ref().map(|_| staging(&args.cwd, &run).0),
+            resumed: resumed.as_ref().map(|(s, _)| s.clone()),
+            logs: dir.clone(),
+            started_at: chrono::Utc::now(),
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("cannot record the run in {}: {e}", dir.display()))?;
     let mut staged = None;
     if let Some((session, archive)) = &resumed {
         let (path, name) = staging(&args.cwd, &run);
@@ -580,6 +536,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         &redactor,
     )
     .await;
+    in_flight.done();
     if app.json {
         outln!(
             "{}",
