@@ -13,7 +13,8 @@
 //! beneath a directory made before it, no special files or links, bounded) and rebuilt by
 //! Berth, so what a later sandbox unpacks is never the bytes an earlier one wrote. Each turn
 //! claims its number, writes the new archive, then the record that names it; what a crash
-//! leaves between them (an archive no record names, a claim) `gc` removes once it is old.
+//! leaves between them (an archive no record names, a claim) `gc` removes once it is old. A
+//! claim names the run that made it, so that run's recovery goes on from its own claim.
 
 use berth_artifacts::{ArtifactError, Objects};
 use chrono::{DateTime, Utc};
@@ -341,16 +342,20 @@ impl SessionStore {
         archive: SessionArchive,
         resumed: Option<&AgentSession>,
     ) -> Result<(AgentSession, Saved), PortableError> {
-        self.save_observed(session, archive, resumed, &mut |_| {})
+        self.save_observed(session, archive, resumed, None, &mut |_| {})
             .await
     }
 
-    /// [`SessionStore::save`], telling `on_step` each durable step as it is done.
+    /// [`SessionStore::save`], telling `on_step` each durable step as it is done. `run` names
+    /// the run saving the turn (unique to it) and goes in its claim: the same run saving again
+    /// after it was killed while saving — its recovery — finds its own claim and goes on, where
+    /// any other run's turn is a fork.
     pub async fn save_observed(
         &self,
         mut session: AgentSession,
         archive: SessionArchive,
         resumed: Option<&AgentSession>,
+        run: Option<&str>,
         on_step: &mut (dyn FnMut(SaveStep) + Send),
     ) -> Result<(AgentSession, Saved), PortableError> {
         if !plain_cli_session(&session.cli_session) {
@@ -372,12 +377,21 @@ impl SessionStore {
             // stores, where reading the record and then writing it is not.
             let started_hex = Self::hex_of(&started.id)?;
             let claim = self.claim_key(started_hex, started.turns + 1);
-            let mut nonce = [0u8; 16];
-            getrandom::fill(&mut nonce).expect("the system's random source");
+            let mine = match run {
+                Some(run) => format!("run {run}"),
+                None => {
+                    let mut nonce = [0u8; 16];
+                    getrandom::fill(&mut nonce).expect("the system's random source");
+                    hex::encode(nonce)
+                }
+            };
             let claimed = self
                 .objects
-                .create_new(&claim, hex::encode(nonce).into_bytes().into())
-                .await?;
+                .create_new(&claim, mine.clone().into_bytes().into())
+                .await?
+                || (run.is_some()
+                    && self.objects.get_bounded(&claim, 1024).await.ok()
+                        == Some(mine.into_bytes()));
             let why = if !claimed {
                 Some(
                     "another run claimed its next turn first (a turn saved meanwhile, or one \

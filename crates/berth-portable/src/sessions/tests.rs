@@ -383,7 +383,7 @@ async fn a_session_deleted_while_a_turn_is_saved_stays_deleted() {
                 }
             };
             sessions
-                .save_observed(next, archive(), Some(&started), &mut on_step)
+                .save_observed(next, archive(), Some(&started), None, &mut on_step)
                 .await
         })
     };
@@ -468,4 +468,60 @@ async fn a_delete_clears_a_stale_claim_and_refuses_under_a_live_one() {
         .await
         .unwrap());
     assert!(sessions.get(&id).await.is_err());
+}
+
+/// A run killed after claiming its turn saves again (its recovery, naming the same run): its
+/// own claim lets it go on; another run finding that claim is a fork.
+#[tokio::test]
+async fn a_run_saving_again_after_a_kill_finds_its_own_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = store(dir.path(), "alice");
+    let id = SessionStore::new_id();
+    let archive = SessionArchive::read(&record_archive(b"one")).unwrap();
+    let (started, _) = sessions.save(first(&id), archive, None).await.unwrap();
+    let mut next = started.clone();
+    next.turns = 2;
+    // Killed once the claim was made (a panic ends the save there).
+    let killed = tokio::spawn({
+        let (sessions, next, started) = (sessions.clone(), next.clone(), started.clone());
+        async move {
+            sessions
+                .save_observed(
+                    next,
+                    SessionArchive::read(&record_archive(b"two")).unwrap(),
+                    Some(&started),
+                    Some("1-aaaa"),
+                    &mut |step| assert_ne!(step, SaveStep::Claimed, "killed"),
+                )
+                .await
+        }
+    });
+    assert!(killed.await.is_err());
+    assert_eq!(sessions.record(&id).await.unwrap(), started);
+    // Another run: a fork.
+    let (other, how) = sessions
+        .save_observed(
+            next.clone(),
+            SessionArchive::read(&record_archive(b"other")).unwrap(),
+            Some(&started),
+            Some("2-bbbb"),
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
+    assert!(matches!(how, Saved::Forked { .. }), "{how:?}");
+    assert_ne!(other.id, id);
+    // The same run again: it goes on.
+    let (again, how) = sessions
+        .save_observed(
+            next,
+            SessionArchive::read(&record_archive(b"two")).unwrap(),
+            Some(&started),
+            Some("1-aaaa"),
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
+    assert_eq!(how, Saved::Advanced);
+    assert_eq!((again.id.as_str(), again.turns), (id.as_str(), 2));
 }

@@ -89,6 +89,8 @@ fn crash_after(step: berth_portable::SaveStep) {
 /// A turn to keep: what it ran and what it resumed.
 pub(super) struct TurnOf<'a> {
     pub harness: Harness,
+    /// The run's name (its claim of the resumed session's next turn is its own).
+    pub run: &'a str,
     pub model: &'a str,
     /// The CLI's conversation id, from its events.
     pub cli_session: String,
@@ -126,6 +128,7 @@ async fn keep_session(
     })?;
     let of = TurnOf {
         harness,
+        run,
         model: &args.model,
         cli_session,
         resumed,
@@ -147,6 +150,7 @@ pub(super) async fn save_turn(
 ) -> std::result::Result<(AgentSession, Saved), String> {
     let TurnOf {
         harness,
+        run,
         model,
         cli_session,
         resumed,
@@ -200,6 +204,7 @@ pub(super) async fn save_turn(
             session,
             archive,
             resumed.as_ref().filter(|_| forked.is_none()),
+            Some(run),
             &mut crash_after,
         )
         .await

@@ -420,6 +420,7 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
         &sessions,
         super::TurnOf {
             harness,
+            run: &record.run,
             model: &record.model,
             cli_session,
             resumed: record.resumed.clone(),
