@@ -148,7 +148,10 @@ impl Recovered {
             Outcome::NotKept { reason } => format!("nothing kept: {reason}"),
             Outcome::Waiting { reason } => format!("not recovered yet: {reason}"),
         };
-        let line = format!("killed prompt run {} in {}: {what}", self.run, self.sandbox);
+        let line = match self.sandbox.as_str() {
+            "" => format!("prompt run record {}: {what}", self.run),
+            sandbox => format!("killed prompt run {} in {sandbox}: {what}", self.run),
+        };
         crate::human::printable(&line, false).into_owned()
     }
 }
@@ -263,7 +266,7 @@ pub(crate) async fn recover(
             Err(why) => {
                 recovered.push(Recovered {
                     run: found.path.display().to_string(),
-                    sandbox: "?".into(),
+                    sandbox: String::new(),
                     outcome: Outcome::Waiting {
                         reason: format!(
                             "its record is unreadable ({why}); remove it once looked at"

@@ -21,10 +21,20 @@ pub async fn sessions(app: &App) -> Result<i32> {
         );
         return Ok(code::OK);
     }
-    if !killed.is_empty() {
+    let unreadable = killed
+        .iter()
+        .filter(|k| k.get("unreadable").is_some())
+        .count();
+    if killed.len() > unreadable {
         errln!(
             "berth: {} killed `berth prompt` run(s) left a turn not kept yet; `berth gc` keeps it",
-            killed.len()
+            killed.len() - unreadable
+        );
+    }
+    if unreadable > 0 {
+        errln!(
+            "berth: {unreadable} record(s) in {} are unreadable; `berth --json sessions` names them",
+            app.config.state_dir().join("prompts/running").display()
         );
     }
     if found.is_empty() {
