@@ -537,9 +537,10 @@ evidence = [".berth/verdict"]
     assert_eq!(code, 3, "{missing}");
 }
 
-/// SIGKILL while a turn's session is being saved, after each durable step: the session stays
-/// readable — at its previous turn (killed after the claim or the archive) or at the new one
-/// (after the record). The next prompt in that sandbox keeps the killed turn first (the
+/// SIGKILL while a turn's session is being kept, after each durable step: the session stays
+/// readable — at its previous turn (killed once the conversation is out of the sandbox, once
+/// the agent's home is gone, after the claim or the archive) or at the new one (after the
+/// record). The next prompt in that sandbox keeps the killed turn first (the
 /// conversation waited beside its logs; its claim is its own run's), then goes on after it;
 /// after `berth gc`, no archive is left that no record names.
 #[test]
@@ -570,7 +571,7 @@ fn a_prompt_killed_while_saving_its_session_loses_no_turn() {
             }
         }
     };
-    for step in ["claimed", "archived", "recorded"] {
+    for step in ["taken", "home-removed", "claimed", "archived", "recorded"] {
         let id = home.create("tester");
         let (code, first, all) = prompt(
             &home,

@@ -263,6 +263,12 @@ fn launch_line(harness: Harness, resumed: bool) -> String {
 /// whole per-attempt home, so nothing of the run (tokens in configs, caches) stays for the
 /// capture, validators or snapshots. Fixed text: nothing is spliced in.
 pub fn collect_session(harness: Harness) -> String {
+    format!("{}{REMOVE_HOME}", archive_session(harness))
+}
+
+/// [`collect_session`]'s first half: the session record to stdout, the home left in place
+/// (for a caller that keeps the record durably before the home goes: [`remove_agent_home`]).
+pub fn archive_session(harness: Harness) -> String {
     let mut line = format!(
         "{home}if cd \"$home\" 2>/dev/null; then\n  set --\n",
         home = home_line()
@@ -281,12 +287,17 @@ pub fn collect_session(harness: Harness) -> String {
             "  [ -e '{path}' ] && set -- \"$@\" --no-recursion{parents} --recursion './{path}'\n"
         ));
     }
-    line.push_str(
-        "  [ $# -eq 0 ] || tar -cf - \"$@\" 2>/dev/null\n  cd /\n  rm -rf \"$home\"\nfi\n\
-         rm -rf \"$(dirname \"$home\")/.berth-login\"\n\
-         [ ! -e \"$home\" ] || { echo \"the agent's home could not be removed\" >&2; exit 1; }\n",
-    );
+    line.push_str("  [ $# -eq 0 ] || tar -cf - \"$@\" 2>/dev/null\n  cd /\nfi\n");
     line
+}
+
+/// Removes the run's home (and a staged login beside it); exit 1 when it is still there.
+const REMOVE_HOME: &str = "rm -rf \"$home\" \"$(dirname \"$home\")/.berth-login\"\n\
+     [ ! -e \"$home\" ] || { echo \"the agent's home could not be removed\" >&2; exit 1; }\n";
+
+/// [`collect_session`]'s second half on its own: the shell line that removes the run's home.
+pub fn remove_agent_home() -> String {
+    format!("{}{REMOVE_HOME}", home_line())
 }
 
 /// The shell line, run in the repository after the agent stopped (before
@@ -545,6 +556,9 @@ mod tests {
                 assert!(!path.contains('\'') && !path.starts_with('/'));
             }
             assert!(line.contains("rm -rf \"$home\""), "{line}");
+            // Its halves: the record without touching the home, then the home's removal.
+            assert!(!archive_session(harness).contains("rm "), "{line}");
+            assert!(remove_agent_home().contains("rm -rf \"$home\""));
             // The run's home is the only variable it reads of Berth's.
             let others = line.replace(vars::AGENT_HOME, "");
             assert!(!others.contains("BERTH_"), "{line}");

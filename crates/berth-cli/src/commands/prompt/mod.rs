@@ -20,7 +20,9 @@
 use anyhow::Result;
 use berth_contract::{ExecRequest, OutputSink, ProviderExt, Stream};
 use berth_gateway::{Gateway, GatewayConfig};
-use berth_harness::{collect_session, judge, launch, launch_resumed, vars, Harness};
+use berth_harness::{
+    archive_session, judge, launch, launch_resumed, remove_agent_home, vars, Harness,
+};
 use berth_portable::{AgentSession, Saved, SessionArchive, SessionStore, SessionTurn};
 use serde_json::json;
 
@@ -76,14 +78,17 @@ fn show(json: bool, events: &[berth_harness::Event]) {
     }
 }
 
-/// `BERTH_FAULT=kill-in-session:STEP`: SIGKILL this process once saving the turn's session has
-/// done STEP (crash tests).
-fn crash_after(step: berth_portable::SaveStep) {
-    if std::env::var("BERTH_FAULT").ok().as_deref()
-        == Some(&format!("kill-in-session:{}", step.as_str()))
-    {
+/// `BERTH_FAULT=kill-in-session:STEP`: SIGKILL this process once keeping the turn's session
+/// has done STEP — `taken` (the record out of the sandbox, kept beside the logs), `home-removed`,
+/// then saving's `claimed`, `archived`, `recorded` (crash tests).
+fn crash_at(step: &str) {
+    if std::env::var("BERTH_FAULT").ok().as_deref() == Some(&format!("kill-in-session:{step}")) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
     }
+}
+
+fn crash_after(step: berth_portable::SaveStep) {
+    crash_at(step.as_str());
 }
 
 /// A turn to keep: what it ran and what it resumed.
@@ -99,7 +104,9 @@ pub(super) struct TurnOf<'a> {
     pub turn: SessionTurn,
 }
 
-/// Keeps the run's session: a new one, or the next turn of the resumed one.
+/// Keeps the run's session: a new one, or the next turn of the resumed one. The run's record
+/// goes once its turn is kept or there is nothing to keep; while the conversation is still in
+/// the sandbox or not stored, it stays, and `berth gc` tries again.
 #[allow(clippy::too_many_arguments)]
 async fn keep_session(
     sessions: &SessionStore,
@@ -110,22 +117,32 @@ async fn keep_session(
     cli_session: Option<String>,
     resumed: Option<AgentSession>,
     turn: SessionTurn,
-    run: &str,
+    (run, in_flight): (&str, runs::InFlight),
     redactor: &berth_artifacts::Redactor,
 ) -> std::result::Result<(AgentSession, Saved), String> {
-    let archive = take_session(provider, native, harness, &args.cwd, run, redactor).await?;
-    let cli_session =
-        cli_session.ok_or_else(|| "the agent CLI named no session id in its events".to_owned())?;
-    let archive = archive.ok_or_else(|| "the agent CLI left no session record".to_owned())?;
-    // Out of the sandbox, the conversation is kept beside the logs until it is saved: a
-    // process killed while saving loses nothing (the recovery takes it from there).
     let beside = runs::beside_logs(std::path::Path::new(&turn.logs));
-    std::fs::write(&beside, &archive.archive).map_err(|e| {
-        format!(
-            "cannot keep the session record in {}: {e}",
-            beside.display()
-        )
-    })?;
+    let archive = match take_session(provider, native, harness, &args.cwd, run, redactor, &beside)
+        .await
+    {
+        Ok(archive) => archive,
+        Err(NotTaken { why, retry: true }) => return Err(format!("{why}; `berth gc` tries again")),
+        Err(NotTaken { why, retry: false }) => {
+            in_flight.done();
+            return Err(why);
+        }
+    };
+    let (cli_session, archive) = match (cli_session, archive) {
+        (Some(cli_session), Some(archive)) => (cli_session, archive),
+        (cli_session, _) => {
+            in_flight.done();
+            let _ = std::fs::remove_file(&beside);
+            return Err(match cli_session {
+                None => "the agent CLI named no session id in its events",
+                Some(_) => "the agent CLI left no session record",
+            }
+            .to_owned());
+        }
+    };
     let of = TurnOf {
         harness,
         run,
@@ -134,10 +151,14 @@ async fn keep_session(
         resumed,
         turn,
     };
-    let saved = save_turn(sessions, of, archive)
-        .await
-        .map_err(|why| format!("{why}; its record is kept in {}", beside.display()))?;
+    let saved = save_turn(sessions, of, archive).await.map_err(|why| {
+        format!(
+            "{why}; its record is kept in {}, and `berth gc` tries again",
+            beside.display()
+        )
+    })?;
     let _ = std::fs::remove_file(&beside);
+    in_flight.done();
     Ok(saved)
 }
 
@@ -282,8 +303,17 @@ fn staging(cwd: &str, run: &str) -> (String, String) {
     (path, name)
 }
 
-/// Takes the CLI's session record out of the sandbox (and removes the agent's home there),
-/// masked by `redactor` and read with the strict rules. `Ok(None)`: the CLI left none.
+/// Why a session record was not taken: `retry` when the sandbox could not be asked (the agent's
+/// home is still there, for a later try), otherwise a refusal that trying again cannot change
+/// (the home is removed all the same).
+pub(super) struct NotTaken {
+    pub why: String,
+    pub retry: bool,
+}
+
+/// Takes the CLI's session record out of the sandbox, masked by `redactor` and read with the
+/// strict rules, keeps it at `beside` (durable before the agent's home goes), then removes the
+/// agent's home there. `Ok(None)`: the CLI left none.
 pub(super) async fn take_session(
     provider: &dyn berth_contract::Provider,
     native: &berth_contract::NativeId,
@@ -291,38 +321,66 @@ pub(super) async fn take_session(
     cwd: &str,
     run: &str,
     redactor: &berth_artifacts::Redactor,
-) -> std::result::Result<Option<SessionArchive>, String> {
-    let mut req = ExecRequest::shell(collect_session(harness))
-        .with_cwd(cwd.to_owned())
-        .with_env(vars::AGENT_HOME, agent_home(run))
-        .with_timeout(std::time::Duration::from_secs(60));
+    beside: &std::path::Path,
+) -> std::result::Result<Option<SessionArchive>, NotTaken> {
+    let in_home = |line: String| {
+        ExecRequest::shell(line)
+            .with_cwd(cwd.to_owned())
+            .with_env(vars::AGENT_HOME, agent_home(run))
+            .with_timeout(std::time::Duration::from_secs(60))
+    };
+    let retry = |why: String| NotTaken { why, retry: true };
+    let mut req = in_home(archive_session(harness));
     req.max_output_bytes = berth_portable::MAX_SESSION_ARCHIVE + 1;
     let out = provider
         .exec(native, &req)
         .await
-        .map_err(|e| format!("the session record could not be collected: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
+        .map_err(|e| retry(format!("the session record could not be collected: {e}")))?;
+    let taken = if !out.status.success() {
+        Err(format!(
             "collecting the session record ended {}",
             out.status
-        ));
-    }
-    if out.stdout_truncated() {
-        return Err(format!(
+        ))
+    } else if out.stdout_truncated() {
+        Err(format!(
             "the session record is larger than {} MiB",
             berth_portable::MAX_SESSION_ARCHIVE >> 20
-        ));
+        ))
+    } else if out.stdout.is_empty() {
+        Ok(None)
+    } else {
+        let mut record = out.stdout;
+        let masked = berth_artifacts::redact_archive(redactor, &mut record);
+        SessionArchive::read(&record)
+            .map_err(|e| e.to_string())
+            .map(|mut archive| {
+                if masked > 0 {
+                    archive.not_carried.push(masked_note(masked));
+                }
+                Some(archive)
+            })
+    };
+    if let Ok(Some(archive)) = &taken {
+        std::fs::write(beside, &archive.archive).map_err(|e| {
+            retry(format!(
+                "cannot keep the session record in {}: {e}",
+                beside.display()
+            ))
+        })?;
+        crash_at("taken");
     }
-    if out.stdout.is_empty() {
-        return Ok(None);
+    let removed = provider
+        .exec(native, &in_home(remove_agent_home()))
+        .await
+        .map_err(|e| retry(format!("the agent's home could not be removed: {e}")))?;
+    if !removed.status.success() {
+        return Err(retry(format!(
+            "removing the agent's home ended {}",
+            removed.status
+        )));
     }
-    let mut record = out.stdout;
-    let masked = berth_artifacts::redact_archive(redactor, &mut record);
-    let mut archive = SessionArchive::read(&record).map_err(|e| e.to_string())?;
-    if masked > 0 {
-        archive.not_carried.push(masked_note(masked));
-    }
-    Ok(Some(archive))
+    crash_at("home-removed");
+    taken.map_err(|why| NotTaken { why, retry: false })
 }
 
 /// What a session record says of the secrets masked in it.
@@ -537,11 +595,10 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         judged.session_id.clone(),
         resumed.map(|(s, _)| s),
         turn,
-        &run,
+        (&run, in_flight),
         &redactor,
     )
     .await;
-    in_flight.done();
     if app.json {
         outln!(
             "{}",

@@ -4,7 +4,9 @@
 //! holding the conversation so far, and its record, unlocked: `berth gc` — and `berth prompt`
 //! in the same sandbox or session, before it starts — takes the conversation out, removes the
 //! home and the staged archive, and keeps the turn, marked interrupted with its exit unknown.
-//! `berth sessions` lists the runs still waiting for that.
+//! `berth sessions` lists the runs still waiting for that. Every run keeps the conversation
+//! beside its logs (`session.tar`) from the moment it is out of the sandbox — before the home
+//! goes — until the turn is saved, so a kill between the two loses nothing.
 //!
 //! Records live in `$BERTH_HOME/state/prompts/running/RUN.json` (schema
 //! `berth.prompt-run/v1`), written whole before they are named (a lock taken on the unnamed
@@ -344,6 +346,7 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
                 &record.cwd,
                 &record.run,
                 &redactor,
+                &beside_logs(&record.logs),
             )
             .await
         }
@@ -394,11 +397,13 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
                 }
             }
         },
-        Err(why) => return Outcome::Waiting { reason: why },
+        Err(super::NotTaken { why, retry: true }) => return Outcome::Waiting { reason: why },
+        Err(super::NotTaken { why, retry: false }) => return Outcome::NotKept { reason: why },
     };
     let events = read_events(&record.logs);
     let judged = judge(harness, &events);
     let Some(cli_session) = judged.session_id else {
+        let _ = std::fs::remove_file(&beside);
         return Outcome::NotKept {
             reason: "the agent CLI named no session id in its events before the kill".into(),
         };
@@ -417,8 +422,6 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
         tool_calls: judged.tool_calls as u64,
         logs: record.logs.display().to_string(),
     };
-    // Kept beside its logs first: a store that fails now does not lose what was taken out.
-    let _ = std::fs::write(&beside, &archive.archive);
     let kept = super::save_turn(
         &sessions,
         super::TurnOf {
@@ -444,9 +447,9 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
                 session: session.id,
             }
         }
-        Err(why) => Outcome::NotKept {
+        Err(why) => Outcome::Waiting {
             reason: format!(
-                "its conversation was taken out but not stored ({why}); it is kept in {}",
+                "its conversation was taken out but not stored ({why}); it waits in {}",
                 beside.display()
             ),
         },
