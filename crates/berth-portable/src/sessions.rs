@@ -98,6 +98,33 @@ pub struct AgentSession {
 }
 
 impl AgentSession {
+    /// A new session of its first turn, under a new id (the archive's fields are set when it is
+    /// saved).
+    pub fn first(
+        origin: String,
+        harness: &str,
+        cli_session: String,
+        model: String,
+        turn: SessionTurn,
+    ) -> AgentSession {
+        AgentSession {
+            schema: SESSION_SCHEMA.into(),
+            id: SessionStore::new_id(),
+            origin,
+            harness: harness.into(),
+            cli_session,
+            model,
+            created_at: turn.at,
+            updated_at: turn.at,
+            turns: 1,
+            history: vec![turn],
+            forked_from: None,
+            archive_sha256: String::new(),
+            archive_bytes: 0,
+            not_carried: Vec::new(),
+        }
+    }
+
     /// The last turn.
     pub fn last(&self) -> Option<&SessionTurn> {
         self.history.last()

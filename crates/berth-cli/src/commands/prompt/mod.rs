@@ -203,22 +203,13 @@ pub(super) async fn save_turn(
             next.history.push(turn);
             next
         }
-        None => AgentSession {
-            schema: berth_portable::SESSION_SCHEMA.into(),
-            id: SessionStore::new_id(),
-            origin: "prompt".into(),
-            harness: harness.as_str().into(),
+        None => AgentSession::first(
+            "prompt".into(),
+            harness.as_str(),
             cli_session,
-            model: model.to_owned(),
-            created_at: turn.at,
-            updated_at: turn.at,
-            turns: 1,
-            history: vec![turn],
-            forked_from: None,
-            archive_sha256: String::new(),
-            archive_bytes: 0,
-            not_carried: Vec::new(),
-        },
+            model.to_owned(),
+            turn,
+        ),
     };
     let (session, saved) = sessions
         .save_observed(

@@ -116,22 +116,13 @@ pub async fn attempt_session(app: &App, key: &str) -> Result<i32> {
         tool_calls: judged.tool_calls as u64,
         logs: logs.dir.display().to_string(),
     };
-    let session = AgentSession {
-        schema: berth_portable::SESSION_SCHEMA.into(),
-        id: SessionStore::new_id(),
-        origin: format!("attempt {key} of mission {}", logs.mission),
-        harness: harness.as_str().into(),
+    let session = AgentSession::first(
+        format!("attempt {key} of mission {}", logs.mission),
+        harness.as_str(),
         cli_session,
         model,
-        created_at: now,
-        updated_at: now,
-        turns: 1,
-        history: vec![turn],
-        forked_from: None,
-        archive_sha256: String::new(),
-        archive_bytes: 0,
-        not_carried: Vec::new(),
-    };
+        turn,
+    );
     let (session, _) = session_store(app)?.save(session, archive, None).await?;
     if app.json {
         crate::output::emit(
