@@ -1082,6 +1082,42 @@ fn a_killed_prompts_turn_is_kept_by_the_next_prompt_and_by_gc() {
     assert_eq!(killed_runs(&home), Vec::<Value>::new());
     assert!(!workspace(&home, &id).contains("HOME-LEFT"));
 
+    // Killed, then its logs removed: which conversation its CLI was in is unknown (its events
+    // named it), so nothing is kept — said so, and the agent's home goes all the same.
+    let (mut running, _lines) = prompt_in_a_command(
+        &home,
+        &bin,
+        &[
+            &id,
+            "--resume",
+            &session,
+            "--script",
+            waiting,
+            "four and a half",
+        ],
+    );
+    running.kill().unwrap();
+    running.wait().unwrap();
+    let newest_logs = std::fs::read_dir(home.path().join("state/prompts"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(&id))
+        .max()
+        .unwrap();
+    std::fs::remove_dir_all(newest_logs).unwrap();
+    let (code, swept) = home.json(&["gc"]);
+    assert_eq!(code, 0, "{swept}");
+    assert_eq!(swept["prompts"][0]["outcome"], "not_kept", "{swept}");
+    assert!(
+        swept["prompts"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("named no session id"),
+        "{swept}"
+    );
+    assert_eq!(listed_session(&home, &session)["turns"], 4);
+    assert!(!workspace(&home, &id).contains("HOME-LEFT"));
+
     // Killed, then its sandbox destroyed: nothing to keep, said so; the session is as it was.
     let (mut running, _lines) = prompt_in_a_command(
         &home,

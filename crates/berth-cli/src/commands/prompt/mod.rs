@@ -352,12 +352,21 @@ pub(super) async fn take_session(
             })
     };
     if let Ok(Some(archive)) = &taken {
-        std::fs::write(beside, &archive.archive).map_err(|e| {
-            retry(format!(
-                "cannot keep the session record in {}: {e}",
-                beside.display()
-            ))
-        })?;
+        // The logs' directory (0700), made again if it was removed meanwhile.
+        let made = beside.parent().map_or(Ok(()), |dir| {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+        });
+        made.and_then(|()| std::fs::write(beside, &archive.archive))
+            .map_err(|e| {
+                retry(format!(
+                    "cannot keep the session record in {}: {e}",
+                    beside.display()
+                ))
+            })?;
         crash_at("taken");
     }
     let removed = provider
