@@ -94,7 +94,8 @@ struct Served {
 
 async fn start(berth: &Path, home: &Path) -> Result<Served> {
     let mut child = tokio::process::Command::new(berth)
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        // Host sandboxes, in a scratch home of its own, on loopback.
+        .args(["serve", "--listen", "127.0.0.1:0", "--allow-unisolated"])
         .env("BERTH_HOME", home)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -1291,3 +1291,76 @@ fn agent_sessions_are_listed_and_deleted_over_the_api() {
     );
     assert_eq!(status, 200);
 }
+
+/// A provider that isolates nothing (`host`) is not served by default: a command in one would
+/// run as the server's own user, which reads the server's store (every owner's rows and token
+/// hashes) — owner isolation would mean nothing. Creating one and running a command in one
+/// answer 403 (audited), saying how to allow it; reading, files (beneath the workspace) and
+/// destroying still work. With `--allow-unisolated` the command runs, and reaches the store.
+#[test]
+fn an_unisolated_provider_is_served_only_when_allowed() {
+    use base64::Engine as _;
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let (code, made) = home.json_as("alice", &["create", "-p", "host"]);
+    assert_eq!(code, 0, "{made}");
+    let id = made["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let store = home.path().join("berth.db");
+    let reads_store = json!({ "argv": ["test", "-r", store.to_str().unwrap()] });
+    {
+        let server = serve_with(&home, &[]);
+        let addr = server.addr.as_str();
+        for (path, body) in [
+            ("/v1/sandboxes".to_owned(), json!({})),
+            (
+                "/v1/sandboxes".to_owned(),
+                json!({ "provider": "docker", "fallback": ["host"] }),
+            ),
+            (format!("/v1/sandboxes/{id}/exec"), reads_store.clone()),
+            (format!("/v1/sandboxes/{id}/execs"), reads_store.clone()),
+            (format!("/v1/sandboxes/{id}/move"), json!({ "to": "host" })),
+        ] {
+            let (status, doc) = call(addr, "POST", &path, &alice, Some(body));
+            assert_eq!(status, 403, "{path}: {doc}");
+            assert_eq!(doc["error"]["kind"], "forbidden", "{path}: {doc}");
+            assert!(
+                doc["error"]["hint"]
+                    .as_str()
+                    .unwrap()
+                    .contains("--allow-unisolated"),
+                "{path}: {doc}"
+            );
+        }
+        assert_eq!(
+            audited(&home, addr, "alice", "/v1/sandboxes/{id}/exec"),
+            [403]
+        );
+        let (status, doc) = call(addr, "GET", &format!("/v1/sandboxes/{id}"), &alice, None);
+        assert_eq!(status, 200, "{doc}");
+        let note = json!({ "path": "note", "content_base64": base64::engine::general_purpose::STANDARD.encode(b"hi") });
+        let (status, doc) = call(
+            addr,
+            "PUT",
+            &format!("/v1/sandboxes/{id}/files"),
+            &alice,
+            Some(note),
+        );
+        assert_eq!(status, 200, "{doc}");
+    }
+    let server = serve_with(&home, &["--allow-unisolated"]);
+    let addr = server.addr.as_str();
+    let (status, doc) = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &alice,
+        Some(reads_store),
+    );
+    assert_eq!(status, 200, "{doc}");
+    assert_eq!(
+        doc["exit_code"], 0,
+        "the host sandbox reads the store: {doc}"
+    );
+    let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
+    assert_eq!(status, 200, "{doc}");
+}

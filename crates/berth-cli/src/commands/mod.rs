@@ -76,7 +76,10 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Logs { id, handle, follow } => exec::logs(&app, &id, &handle, follow).await,
         Command::Kill { id, handle } => exec::kill(&app, &id, &handle).await,
         Command::Ssh(args) => access::ssh(&app, args).await,
-        Command::Serve { listen } => crate::serve::run(&app, listen).await,
+        Command::Serve {
+            listen,
+            allow_unisolated,
+        } => crate::serve::run(&app, listen, allow_unisolated).await,
         Command::Token(command) => {
             let store = app.ledger.store();
             match command {

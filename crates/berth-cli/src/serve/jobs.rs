@@ -158,7 +158,9 @@ fn job_id() -> String {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/execs", tag = "sandboxes", request_body = ExecBody,
     security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 202, description = "`exec start` document: `job`, `events` (the SSE route)", body = super::routes::Document),
-              (status = 404, body = super::routes::ErrorBody), (status = 503, body = super::routes::ErrorBody)))]
+              (status = 404, body = super::routes::ErrorBody), (status = 503, body = super::routes::ErrorBody),
+              (status = 403, description = "a sandbox that isolates nothing, on a server without \
+                  `--allow-unisolated` (or a token without scope exec)", body = super::routes::ErrorBody)))]
 pub(crate) async fn start(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -181,7 +183,8 @@ pub(crate) async fn start(
         async move {
             let spec = super::resources::command_spec(body);
             let request = crate::commands::exec::request(&app, &spec)?;
-            let (_row, provider, native) = app.sandbox(&id).await?;
+            let (row, provider, native) = app.sandbox(&id).await?;
+            server.require_isolated(&app, &row.provider)?;
             let job = Arc::new(Job {
                 owner: app.ledger.owner().to_owned(),
                 sandbox: id.clone(),

@@ -6,7 +6,9 @@
 //! to that owner — its own ledger view, an empty environment for `--env NAME` lookups (a caller
 //! never reads the server's variables), and a run id of its own so a failed request cleans up
 //! exactly what it made. Another owner's sandbox or mission answers 404, the same as one that
-//! does not exist. Every mutating request is written to the audit log (token, owner, method,
+//! does not exist. A provider that isolates nothing (`host`) gets no sandbox and runs no
+//! command over the API unless the server was started with `--allow-unisolated`: there a
+//! command would run as the server's own user, past every owner's boundary. Every mutating request is written to the audit log (token, owner, method,
 //! route template, target, status, outcome — never a body, so never a secret).
 //!
 //! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
@@ -46,6 +48,8 @@ pub(crate) struct Server {
     pub store: Store,
     /// Execs started over the API, their output kept for their event streams.
     pub jobs: jobs::Jobs,
+    /// Whether sandboxes of providers that isolate nothing are served (`--allow-unisolated`).
+    pub allow_unisolated: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -63,21 +67,56 @@ impl Server {
         config.owner = owner.to_owned();
         App::for_request(config, self.store.clone())
     }
+
+    /// Refuses `provider` when it isolates nothing and this server was not started with
+    /// `--allow-unisolated`: a command there runs as the server's own user, which reaches every
+    /// owner's sandboxes, store and tokens — owner isolation would mean nothing. An unknown
+    /// provider passes (the command says what is wrong with it).
+    pub(crate) fn require_isolated(&self, app: &App, provider: &str) -> Result<()> {
+        let unisolated = app
+            .registry
+            .manifest(provider)
+            .is_ok_and(|m| m.isolation.class == berth_manifest::IsolationClass::None);
+        if !unisolated || self.allow_unisolated {
+            return Ok(());
+        }
+        Err(crate::errors::CliError {
+            kind: "forbidden",
+            exit_code: crate::errors::code::AUTH,
+            message: format!(
+                "this server runs nothing on `{provider}`: it isolates nothing, so a command there \
+                 would run as the server's own user, reaching every owner's data and tokens"
+            ),
+            hint: Some(
+                "use a provider that isolates (docker, bwrap); a server for one trusted owner \
+                 may be started with `berth serve --allow-unisolated`"
+                    .into(),
+            ),
+        }
+        .into())
+    }
 }
 
 /// `berth serve --listen ADDR`: serves until interrupted. Prints `listening on http://ADDR`
 /// first (the bound address, so `:0` is usable).
-pub async fn run(app: &App, listen: SocketAddr) -> Result<i32> {
+pub async fn run(app: &App, listen: SocketAddr, allow_unisolated: bool) -> Result<i32> {
     let server = Arc::new(Server {
         config: app.config.clone(),
         store: app.ledger.store().clone(),
         jobs: Default::default(),
+        allow_unisolated,
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen}"))?;
     let local = listener.local_addr()?;
     outln!("listening on http://{local}");
+    if allow_unisolated {
+        errln!(
+            "berth: warning: --allow-unisolated: a token with scope exec can run commands as \
+             this server's user (host sandboxes), reaching every owner's data and tokens"
+        );
+    }
     if !local.ip().is_loopback() {
         errln!(
             "berth: warning: serving on {local}, beyond this machine; every route still needs a \

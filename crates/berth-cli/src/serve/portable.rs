@@ -40,7 +40,9 @@ pub(crate) struct MoveBody {
     responses((status = 200, description = "`move` document: `move` (`target`, `checkpoint`, \
         `counts`, `not_carried`, `source_teardown`, `times`)", body = Document),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+              (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
+              (status = 403, description = "a target that isolates nothing, on a server \
+                  without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
 pub(crate) async fn move_sandbox(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -50,6 +52,7 @@ pub(crate) async fn move_sandbox(
     let body = body
         .map(|Json(body)| body)
         .map_err(|rejected| bad_body("move", rejected));
+    let policy = server.clone();
     call(
         &server,
         &headers,
@@ -60,6 +63,7 @@ pub(crate) async fn move_sandbox(
         Some(id.clone()),
     )
     .run_with(body, |app, body| async move {
+        policy.require_isolated(&app, &body.to)?;
         let args = crate::cli::MoveArgs {
             id,
             to: body.to,
@@ -152,7 +156,9 @@ pub(crate) struct RestoreBody {
     responses((status = 200, description = "`restore` document: `sandbox`, `checkpoint`, \
         `counts`", body = Document),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 422, body = ErrorBody)))]
+              (status = 422, body = ErrorBody),
+              (status = 403, description = "a provider that isolates nothing, on a server \
+                  without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
 pub(crate) async fn restore_checkpoint(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -162,6 +168,7 @@ pub(crate) async fn restore_checkpoint(
     let body = body
         .map(|Json(body)| body)
         .map_err(|rejected| bad_body("restore", rejected));
+    let policy = server.clone();
     call(
         &server,
         &headers,
@@ -172,6 +179,7 @@ pub(crate) async fn restore_checkpoint(
         Some(id.clone()),
     )
     .run_with(body, |app, body| async move {
+        policy.require_isolated(&app, &body.provider)?;
         crate::commands::moving::restore_checkpoint(
             &app,
             &id,

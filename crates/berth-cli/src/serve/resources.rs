@@ -116,7 +116,9 @@ pub(crate) async fn list_sandboxes(
 /// Create a sandbox (scope `exec`).
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateBody, security(("bearer" = [])),
     responses((status = 200, description = "`create` document", body = Document),
-              (status = 400, body = ErrorBody), (status = 503, body = ErrorBody)))]
+              (status = 400, body = ErrorBody), (status = 503, body = ErrorBody),
+              (status = 403, description = "a provider that isolates nothing, on a server \
+                  without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
 pub(crate) async fn create_sandbox(
     State(server): State<Arc<Server>>,
     headers: HeaderMap,
@@ -126,6 +128,7 @@ pub(crate) async fn create_sandbox(
     let body = body
         .map(|Json(body)| body)
         .map_err(|rejected| bad_body("create", rejected));
+    let policy = server.clone();
     call(
         &server,
         &headers,
@@ -136,6 +139,9 @@ pub(crate) async fn create_sandbox(
         None,
     )
     .run_with(body, |app, body| async move {
+        for provider in std::iter::once(&body.provider).chain(&body.fallback) {
+            policy.require_isolated(&app, provider)?;
+        }
         let args = crate::cli::CreateArgs {
             provider: body.provider,
             fallback: body.fallback,
@@ -196,7 +202,9 @@ pub(crate) async fn destroy_sandbox(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandboxes", request_body = ExecBody,
     security(("bearer" = [])), params(("id" = String, Path, description = "Sandbox id")),
     responses((status = 200, description = "`exec` document (any exit code)", body = Document),
-              (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+              (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
+              (status = 403, description = "a sandbox that isolates nothing, on a server \
+                  without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
 pub(crate) async fn exec_in_sandbox(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -204,6 +212,7 @@ pub(crate) async fn exec_in_sandbox(
     body: Result<Json<ExecBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let body = checked_exec_body("exec", body);
+    let policy = server.clone();
     call(
         &server,
         &headers,
@@ -214,6 +223,8 @@ pub(crate) async fn exec_in_sandbox(
         Some(id.clone()),
     )
     .run_with(body, |app, body| async move {
+        let (row, _) = app.row(&id).await?;
+        policy.require_isolated(&app, &row.provider)?;
         let spec = command_spec(body);
         let args = crate::cli::ExecArgs {
             id,

@@ -451,7 +451,11 @@ impl Call<'_> {
                 // What this request created and did not hand over goes, as with the CLI.
                 app.cleanup_after_failure().await;
                 let failed = crate::errors::classify(&err);
-                let status = status_for(failed.exit_code);
+                let status = match failed.kind {
+                    // The server's own policy (`Server::require_isolated`), not the provider's.
+                    "forbidden" => StatusCode::FORBIDDEN,
+                    _ => status_for(failed.exit_code),
+                };
                 if failed.exit_code == code::REFUSED {
                     // Another owner's resource is indistinguishable from a missing one.
                     let what = self.target.as_deref().unwrap_or("that resource");

@@ -382,11 +382,19 @@ impl Drop for Served {
     }
 }
 
-/// Starts `berth serve --listen 127.0.0.1:0` and reads the address it printed.
+/// Starts `berth serve --listen 127.0.0.1:0 --allow-unisolated` (the tests' sandboxes are the
+/// host's) and reads the address it printed.
 pub fn serve(home: &Home) -> Served {
+    serve_with(home, &["--allow-unisolated"])
+}
+
+/// Starts `berth serve --listen 127.0.0.1:0 EXTRA…` and reads the address it printed.
+pub fn serve_with(home: &Home, extra: &[&str]) -> Served {
     use std::io::BufRead;
+    let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
     let mut child = home
-        .command("server", &["serve", "--listen", "127.0.0.1:0"])
+        .command("server", &args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
