@@ -96,9 +96,10 @@ pub enum Command {
         /// Address to listen on (loopback by default; port 0 picks a free one).
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: std::net::SocketAddr,
-        /// Also serve sandboxes of providers that isolate nothing (`host`): a token with scope
-        /// `exec` then runs commands as this server's own user, which reaches every owner's
-        /// data and can make tokens of any scope — for one trusted owner only.
+        /// Also serve what isolates nothing: sandboxes of the `host` provider (a token with
+        /// scope `exec` then runs commands as this server's own user, which reaches every
+        /// owner's data and can make tokens of any scope) and network `host` (the server's
+        /// loopback services) — for one trusted owner only.
         #[arg(long)]
         allow_unisolated: bool,
     },

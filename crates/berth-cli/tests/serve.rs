@@ -1296,7 +1296,8 @@ fn agent_sessions_are_listed_and_deleted_over_the_api() {
 /// run as the server's own user, which reads the server's store (every owner's rows and token
 /// hashes) — owner isolation would mean nothing. Creating one and running a command in one
 /// answer 403 (audited), saying how to allow it; reading, files (beneath the workspace) and
-/// destroying still work. With `--allow-unisolated` the command runs, and reaches the store.
+/// destroying still work. Network `host` (the server's loopback services) is refused the same
+/// way. With `--allow-unisolated` the command runs, and reaches the store.
 #[test]
 fn an_unisolated_provider_is_served_only_when_allowed() {
     use base64::Engine as _;
@@ -1319,6 +1320,10 @@ fn an_unisolated_provider_is_served_only_when_allowed() {
             (format!("/v1/sandboxes/{id}/exec"), reads_store.clone()),
             (format!("/v1/sandboxes/{id}/execs"), reads_store.clone()),
             (format!("/v1/sandboxes/{id}/move"), json!({ "to": "host" })),
+            (
+                "/v1/sandboxes".to_owned(),
+                json!({ "provider": "bwrap", "network": "host" }),
+            ),
         ] {
             let (status, doc) = call(addr, "POST", &path, &alice, Some(body));
             assert_eq!(status, 403, "{path}: {doc}");

@@ -95,6 +95,27 @@ impl Server {
         }
         .into())
     }
+
+    /// Refuses network `host` (the server's own network, loopback services included: its
+    /// databases, object store, this API) on a server without `--allow-unisolated`.
+    pub(crate) fn require_own_network(&self, network: &str) -> Result<()> {
+        if network != "host" || self.allow_unisolated {
+            return Ok(());
+        }
+        Err(crate::errors::CliError {
+            kind: "forbidden",
+            exit_code: crate::errors::code::AUTH,
+            message: "this server makes no sandbox on its own network (`host`): the sandbox would \
+                      reach every service on the server's loopback"
+                .into(),
+            hint: Some(
+                "use network `none` or `bridge`; a server for one trusted owner may be started \
+                 with `berth serve --allow-unisolated`"
+                    .into(),
+            ),
+        }
+        .into())
+    }
 }
 
 /// `berth serve --listen ADDR`: serves until interrupted. Prints `listening on http://ADDR`

@@ -41,8 +41,8 @@ pub(crate) struct MoveBody {
         `counts`, `not_carried`, `source_teardown`, `times`)", body = Document),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody), (status = 422, body = ErrorBody),
-              (status = 403, description = "a target that isolates nothing, on a server \
-                  without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
+              (status = 403, description = "a target that isolates nothing or network `host`, on a \
+                  server without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
 pub(crate) async fn move_sandbox(
     State(server): State<Arc<Server>>,
     Path(id): Path<String>,
@@ -64,6 +64,7 @@ pub(crate) async fn move_sandbox(
     )
     .run_with(body, |app, body| async move {
         policy.require_isolated(&app, &body.to)?;
+        policy.require_own_network(&body.network)?;
         let args = crate::cli::MoveArgs {
             id,
             to: body.to,

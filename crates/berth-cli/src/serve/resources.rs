@@ -117,8 +117,8 @@ pub(crate) async fn list_sandboxes(
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateBody, security(("bearer" = [])),
     responses((status = 200, description = "`create` document", body = Document),
               (status = 400, body = ErrorBody), (status = 503, body = ErrorBody),
-              (status = 403, description = "a provider that isolates nothing, on a server \
-                  without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
+              (status = 403, description = "a provider that isolates nothing or network `host`, on a \
+                  server without `--allow-unisolated` (or a token without scope exec)", body = ErrorBody)))]
 pub(crate) async fn create_sandbox(
     State(server): State<Arc<Server>>,
     headers: HeaderMap,
@@ -142,6 +142,7 @@ pub(crate) async fn create_sandbox(
         for provider in std::iter::once(&body.provider).chain(&body.fallback) {
             policy.require_isolated(&app, provider)?;
         }
+        policy.require_own_network(&body.network)?;
         let args = crate::cli::CreateArgs {
             provider: body.provider,
             fallback: body.fallback,
