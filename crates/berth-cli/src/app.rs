@@ -14,7 +14,12 @@ use crate::errors::CliError;
 /// The context of one `berth` invocation.
 #[derive(Debug)]
 pub struct App {
+    /// This invocation's configuration. In a request of `berth serve`, its environment is
+    /// empty: the names a caller gives (`--env NAME`) read nothing of the server's.
     pub config: Config,
+    /// The process's own environment, for Berth's own settings — the artifact store and its
+    /// keys, where the agent CLIs are — never read by a name a request gives.
+    pub settings: berth_factory::Environment,
     pub registry: Registry,
     pub provider_config: ProviderConfig,
     pub ledger: Ledger,
@@ -104,6 +109,7 @@ impl App {
         };
         let ledger = Ledger::new(store, config.owner.clone(), new_run_id());
         Ok(App {
+            settings: config.env.clone(),
             config,
             registry,
             provider_config,
@@ -114,8 +120,9 @@ impl App {
 
     /// An app for one request of `berth serve`: the server's store, the owner in `config`, a
     /// run id of its own, JSON documents. The providers get the server's environment (their
-    /// credentials); the request's own `--env NAME` lookups get an empty one, so no caller can
-    /// read the server's variables into a sandbox.
+    /// credentials), as do Berth's own settings (`settings`: the artifact store the server is
+    /// configured with); the request's own `--env NAME` lookups get an empty one, so no caller
+    /// can read the server's variables into a sandbox.
     pub fn for_request(config: Config, store: Store) -> Result<App> {
         let mut app = App::with_store(config, store, true)?;
         app.config.env = berth_factory::Environment::empty();
@@ -135,6 +142,15 @@ impl App {
                 berth_bench::ProgressHook::new(move |message| line.show(message))
             },
         })
+    }
+
+    /// The object store checkpoints, agent sessions and bundles are kept in: the one this
+    /// process is configured with (`BERTH_ARTIFACTS_URL`), else `$BERTH_HOME/artifacts`.
+    pub fn objects(&self) -> Result<berth_artifacts::Objects> {
+        Ok(berth_orchestrator::publication::objects(
+            &self.config.home,
+            &self.settings,
+        )?)
     }
 
     /// Constructs a provider.

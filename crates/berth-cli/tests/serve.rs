@@ -1369,3 +1369,76 @@ fn an_unisolated_provider_is_served_only_when_allowed() {
     let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
     assert_eq!(status, 200, "{doc}");
 }
+
+/// A server whose environment names an S3 artifact store keeps and finds checkpoints and agent
+/// sessions there, as the CLI on the same home does: a checkpoint the CLI took is listed and
+/// deleted over the API, and one taken over the API is in the bucket.
+#[test]
+fn the_api_uses_the_artifact_store_the_server_is_configured_with() {
+    let Some((env, _)) = common::s3_env("serve-store") else {
+        return;
+    };
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let cli = |args: &[&str]| -> Value {
+        let out = home
+            .command("alice", args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", common::text(&out.stderr));
+        json_of(&common::text(&out.stdout))
+    };
+    let made = cli(&["--json", "create", "-p", "host"]);
+    let id = made["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let by_cli = cli(&["--json", "checkpoint", &id]);
+    let by_cli = by_cli["checkpoint"]["id"].as_str().unwrap().to_owned();
+    let server = serve_configured(&home, &["--allow-unisolated"], &env);
+    let addr = server.addr.as_str();
+    let (status, listed) = call(addr, "GET", "/v1/checkpoints", &alice, None);
+    assert_eq!(status, 200, "{listed}");
+    let ids: Vec<&str> = listed["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["id"].as_str())
+        .collect();
+    assert_eq!(ids, [by_cli.as_str()], "{listed}");
+    // One taken over the API (of a changed workspace) is where the CLI finds it.
+    let note = json!({ "path": "note", "content_base64": "aGk=" });
+    let path = format!("/v1/sandboxes/{id}/files");
+    assert_eq!(call(addr, "PUT", &path, &alice, Some(note)).0, 200);
+    let path = format!("/v1/sandboxes/{id}/checkpoint");
+    let (status, doc) = call(addr, "POST", &path, &alice, Some(json!({})));
+    assert_eq!(status, 200, "{doc}");
+    let by_api = doc["checkpoint"]["id"].as_str().unwrap().to_owned();
+    assert_ne!(by_api, by_cli);
+    let kept = cli(&["--json", "checkpoints"]);
+    assert!(
+        kept["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["id"] == by_api.as_str()),
+        "{kept}"
+    );
+    let (status, doc) = call(
+        addr,
+        "DELETE",
+        &format!("/v1/checkpoints/{by_cli}"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200, "{doc}");
+    let (_, listed) = call(addr, "GET", "/v1/checkpoints", &alice, None);
+    assert!(
+        listed["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["id"] != by_cli.as_str()),
+        "{listed}"
+    );
+    let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
+    assert_eq!(status, 200, "{doc}");
+}

@@ -52,10 +52,7 @@ async fn owned(app: &App) -> Result<BTreeSet<String>> {
 }
 
 fn objects(app: &App) -> Result<berth_artifacts::Objects> {
-    Ok(berth_orchestrator::publication::objects(
-        &app.config.home,
-        &app.config.env,
-    )?)
+    app.objects()
 }
 
 /// This owner's index rows that match `filter`.

@@ -130,7 +130,7 @@ pub async fn move_sandbox(app: &App, args: MoveArgs) -> Result<i32> {
 /// This owner's checkpoints, in Berth's object store (the artifacts': `$BERTH_HOME/artifacts`,
 /// or the S3-compatible bucket `BERTH_ARTIFACTS_URL` names).
 fn checkpoint_store(app: &App) -> Result<berth_portable::CheckpointStore> {
-    let objects = berth_orchestrator::publication::objects(&app.config.home, &app.config.env)?;
+    let objects = app.objects()?;
     Ok(berth_portable::CheckpointStore::new(
         objects,
         app.ledger.owner(),

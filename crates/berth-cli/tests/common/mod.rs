@@ -390,11 +390,17 @@ pub fn serve(home: &Home) -> Served {
 
 /// Starts `berth serve --listen 127.0.0.1:0 EXTRA…` and reads the address it printed.
 pub fn serve_with(home: &Home, extra: &[&str]) -> Served {
+    serve_configured(home, extra, &[])
+}
+
+/// [`serve_with`], the server's environment holding `env` too.
+pub fn serve_configured(home: &Home, extra: &[&str], env: &[(&str, String)]) -> Served {
     use std::io::BufRead;
     let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let mut child = home
         .command("server", &args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

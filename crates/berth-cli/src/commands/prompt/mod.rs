@@ -424,7 +424,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
                     .into(),
             ),
         })?;
-    let bin = berth_orchestrator::agent_bin_dir(&app.config.env, reach, harness)
+    let bin = berth_orchestrator::agent_bin_dir(&app.settings, reach, harness)
         .map_err(|why| CliError::not_found(why, "scripts/install-agent-clis"))?;
     let upstream = super::gateway::upstream(
         &app.config,
@@ -503,7 +503,7 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     // What this run was handed is masked in everything it keeps (the token too: an agent's
     // tools can print it, and its conversation is kept).
     let mut secrets = berth_orchestrator::publication::known_secrets(
-        &app.config.env,
+        &app.settings,
         &app.config.home,
         args.credential_env.as_deref(),
         None,

@@ -323,7 +323,7 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
     // What the run was handed is masked as it would have been (its gateway's token, gone with
     // the process, by its shape).
     let redactor = berth_artifacts::Redactor::new(berth_orchestrator::publication::known_secrets(
-        &app.config.env,
+        &app.settings,
         &app.config.home,
         record.credential_env.as_deref(),
         None,

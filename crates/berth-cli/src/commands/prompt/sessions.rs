@@ -88,7 +88,7 @@ pub async fn attempt_session(app: &App, key: &str) -> Result<i32> {
     let mut record = record;
     let redactor =
         berth_artifacts::Redactor::new(berth_orchestrator::publication::mission_secrets(
-            &app.config.env,
+            &app.settings,
             &app.config.home,
             &logs.spec,
         ));
@@ -146,6 +146,6 @@ pub async fn delete_session(app: &App, id: &str) -> Result<bool> {
 }
 
 pub(crate) fn session_store(app: &App) -> Result<SessionStore> {
-    let objects = berth_orchestrator::publication::objects(&app.config.home, &app.config.env)?;
+    let objects = app.objects()?;
     Ok(SessionStore::new(objects, app.ledger.owner()))
 }
