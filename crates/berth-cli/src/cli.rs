@@ -102,6 +102,14 @@ pub enum Command {
         /// loopback services) — for one trusted owner only.
         #[arg(long)]
         allow_unisolated: bool,
+        /// The model endpoint `POST /v1/sandboxes/{id}/prompt` proxies to when a request brings
+        /// no script (`https://api.anthropic.com`, `http://host:port`); its credential is the
+        /// server's, never a caller's or a sandbox's.
+        #[arg(long, requires = "prompt_credential_env")]
+        prompt_proxy: Option<String>,
+        /// The server's variable holding that endpoint's credential.
+        #[arg(long, requires = "prompt_proxy")]
+        prompt_credential_env: Option<String>,
     },
     /// API tokens for `berth serve`: create (printed once, stored hashed), list, revoke.
     #[command(subcommand)]

@@ -67,7 +67,7 @@ pub fn flush_stdout() -> bool {
 }
 
 /// Whether `berth serve` is running the command (its document is kept, stdout unused).
-fn capturing() -> bool {
+pub fn capturing() -> bool {
     CAPTURED.try_with(|_| ()).is_ok()
 }
 

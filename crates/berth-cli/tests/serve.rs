@@ -1324,6 +1324,11 @@ fn an_unisolated_provider_is_served_only_when_allowed() {
                 "/v1/sandboxes".to_owned(),
                 json!({ "provider": "bwrap", "network": "host" }),
             ),
+            (
+                format!("/v1/sandboxes/{id}/prompt"),
+                json!({ "harness": "codex", "instructions": "x",
+                        "script": "schema_version = 1\n[[step]]\ntext = \"x\"\n" }),
+            ),
         ] {
             let (status, doc) = call(addr, "POST", &path, &alice, Some(body));
             assert_eq!(status, 403, "{path}: {doc}");
@@ -1438,6 +1443,128 @@ fn the_api_uses_the_artifact_store_the_server_is_configured_with() {
             .iter()
             .all(|c| c["id"] != by_cli.as_str()),
         "{listed}"
+    );
+    let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
+    assert_eq!(status, 200, "{doc}");
+}
+
+/// `berth prompt` over the API in a docker sandbox: the model is the endpoint the server was
+/// started to proxy to (a scripted gateway standing in for a vendor, which takes only its own
+/// key — the server's variable, never a caller's), then a script in the body; the turn's
+/// conversation is kept and resumed. A script that does not parse is 400 and runs nothing.
+#[test]
+fn an_agent_runs_over_the_api() {
+    use std::io::BufRead;
+    if !agent_image() {
+        return;
+    }
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let vendor_script = home.path().join("vendor.toml");
+    std::fs::write(
+        &vendor_script,
+        "schema_version = 1\n[[step]]\nshell = \"printf hi > hello.txt\"\n[[step]]\ntext = \"Done\"\n",
+    )
+    .unwrap();
+    let mut vendor = common::RunningCli::from(
+        home.command(
+            "tester",
+            &[
+                "--json",
+                "gateway",
+                "--script",
+                vendor_script.to_str().unwrap(),
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let mut announced = String::new();
+    for line in std::io::BufReader::new(vendor.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        announced.push_str(&line);
+        if line == "}" {
+            break;
+        }
+    }
+    let announced = json_of(&announced);
+    let origin = announced["listening"].as_str().unwrap().to_owned();
+    let key = announced["token"].as_str().unwrap().to_owned();
+    let server = serve_configured(
+        &home,
+        &[
+            "--prompt-proxy",
+            &origin,
+            "--prompt-credential-env",
+            "VENDOR_KEY",
+        ],
+        &[("VENDOR_KEY", key.clone())],
+    );
+    let addr = server.addr.as_str();
+    let (status, made) = call(
+        addr,
+        "POST",
+        "/v1/sandboxes",
+        &alice,
+        Some(json!({ "provider": "docker", "image": AGENT_IMAGE })),
+    );
+    assert_eq!(status, 200, "{made}");
+    let id = made["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/sandboxes/{id}/prompt");
+
+    let (status, first) = call(
+        addr,
+        "POST",
+        &path,
+        &alice,
+        Some(json!({ "harness": "codex", "instructions": "make hello.txt" })),
+    );
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["command"], "prompt", "{first}");
+    assert!(first["rejected"].is_null(), "{first}");
+    assert_eq!(first["tool_calls"], 1, "{first}");
+    assert_eq!(first["turn"], 1, "{first}");
+    let session = first["session"].as_str().unwrap().to_owned();
+    let (status, read) = call(
+        addr,
+        "GET",
+        &format!("/v1/sandboxes/{id}/files?path=hello.txt"),
+        &alice,
+        None,
+    );
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["content_base64"], "aGk=", "{read}");
+
+    // The next turn goes on with the session, its model a script in the body.
+    let script = "schema_version = 1\n[[step]]\nshell = \"printf two > two.txt\"\n[[step]]\ntext = \"Done: two\"\n";
+    let (status, next) = call(
+        addr,
+        "POST",
+        &path,
+        &alice,
+        Some(json!({ "resume": session, "script": script, "instructions": "and two" })),
+    );
+    assert_eq!(status, 200, "{next}");
+    assert_eq!(
+        (next["session"].as_str(), next["turn"].as_u64()),
+        (Some(session.as_str()), Some(2)),
+        "{next}"
+    );
+    assert_eq!(next["session_id"], first["session_id"], "{next}");
+
+    let (status, refused) = call(
+        addr,
+        "POST",
+        &path,
+        &alice,
+        Some(json!({ "harness": "codex", "instructions": "x", "script": "[[step" })),
+    );
+    assert_eq!(status, 400, "{refused}");
+    // The vendor's key is masked wherever the runs kept something.
+    assert_eq!(
+        berth_testkit::files_holding(home.path(), key.as_bytes()),
+        Vec::<std::path::PathBuf>::new()
     );
     let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
     assert_eq!(status, 200, "{doc}");

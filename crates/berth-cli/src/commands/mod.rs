@@ -79,7 +79,20 @@ pub async fn dispatch(app: Arc<App>, command: Command) -> Result<i32> {
         Command::Serve {
             listen,
             allow_unisolated,
-        } => crate::serve::run(&app, listen, allow_unisolated).await,
+            prompt_proxy,
+            prompt_credential_env,
+        } => {
+            let options = crate::serve::Options {
+                allow_unisolated,
+                prompt_proxy: prompt_proxy.zip(prompt_credential_env).map(
+                    |(origin, credential_env)| crate::serve::PromptProxy {
+                        origin,
+                        credential_env,
+                    },
+                ),
+            };
+            crate::serve::run(&app, listen, options).await
+        }
         Command::Token(command) => {
             let store = app.ledger.store();
             match command {

@@ -15,12 +15,14 @@
 //! - `routes` — the router, authorization, the command runner and the OpenAPI description.
 //! - `resources` — the handlers: sandboxes, ledger, missions, audit.
 //! - `portable` — a sandbox moved, checkpoints taken, listed, restored and deleted.
+//! - `agents` — `berth prompt` over HTTP (a scripted model, or the endpoint the server proxies).
 //! - `events` — a mission's event log as server-sent events, resumable by event id.
 //! - `jobs` — execs started over the API, their output as server-sent events.
 //! - `ui` — the web dashboard: missions, attempts, live events, ledger, catalog, benchmarks.
 //! - `listener` — the socket: at most 512 connections, a request head due 10 s after its
 //!   first byte, a quiet connection closed after 120 s.
 
+mod agents;
 pub mod auth;
 mod events;
 mod jobs;
@@ -50,6 +52,26 @@ pub(crate) struct Server {
     pub jobs: jobs::Jobs,
     /// Whether sandboxes of providers that isolate nothing are served (`--allow-unisolated`).
     pub allow_unisolated: bool,
+    /// The model endpoint prompts without a script go to (`--prompt-proxy`).
+    pub prompt_proxy: Option<PromptProxy>,
+}
+
+/// How `berth serve` is started, beyond where it listens.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// `--allow-unisolated`.
+    pub allow_unisolated: bool,
+    /// `--prompt-proxy URL --prompt-credential-env VAR`.
+    pub prompt_proxy: Option<PromptProxy>,
+}
+
+/// A model endpoint the server proxies prompts to, with the server's own credential.
+#[derive(Debug, Clone)]
+pub struct PromptProxy {
+    /// Its origin.
+    pub origin: String,
+    /// The server's variable holding its credential.
+    pub credential_env: String,
 }
 
 impl std::fmt::Debug for Server {
@@ -120,12 +142,26 @@ impl Server {
 
 /// `berth serve --listen ADDR`: serves until interrupted. Prints `listening on http://ADDR`
 /// first (the bound address, so `:0` is usable).
-pub async fn run(app: &App, listen: SocketAddr, allow_unisolated: bool) -> Result<i32> {
+pub async fn run(app: &App, listen: SocketAddr, options: Options) -> Result<i32> {
+    let Options {
+        allow_unisolated,
+        prompt_proxy,
+    } = options;
+    // A proxy that cannot work is said now, not at the first prompt.
+    if let Some(proxy) = &prompt_proxy {
+        crate::commands::gateway::upstream(
+            &app.config,
+            None,
+            Some(&proxy.origin),
+            Some(&proxy.credential_env),
+        )?;
+    }
     let server = Arc::new(Server {
         config: app.config.clone(),
         store: app.ledger.store().clone(),
         jobs: Default::default(),
         allow_unisolated,
+        prompt_proxy,
     });
     let listener = tokio::net::TcpListener::bind(listen)
         .await

@@ -67,6 +67,10 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
             "/v1/checkpoints/{id}/restore",
             axum::routing::post(super::portable::restore_checkpoint),
         )
+        .route(
+            "/v1/sandboxes/{id}/prompt",
+            axum::routing::post(super::agents::prompt),
+        )
         .route("/v1/sessions", get(super::portable::list_sessions))
         .route(
             "/v1/sessions/{id}",
@@ -153,6 +157,7 @@ pub(crate) struct ErrorBody {
         super::portable::list_checkpoints,
         super::portable::restore_checkpoint,
         super::portable::delete_checkpoint,
+        super::agents::prompt,
         super::portable::list_sessions,
         super::portable::delete_session,
         super::jobs::start,
@@ -173,6 +178,7 @@ pub(crate) struct ErrorBody {
         super::portable::MoveBody,
         super::portable::CheckpointBody,
         super::portable::RestoreBody,
+        super::agents::PromptBody,
         resources::FileBody
     )),
     modifiers(&Bearer)

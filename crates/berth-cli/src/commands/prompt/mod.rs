@@ -24,7 +24,7 @@ use berth_harness::{
     archive_session, judge, launch, launch_resumed, remove_agent_home, vars, Harness,
 };
 use berth_portable::{AgentSession, Saved, SessionArchive, SessionStore, SessionTurn};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::app::App;
 use crate::cli::PromptArgs;
@@ -65,6 +65,10 @@ impl Live {
 }
 
 fn show(json: bool, events: &[berth_harness::Event]) {
+    // Under `berth serve` the answer is one document; the events are in the logs.
+    if crate::output::capturing() {
+        return;
+    }
     for event in events {
         if json {
             outln!(
@@ -249,7 +253,11 @@ fn harness_of(args: &PromptArgs, resumed: Option<&AgentSession>) -> Result<Harne
         }
         (Some(session), _) => session.harness.as_str(),
         (None, Some(named)) => named,
-        (None, None) => unreachable!("clap requires --harness without --resume"),
+        (None, None) => return Err(CliError::invalid(
+            "no harness: name the agent CLI (opencode, codex, claude-code) or a session to resume",
+            "give --harness NAME, or --resume as-…",
+        )
+        .into()),
     };
     Harness::parse(name).ok_or_else(|| {
         CliError::invalid(
@@ -393,6 +401,24 @@ fn masked_note(masked: usize) -> String {
 
 /// `berth prompt`.
 pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
+    let upstream = super::gateway::upstream(
+        &app.config,
+        args.script.as_deref(),
+        args.proxy.as_deref(),
+        args.credential_env.as_deref(),
+    )?;
+    prompt_with(app, args, upstream).await
+}
+
+/// `berth prompt` with its model given (`args.script` and `args.proxy` are not read; the
+/// variable `args.credential_env` names is masked): the CLI's, or what `berth serve` serves.
+/// Under `berth serve` (its output captured) the events are not printed: the answer is the
+/// `prompt` document.
+pub async fn prompt_with(
+    app: &App,
+    args: PromptArgs,
+    upstream: berth_gateway::Upstream,
+) -> Result<i32> {
     let timeout = crate::duration::parse(&args.timeout)?;
     // A killed run's turn in this sandbox or of this session is kept first, so this turn
     // follows it.
@@ -426,12 +452,6 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         })?;
     let bin = berth_orchestrator::agent_bin_dir(&app.settings, reach, harness)
         .map_err(|why| CliError::not_found(why, "scripts/install-agent-clis"))?;
-    let upstream = super::gateway::upstream(
-        &app.config,
-        args.script.as_deref(),
-        args.proxy.as_deref(),
-        args.credential_env.as_deref(),
-    )?;
     let run = run_name();
     let dir = app
         .config
@@ -599,28 +619,34 @@ pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
         &redactor,
     )
     .await;
-    if app.json {
-        outln!(
-            "{}",
-            json!({
-                "schema": berth_harness::EVENTS_SCHEMA,
-                "kind": "prompt_finished",
-                "harness": harness.as_str(),
-                "exit": status,
-                "tool_calls": judged.tool_calls,
-                "session_id": judged.session_id,
-                "rejected": verdict,
-                "logs": dir,
-                "session": kept.as_ref().ok().map(|(s, _)| s.id.clone()),
-                "turn": kept.as_ref().ok().map(|(s, _)| s.turns),
-                "forked_from": kept.as_ref().ok().and_then(|(s, _)| s.forked_from.clone()),
-                "fork_reason": kept.as_ref().ok().and_then(|(_, saved)| match saved {
-                    Saved::Forked { why, .. } => Some(why.clone()),
-                    Saved::Advanced => None,
-                }),
-                "session_not_kept": kept.as_ref().err(),
-            })
-        );
+    let finished = json!({
+        "harness": harness.as_str(),
+        "exit": status,
+        "tool_calls": judged.tool_calls,
+        "session_id": judged.session_id,
+        "rejected": verdict,
+        "logs": dir,
+        "session": kept.as_ref().ok().map(|(s, _)| s.id.clone()),
+        "turn": kept.as_ref().ok().map(|(s, _)| s.turns),
+        "forked_from": kept.as_ref().ok().and_then(|(s, _)| s.forked_from.clone()),
+        "fork_reason": kept.as_ref().ok().and_then(|(_, saved)| match saved {
+            Saved::Forked { why, .. } => Some(why.clone()),
+            Saved::Advanced => None,
+        }),
+        "session_not_kept": kept.as_ref().err(),
+        "events": events.len(),
+    });
+    if crate::output::capturing() {
+        crate::output::emit("prompt", finished);
+    } else if app.json {
+        let mut line = json!({
+            "schema": berth_harness::EVENTS_SCHEMA,
+            "kind": "prompt_finished",
+        });
+        if let (Some(line), Value::Object(fields)) = (line.as_object_mut(), finished) {
+            line.extend(fields);
+        }
+        outln!("{line}");
     } else {
         match &verdict {
             None => outln!(
