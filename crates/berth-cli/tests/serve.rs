@@ -1561,6 +1561,19 @@ fn an_agent_runs_over_the_api() {
         Some(json!({ "harness": "codex", "instructions": "x", "script": "[[step" })),
     );
     assert_eq!(status, 400, "{refused}");
+    for instructions in ["nul\u{0}byte".to_owned(), "a".repeat(200 << 10)] {
+        let body = json!({ "harness": "codex", "instructions": instructions, "script": script });
+        let (status, refused) = call(addr, "POST", &path, &alice, Some(body));
+        assert_eq!(status, 400, "{refused}");
+    }
+    assert!(
+        !home.path().join("state/prompts/running").exists()
+            || std::fs::read_dir(home.path().join("state/prompts/running"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "a refused prompt left a run record"
+    );
     // The vendor's key is masked wherever the runs kept something.
     assert_eq!(
         berth_testkit::files_holding(home.path(), key.as_bytes()),

@@ -399,6 +399,9 @@ fn masked_note(masked: usize) -> String {
     )
 }
 
+/// The largest instructions a run takes (an environment variable holds at most 128 KiB).
+const MAX_INSTRUCTIONS: usize = 100 << 10;
+
 /// `berth prompt`.
 pub async fn prompt(app: &App, args: PromptArgs) -> Result<i32> {
     let upstream = super::gateway::upstream(
@@ -420,6 +423,21 @@ pub async fn prompt_with(
     upstream: berth_gateway::Upstream,
 ) -> Result<i32> {
     let timeout = crate::duration::parse(&args.timeout)?;
+    // They travel in the agent's environment: no NUL, and within what one variable may hold
+    // (the kernel's 128 KiB), refused before anything of the run exists.
+    for (what, value, max) in [
+        ("instructions", &args.instructions, MAX_INSTRUCTIONS),
+        ("model", &args.model, 1024),
+        ("working directory", &args.cwd, 4096),
+    ] {
+        if value.contains('\0') || value.len() > max {
+            return Err(CliError::invalid(
+                format!("the {what} hold a NUL byte or are over {max} bytes"),
+                "they go to the agent in its environment, which holds neither",
+            )
+            .into());
+        }
+    }
     // A killed run's turn in this sandbox or of this session is kept first, so this turn
     // follows it.
     for recovered in runs::recover(app, "berth prompt", |r| {
