@@ -15,6 +15,8 @@ mod missions_support;
 use common::*;
 
 fn token(home: &Home, owner: &str, scope: &str) -> (String, String) {
+    // What the token makes is swept when the test ends, pass or fail.
+    home.owners.borrow_mut().insert(owner.to_owned());
     let (code, doc) = home.json(&["token", "create", "--owner", owner, "--scope", scope]);
     assert_eq!(code, 0, "{doc}");
     (
