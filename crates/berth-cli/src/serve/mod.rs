@@ -8,8 +8,9 @@
 //! exactly what it made. Another owner's sandbox or mission answers 404, the same as one that
 //! does not exist. A provider that isolates nothing (`host`) gets no sandbox and runs no
 //! command over the API unless the server was started with `--allow-unisolated`: there a
-//! command would run as the server's own user, past every owner's boundary. Every mutating request is written to the audit log (token, owner, method,
-//! route template, target, status, outcome — never a body, so never a secret).
+//! command would run as the server's own user, past every owner's boundary. Every mutating
+//! request is written to the audit log (token, owner, method, route template, target, status,
+//! outcome — never a body, so never a secret).
 //!
 //! - `auth` — tokens (`berth token create/list/revoke`), hashing, scopes.
 //! - `routes` — the router, authorization, the command runner and the OpenAPI description.
