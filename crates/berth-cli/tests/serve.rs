@@ -1584,3 +1584,87 @@ fn an_agent_runs_over_the_api() {
     let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
     assert_eq!(status, 200, "{doc}");
 }
+
+/// A server killed (SIGKILL) while an agent runs a prompt it serves: the run's record outlives
+/// it, and the server keeps the turn when it starts again — interrupted, its exit unknown —
+/// with the agent's home gone from the sandbox.
+#[test]
+fn a_prompt_the_server_was_killed_in_is_kept_when_it_starts_again() {
+    if !agent_image() {
+        return;
+    }
+    let home = Home::new();
+    let (alice, _) = token(&home, "alice", "exec");
+    let server = serve(&home);
+    let (status, made) = call(
+        &server.addr,
+        "POST",
+        "/v1/sandboxes",
+        &alice,
+        Some(json!({ "provider": "docker", "image": AGENT_IMAGE })),
+    );
+    assert_eq!(status, 200, "{made}");
+    let id = made["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let body = json!({
+        "harness": "codex",
+        "instructions": "wait",
+        "script": "schema_version = 1\n[[step]]\nshell = \"sleep 60\"\n",
+    })
+    .to_string();
+    let request = format!(
+        "POST /v1/sandboxes/{id}/prompt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Authorization: Bearer {alice}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut asked = TcpStream::connect(&server.addr).unwrap();
+    asked.write_all(request.as_bytes()).unwrap();
+    // The agent is in its command once its events say so.
+    wait_for("the agent's command", || {
+        common::walk(&home.path().join("state/prompts"))
+            .iter()
+            .filter(|p| p.ends_with("events.jsonl"))
+            .any(|p| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_default()
+                    .contains("\"kind\":\"tool_call\"")
+            })
+    });
+    drop(server);
+    let mut answer = String::new();
+    let _ = asked.read_to_string(&mut answer);
+    assert!(!answer.contains("200 OK"), "{answer}");
+
+    let server = serve(&home);
+    let addr = server.addr.as_str();
+    let mut listed = Value::Null;
+    wait_for("the killed turn kept", || {
+        listed = call(addr, "GET", "/v1/sessions", &alice, None).1;
+        !listed["sessions"].as_array().unwrap().is_empty()
+    });
+    let session = &listed["sessions"][0];
+    assert_eq!(session["turns"], 1, "{listed}");
+    let turn = &session["history"][0];
+    assert!(
+        turn["rejected"]
+            .as_str()
+            .unwrap()
+            .starts_with("interrupted: the berth process running this turn was killed"),
+        "{listed}"
+    );
+    assert!(
+        turn["exit"].as_str().unwrap().starts_with("unknown"),
+        "{listed}"
+    );
+    assert_eq!(listed["killed_runs"], json!([]), "{listed}");
+    let (status, looked) = call(
+        addr,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        &alice,
+        Some(json!({ "shell": "! ls -A .. | grep -q '^.berth-agent'" })),
+    );
+    assert_eq!((status, &looked["exit_code"]), (200, &json!(0)), "{looked}");
+    let (status, doc) = call(addr, "DELETE", &format!("/v1/sandboxes/{id}"), &alice, None);
+    assert_eq!(status, 200, "{doc}");
+}

@@ -185,6 +185,9 @@ pub async fn run(app: &App, listen: SocketAddr, options: Options) -> Result<i32>
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
+    // Prompts a killed server was running left their turns in their sandboxes: kept now, as
+    // `berth gc` would (a live run's record, locked by its process, is left alone).
+    tokio::spawn(keep_killed_prompts(server.clone()));
     axum::serve(
         listener::GuardedListener::new(listener),
         routes::router(server),
@@ -192,4 +195,19 @@ pub async fn run(app: &App, listen: SocketAddr, options: Options) -> Result<i32>
     .await
     .context("serve HTTP")?;
     Ok(0)
+}
+
+/// Keeps the turns of `berth prompt` runs whose process was killed, for every owner that has
+/// one, each said on stderr.
+async fn keep_killed_prompts(server: Arc<Server>) {
+    for owner in crate::commands::prompt::killed_owners(&server.config.state_dir()) {
+        let Ok(app) = server.app_for(&owner) else {
+            continue;
+        };
+        for recovered in
+            crate::commands::prompt::recover_killed_runs(&app, "berth serve", |_| true).await
+        {
+            errln!("berth serve: {}", recovered.line());
+        }
+    }
 }

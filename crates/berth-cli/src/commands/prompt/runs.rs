@@ -2,7 +2,8 @@
 //! long as the `berth` process lives (a lock the kernel drops with the process). A run whose
 //! process was killed (SIGKILL, a crash, the machine) leaves its agent's home in the sandbox,
 //! holding the conversation so far, and its record, unlocked: `berth gc` — and `berth prompt`
-//! in the same sandbox or session, before it starts — takes the conversation out, removes the
+//! in the same sandbox or session, before it starts, and `berth serve` as it starts — takes the
+//! conversation out, removes the
 //! home and the staged archive, and keeps the turn, marked interrupted with its exit unknown.
 //! `berth sessions` lists the runs still waiting for that. Every run keeps the conversation
 //! beside its logs (`session.tar`) from the moment it is out of the sandbox — before the home
@@ -59,7 +60,11 @@ pub(crate) struct RunRecord {
 }
 
 fn running_dir(app: &App) -> PathBuf {
-    app.config.state_dir().join("prompts").join("running")
+    running_under(&app.config.state_dir())
+}
+
+fn running_under(state: &Path) -> PathBuf {
+    state.join("prompts").join("running")
 }
 
 /// A run's record, locked while this process runs it.
@@ -167,8 +172,22 @@ struct Found {
 
 /// The records of this owner's runs whose process is gone, each locked by this process.
 fn killed_runs(app: &App) -> Vec<Found> {
-    let dir = running_dir(app);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
+    killed_in(&running_dir(app), Some(app.ledger.owner()))
+}
+
+/// The owners whose killed runs wait under `state` (for `berth serve`, which keeps them when it
+/// starts: a server killed mid-prompt left them).
+pub(crate) fn killed_owners(state: &Path) -> std::collections::BTreeSet<String> {
+    killed_in(&running_under(state), None)
+        .into_iter()
+        .filter_map(|found| found.record.ok().map(|r| r.owner))
+        .collect()
+}
+
+/// The records in `dir` of runs whose process is gone (of `owner`, when given; an unreadable
+/// one is anyone's), each locked by this process.
+fn killed_in(dir: &Path, owner: Option<&str>) -> Vec<Found> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut found = Vec::new();
@@ -190,8 +209,8 @@ fn killed_runs(app: &App) -> Vec<Found> {
             continue;
         }
         let record = read_record(&file);
-        if let Ok(record) = &record {
-            if record.owner != app.ledger.owner() {
+        if let (Ok(record), Some(owner)) = (&record, owner) {
+            if record.owner != owner {
                 continue;
             }
         }
