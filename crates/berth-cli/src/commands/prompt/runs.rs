@@ -30,6 +30,9 @@ pub(super) const RUN_SCHEMA: &str = "berth.prompt-run/v1";
 /// The largest record read back (one holds the resumed session's record, itself bounded).
 const MAX_RUN_RECORD: u64 = 4 << 20;
 
+/// How long a record never named is left to the process writing it.
+const UNNAMED_KEPT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The largest events log read back for a killed run (written by Berth, sized by the agent).
 const MAX_EVENTS: u64 = 256 << 20;
 
@@ -199,8 +202,13 @@ fn killed_in(dir: &Path, owner: Option<&str>) -> Vec<Found> {
             continue;
         };
         if name.starts_with('.') {
-            // A record never named: its process died writing it, before its run began.
-            if name.ends_with(".json.tmp") {
+            // A record never named: its process died writing it, before its run began. One
+            // just made is not locked yet for a moment: only an old one goes.
+            let old = file
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > UNNAMED_KEPT));
+            if name.ends_with(".json.tmp") && old {
                 let _ = std::fs::remove_file(&path);
             }
             continue;
@@ -491,4 +499,30 @@ fn read_events(logs: &Path) -> Vec<berth_harness::Event> {
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record never named is a dead writer's only once old: one just made is about to be
+    /// locked by the process writing it, and must not be taken from under it.
+    #[test]
+    fn an_unnamed_record_goes_only_once_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = dir.path().join(".1-aaaa.json.tmp");
+        let old = dir.path().join(".2-bbbb.json.tmp");
+        std::fs::write(&fresh, b"{").unwrap();
+        std::fs::write(&old, b"{").unwrap();
+        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+        File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(long_ago)
+            .unwrap();
+        assert!(killed_in(dir.path(), None).is_empty());
+        assert!(fresh.exists(), "a record being written was removed");
+        assert!(!old.exists(), "a dead writer's record stayed");
+    }
 }
