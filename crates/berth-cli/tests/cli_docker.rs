@@ -592,7 +592,8 @@ fn logs_of_any_length_are_read_in_pieces(home: &Home, id: &str) {
 /// before. Each detached process is one process and one supervisor thread (before: two
 /// threads), so a limit of 64 holds over twenty-five; the one that no longer fits is refused
 /// with the sandbox's processes and threads against its limit (before: "Resource temporarily
-/// unavailable (os error 11)" and nothing else).
+/// unavailable (os error 11)" and nothing else). Requests at once at the limit are refused the
+/// same way, the supervisor staying (before: a connection no thread could be made for ended it).
 #[test]
 fn a_sandbox_at_its_process_limit_says_so() {
     if !docker_ready() {
@@ -615,6 +616,28 @@ fn a_sandbox_at_its_process_limit_says_so() {
         started >= 26,
         "only {started} detached processes under a limit of 64"
     );
+    // Requests at once at the limit: each runs or is refused saying why, and the supervisor
+    // stays (no thread for a connection panicked it, and the container exited with it).
+    let at_once: Vec<_> = (0..12)
+        .map(|_| {
+            home.command("tester", &["--json", "exec", &id, "--", "true"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in at_once {
+        let out = child.wait_with_output().unwrap();
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let said = doc["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            out.status.success() || said.contains("of its limit 64)"),
+            "{doc}"
+        );
+    }
+    let (code, listed) = home.json(&["ps", &id]);
+    assert_eq!(code, 0, "the supervisor is gone: {listed}");
     let (code, doc) = home.json(&["destroy", &id]);
     assert_eq!(code, 0, "{doc}");
 }

@@ -30,16 +30,39 @@ pub fn serve(socket: &Path) -> io::Result<()> {
     for connection in listener.incoming() {
         match connection {
             Ok(stream) => {
-                std::thread::spawn(move || {
+                // At the sandbox's process limit no thread can be made: the request is refused
+                // here, on the accepting thread, saying so. (`std::thread::spawn` panicked
+                // there, ending the supervisor — and a container with it.)
+                let spare = stream.try_clone();
+                let spawned = std::thread::Builder::new().spawn(move || {
                     if let Err(err) = handle(stream) {
                         eprintln!("berth-supervisor: connection failed: {err}");
                     }
                 });
+                if let (Err(err), Ok(stream)) = (spawned, spare) {
+                    refuse(stream, &err);
+                }
             }
             Err(err) => eprintln!("berth-supervisor: accept failed: {err}"),
         }
     }
     Ok(())
+}
+
+/// Answers a request no thread could be made for: its line read (bounded, within a second),
+/// then a start failure that names the sandbox's process count against its limit.
+fn refuse(stream: UnixStream, err: &io::Error) {
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+    let mut line = String::new();
+    let _ = BufReader::new((&stream).take(MAX_REQUEST)).read_line(&mut line);
+    let exit = Exit::SpawnFailed {
+        kind: crate::reaper::start_failure_kind(err).into(),
+        message: format!(
+            "the sandbox's supervisor cannot take a request now: {err}{}",
+            crate::reaper::at_process_limit(err)
+        ),
+    };
+    let _ = send_exit(&Mutex::new(stream), &exit);
 }
 
 fn send_exit(stream: &Mutex<UnixStream>, exit: &Exit) -> io::Result<()> {
