@@ -1450,6 +1450,19 @@ fn the_api_uses_the_artifact_store_the_server_is_configured_with() {
     assert_eq!(status, 200, "{doc}");
 }
 
+/// A docker sandbox of the agent CLIs' image, made over the API; its id.
+fn agent_sandbox(addr: &str, token: &str) -> String {
+    let (status, made) = call(
+        addr,
+        "POST",
+        "/v1/sandboxes",
+        token,
+        Some(json!({ "provider": "docker", "image": AGENT_IMAGE })),
+    );
+    assert_eq!(status, 200, "{made}");
+    made["sandbox"]["berth_id"].as_str().unwrap().to_owned()
+}
+
 /// `berth prompt` over the API in a docker sandbox: the model is the endpoint the server was
 /// started to proxy to (a scripted gateway standing in for a vendor, which takes only its own
 /// key — the server's variable, never a caller's), then a script in the body; the turn's
@@ -1504,15 +1517,7 @@ fn an_agent_runs_over_the_api() {
         &[("VENDOR_KEY", key.clone())],
     );
     let addr = server.addr.as_str();
-    let (status, made) = call(
-        addr,
-        "POST",
-        "/v1/sandboxes",
-        &alice,
-        Some(json!({ "provider": "docker", "image": AGENT_IMAGE })),
-    );
-    assert_eq!(status, 200, "{made}");
-    let id = made["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let id = agent_sandbox(addr, &alice);
     let path = format!("/v1/sandboxes/{id}/prompt");
 
     let (status, first) = call(
@@ -1596,15 +1601,7 @@ fn a_prompt_the_server_was_killed_in_is_kept_when_it_starts_again() {
     let home = Home::new();
     let (alice, _) = token(&home, "alice", "exec");
     let server = serve(&home);
-    let (status, made) = call(
-        &server.addr,
-        "POST",
-        "/v1/sandboxes",
-        &alice,
-        Some(json!({ "provider": "docker", "image": AGENT_IMAGE })),
-    );
-    assert_eq!(status, 200, "{made}");
-    let id = made["sandbox"]["berth_id"].as_str().unwrap().to_owned();
+    let id = agent_sandbox(&server.addr, &alice);
     let body = json!({
         "harness": "codex",
         "instructions": "wait",

@@ -261,7 +261,8 @@ fn read_record(file: &File) -> std::result::Result<RunRecord, String> {
     Ok(record)
 }
 
-/// Killed runs not recovered yet (for `berth sessions`; nothing is changed).
+/// Killed runs not recovered yet (for `berth sessions`; no run is touched — only a record
+/// never named and over a minute old, a dead writer's, goes).
 pub(super) fn waiting(app: &App) -> Vec<serde_json::Value> {
     killed_runs(app)
         .into_iter()
