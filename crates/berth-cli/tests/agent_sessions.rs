@@ -855,7 +855,6 @@ fn a_staged_archive_a_killed_run_left_is_cleared_once_old() {
 /// ended `berth` at once and the conversation of that run was lost (its home left behind).
 #[test]
 fn an_interrupted_prompt_keeps_its_turn_and_goes_on() {
-    use std::io::BufRead;
     let Some(bin) = berth_testkit::agent_cli_dir() else {
         return;
     };
@@ -874,30 +873,12 @@ text = "Done: two"
     let model = model.to_str().unwrap();
     let id = home.create("tester");
     let started = std::time::Instant::now();
-    let mut running = common::RunningCli::from(
-        prompt_command(
-            &home,
-            "tester",
-            &bin,
-            &[&id, "--harness", "codex", "--script", model, "wait"],
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap(),
+    let (mut running, lines, mut printed) = prompt_in_a_command(
+        &home,
+        &bin,
+        &[&id, "--harness", "codex", "--script", model, "wait"],
     );
-    let mut lines = std::io::BufReader::new(running.stdout.take().unwrap()).lines();
-    let mut printed = String::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        printed.push_str(&line);
-        printed.push('\n');
-        if line.contains("\"kind\":\"tool_call\"") {
-            break;
-        }
-    }
     // The agent is in its command: interrupt berth as a terminal's Ctrl-C would.
-    std::thread::sleep(std::time::Duration::from_millis(500));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(running.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -941,7 +922,8 @@ text = "Done: two"
     assert_eq!(next["session_id"], last["session_id"], "{next}");
 }
 
-/// A `berth --json prompt …` of `model` under way, once its agent is in its first command.
+/// A `berth --json prompt …` under way, once its agent is in its first command (half a
+/// second into it): the process, the rest of its stdout, and what it printed so far.
 fn prompt_in_a_command(
     home: &Home,
     bin: &Path,
@@ -949,6 +931,7 @@ fn prompt_in_a_command(
 ) -> (
     common::RunningCli,
     std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    String,
 ) {
     use std::io::BufRead;
     let mut running = common::RunningCli::from(
@@ -959,13 +942,17 @@ fn prompt_in_a_command(
             .unwrap(),
     );
     let mut lines = std::io::BufReader::new(running.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
     for line in lines.by_ref() {
-        if line.unwrap().contains("\"kind\":\"tool_call\"") {
+        let line = line.unwrap();
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.contains("\"kind\":\"tool_call\"") {
             break;
         }
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
-    (running, lines)
+    (running, lines, printed)
 }
 
 /// SIGKILL of `berth prompt` while its agent runs (a crash, the OOM killer): the run's record,
@@ -1008,7 +995,7 @@ fn a_killed_prompts_turn_is_kept_by_the_next_prompt_and_by_gc() {
         doc["killed_runs"].as_array().unwrap().clone()
     };
 
-    let (mut running, _lines) = prompt_in_a_command(
+    let (mut running, _lines, _) = prompt_in_a_command(
         &home,
         &bin,
         &[&id, "--resume", &session, "--script", waiting, "two"],
@@ -1064,7 +1051,7 @@ fn a_killed_prompts_turn_is_kept_by_the_next_prompt_and_by_gc() {
     );
 
     // Killed again, `berth gc` keeps the turn.
-    let (mut running, _lines) = prompt_in_a_command(
+    let (mut running, _lines, _) = prompt_in_a_command(
         &home,
         &bin,
         &[&id, "--resume", &session, "--script", waiting, "four"],
@@ -1084,7 +1071,7 @@ fn a_killed_prompts_turn_is_kept_by_the_next_prompt_and_by_gc() {
 
     // Killed, then its logs removed: which conversation its CLI was in is unknown (its events
     // named it), so nothing is kept — said so, and the agent's home goes all the same.
-    let (mut running, _lines) = prompt_in_a_command(
+    let (mut running, _lines, _) = prompt_in_a_command(
         &home,
         &bin,
         &[
@@ -1119,7 +1106,7 @@ fn a_killed_prompts_turn_is_kept_by_the_next_prompt_and_by_gc() {
     assert!(!workspace(&home, &id).contains("HOME-LEFT"));
 
     // Killed, then its sandbox destroyed: nothing to keep, said so; the session is as it was.
-    let (mut running, _lines) = prompt_in_a_command(
+    let (mut running, _lines, _) = prompt_in_a_command(
         &home,
         &bin,
         &[&id, "--resume", &session, "--script", waiting, "five"],

@@ -354,6 +354,9 @@ pub(super) async fn agent_attempt(
     Ok((logs, harness))
 }
 
+/// The largest events log read back (`events.jsonl`: written by Berth, sized by the agent).
+pub(crate) const MAX_EVENTS: u64 = 256 << 20;
+
 /// An agent attempt's normalized events: the file's text and the events.
 pub(super) fn attempt_events(
     key: &str,
@@ -362,7 +365,6 @@ pub(super) fn attempt_events(
     let path = logs.dir.join("events.jsonl");
     // Written by Berth from the agent's output, but its size is the agent's: bounded, and
     // opened without blocking.
-    const MAX_EVENTS: u64 = 256 << 20;
     let text = match berth_files::read_regular(&path, MAX_EVENTS) {
         Ok(bytes) => String::from_utf8(bytes)
             .map_err(|_| anyhow::anyhow!("{} is not UTF-8", path.display()))?,

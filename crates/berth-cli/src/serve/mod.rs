@@ -103,20 +103,13 @@ impl Server {
         if !unisolated || self.allow_unisolated {
             return Ok(());
         }
-        Err(crate::errors::CliError {
-            kind: "forbidden",
-            exit_code: crate::errors::code::AUTH,
-            message: format!(
+        Err(not_served(
+            format!(
                 "this server runs nothing on `{provider}`: it isolates nothing, so a command there \
                  would run as the server's own user, reaching every owner's data and tokens"
             ),
-            hint: Some(
-                "use a provider that isolates (docker, bwrap); a server for one trusted owner \
-                 may be started with `berth serve --allow-unisolated`"
-                    .into(),
-            ),
-        }
-        .into())
+            "use a provider that isolates (docker, bwrap)",
+        ))
     }
 
     /// Refuses network `host` (the server's own network, loopback services included: its
@@ -125,20 +118,27 @@ impl Server {
         if network != "host" || self.allow_unisolated {
             return Ok(());
         }
-        Err(crate::errors::CliError {
-            kind: "forbidden",
-            exit_code: crate::errors::code::AUTH,
-            message: "this server makes no sandbox on its own network (`host`): the sandbox would \
-                      reach every service on the server's loopback"
+        Err(not_served(
+            "this server makes no sandbox on its own network (`host`): the sandbox would reach \
+             every service on the server's loopback"
                 .into(),
-            hint: Some(
-                "use network `none` or `bridge`; a server for one trusted owner may be started \
-                 with `berth serve --allow-unisolated`"
-                    .into(),
-            ),
-        }
-        .into())
+            "use network `none` or `bridge`",
+        ))
     }
+}
+
+/// What a server without `--allow-unisolated` refuses (403 `forbidden`): `instead`, or the flag.
+fn not_served(message: String, instead: &str) -> anyhow::Error {
+    crate::errors::CliError {
+        kind: "forbidden",
+        exit_code: crate::errors::code::AUTH,
+        message,
+        hint: Some(format!(
+            "{instead}; a server for one trusted owner may be started with `berth serve \
+             --allow-unisolated`"
+        )),
+    }
+    .into()
 }
 
 /// `berth serve --listen ADDR`: serves until interrupted. Prints `listening on http://ADDR`

@@ -341,13 +341,7 @@ pub async fn prompt_with(
             // The launch line removes the staged archive first; a run that never started
             // leaves it in the workspace.
             if let Some(path) = &staged {
-                let _ = provider
-                    .exec(
-                        &native,
-                        &ExecRequest::shell("rm -f -- \"$BERTH_SESSION_ARCHIVE\"")
-                            .with_env(vars::SESSION_ARCHIVE, path.clone()),
-                    )
-                    .await;
+                remove_staged(provider.as_ref(), &native, path).await;
             }
             return Err(e.into());
         }
@@ -447,6 +441,23 @@ pub async fn prompt_with(
         (None, None) => code::OK,
         (None, Some(_)) => code::VERIFICATION_FAILED,
     })
+}
+
+/// Removes a staged session archive (`path`, relative to the workspace) a run left: one that
+/// never started, or one that was killed. Best effort: the launch line of a later run in that
+/// directory removes any left over 10 minutes.
+async fn remove_staged(
+    provider: &dyn berth_contract::Provider,
+    native: &berth_contract::NativeId,
+    path: &str,
+) {
+    let _ = provider
+        .exec(
+            native,
+            &ExecRequest::shell("rm -f -- \"$BERTH_SESSION_ARCHIVE\"")
+                .with_env(vars::SESSION_ARCHIVE, path.to_owned()),
+        )
+        .await;
 }
 
 /// The status of an agent Berth stopped: its own exit was never seen.

@@ -33,9 +33,6 @@ const MAX_RUN_RECORD: u64 = 4 << 20;
 /// How long a record never named is left to the process writing it.
 const UNNAMED_KEPT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The largest events log read back for a killed run (written by Berth, sized by the agent).
-const MAX_EVENTS: u64 = 256 << 20;
-
 /// What a run in flight is: enough to take its conversation out of its sandbox and keep it
 /// as the turn it was, without the process that ran it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -359,13 +356,7 @@ async fn recover_one(app: &App, by: &str, record: &RunRecord) -> Outcome {
     let taken = match &sandbox {
         Some((provider, native)) => {
             if let Some(staged) = &record.staged {
-                let _ = provider
-                    .exec(
-                        native,
-                        &berth_contract::ExecRequest::shell("rm -f -- \"$BERTH_SESSION_ARCHIVE\"")
-                            .with_env(berth_harness::vars::SESSION_ARCHIVE, staged.clone()),
-                    )
-                    .await;
+                super::remove_staged(provider.as_ref(), native, staged).await;
             }
             super::take_session(
                 provider.as_ref(),
@@ -493,7 +484,10 @@ fn kept_beside(path: &Path) -> Option<berth_portable::SessionArchive> {
 
 /// The events a killed run's logs hold (the last line may be cut short: it is passed over).
 fn read_events(logs: &Path) -> Vec<berth_harness::Event> {
-    let Ok(bytes) = berth_files::read_regular(&logs.join("events.jsonl"), MAX_EVENTS) else {
+    let Ok(bytes) = berth_files::read_regular(
+        &logs.join("events.jsonl"),
+        crate::commands::mission::MAX_EVENTS,
+    ) else {
         return Vec::new();
     };
     String::from_utf8_lossy(&bytes)
